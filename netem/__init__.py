@@ -1,0 +1,1 @@
+"""Two datacenters in network namespaces joined by a shaped WAN link."""

@@ -1,0 +1,1 @@
+"""pddemu: an emulator of cross-datacenter prefill/decode-disaggregated LLM serving."""
