@@ -1,0 +1,1 @@
+"""Benchmarks behind `make bench`: one module per area, each with `run(quick) -> dict`."""

@@ -1,0 +1,55 @@
+"""`make bench`: runs every benchmark module of this package and writes one JSON file each.
+
+A benchmark module is any module here with a `run(quick: bool) -> dict` function; its result
+goes to `<out>/<module>.json`. Targets are checked inside the result (`"targets": {...: bool}`)
+so a reader sees measured figure and verdict side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import platform
+import sys
+import time
+from pathlib import Path
+
+import pddemu.bench as bench_pkg
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pddemu.bench", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--only", action="append", help="run only these benchmark modules")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = [m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_")]
+    if args.only:
+        unknown = set(args.only) - set(names)
+        if unknown:
+            parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}; have {', '.join(names)}")
+        names = [n for n in names if n in args.only]
+    failed = []
+    for name in names:
+        module = importlib.import_module(f"pddemu.bench.{name}")
+        print(f"bench {name} ...", file=sys.stderr, flush=True)
+        started = time.time()
+        result = module.run(quick=args.quick)
+        result.setdefault("machine", {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()})
+        result["wall_s"] = round(time.time() - started, 3)
+        path = args.out / f"{name}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        missed = [k for k, ok in result.get("targets", {}).items() if not ok]
+        if missed:
+            failed.append(f"{name}: {', '.join(missed)}")
+        print(f"bench {name}: wrote {path}" + (f" (missed: {', '.join(missed)})" if missed else ""), file=sys.stderr)
+    if failed:
+        print("targets missed:\n  " + "\n  ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
