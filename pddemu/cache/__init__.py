@@ -1,4 +1,4 @@
-"""Prefix caches: the radix tree shared by the prefill cache, the decode-side DRC and trace stats."""
+"""Prefix caches: one radix tree for the prefill cache, the decode-side DRC and trace stats."""
 
 from __future__ import annotations
 

@@ -50,9 +50,13 @@ class RadixCacheConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise CacheError(f"{name} must be a positive integer, got {value!r}")
         if self.capacity is not None and (
-            not isinstance(self.capacity, int) or isinstance(self.capacity, bool) or self.capacity < 0
+            not isinstance(self.capacity, int)
+            or isinstance(self.capacity, bool)
+            or self.capacity < 0
         ):
-            raise CacheError(f"capacity must be a non-negative integer or None, got {self.capacity!r}")
+            raise CacheError(
+                f"capacity must be a non-negative integer or None, got {self.capacity!r}"
+            )
 
 
 class RadixNode:
@@ -193,7 +197,9 @@ class RadixCache:
         tick = next(self._clock)
         node, existing = self._descend(keys, tick)
         if existing < keys.shape[0]:
-            node = self._append(node, keys[existing:].copy(), new_handles[existing // self._page :], tick)
+            node = self._append(
+                node, keys[existing:].copy(), new_handles[existing // self._page :], tick
+            )
         if pin:
             self.pin(node)
         self._offer_leaf(node)
@@ -284,7 +290,9 @@ class RadixCache:
         upper_handles = node.handles[:pages]
         upper_cost = self._cost(upper_handles)
         parent = node.parent
-        upper = RadixNode(node.keys[:length], upper_handles, parent, node.tick, upper_cost, node.lock_ref)
+        upper = RadixNode(
+            node.keys[:length], upper_handles, parent, node.tick, upper_cost, node.lock_ref
+        )
         node.keys = node.keys[length:]
         node.handles = node.handles[pages:]
         node.cost -= upper_cost
@@ -294,7 +302,9 @@ class RadixCache:
         self._nodes += 1
         return upper
 
-    def _append(self, node: RadixNode, keys: np.ndarray, handles: list[Any], tick: int) -> RadixNode:
+    def _append(
+        self, node: RadixNode, keys: np.ndarray, handles: list[Any], tick: int
+    ) -> RadixNode:
         cost = self._cost(handles)
         self._size += cost
         self._pages += len(handles)

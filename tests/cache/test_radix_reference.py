@@ -136,9 +136,13 @@ _op = st.one_of(
 )
 
 
-def _run(page_size: int, capacity: int | None, sized: bool, ops: list[tuple[str, Any, bool]]) -> None:
+def _run(
+    page_size: int, capacity: int | None, sized: bool, ops: list[tuple[str, Any, bool]]
+) -> None:
     if sized:
-        config = RadixCacheConfig(page_size=page_size, capacity=capacity, handle_size=lambda h: h[1])
+        config = RadixCacheConfig(
+            page_size=page_size, capacity=capacity, handle_size=lambda h: h[1]
+        )
 
         def page_cost(handle: Any) -> int:
             return handle[1]
