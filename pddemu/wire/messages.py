@@ -116,7 +116,8 @@ class KVChunk:
     """The KV of layers [layer_start, layer_end) x tokens [token_start, token_end) of a request.
 
     `data` has shape [layer span, 2, kv_heads, token span, head_dim] and dtype `dtype.storage`.
-    A decoded chunk's `data` is a read-only view over the received (or inflated) buffer.
+    A decoded chunk's `data` is a view over the received (or inflated) buffer, read-only when
+    that buffer is bytes, as it always is from `read_message`.
     """
 
     request_id: str
@@ -157,7 +158,7 @@ class TokenIds:
     request_id: str
     first_position: int
     ids: np.ndarray
-    """1-D little-endian int32, every id >= 0; a decoded batch's array is read-only."""
+    """1-D little-endian int32, every id >= 0; a decoded batch's array views the frame."""
 
     def __post_init__(self) -> None:
         check_request_id(self.request_id)

@@ -355,3 +355,13 @@ def test_control_body_must_be_a_dict() -> None:
 def test_prefix_parser_needs_the_whole_prefix() -> None:
     with pytest.raises(Truncated, match="prefix is 10 bytes, needs 28"):
         parse_prefix(bytes(10))
+
+
+@pytest.mark.parametrize("make", [kv_chunk, token_ids, control], ids=["kv", "tokens", "control"])
+def test_every_single_bit_flip_is_rejected(make) -> None:
+    frame = frame_of(make())
+    for bit in range(len(frame) * 8):
+        flipped = bytearray(frame)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(WireError):
+            decode(flipped)
