@@ -1,0 +1,482 @@
+"""Two datacenters in network namespaces, joined by a shaped WAN link.
+
+    host ──veth── [a] ──WAN (shaped)── [b]
+                   │
+            intra-DC path (veth, or shaped)
+                   │
+                 [a2]
+
+`a` is DC A's main host (where a controller's traffic enters), `a2` a second host of DC A
+behind the intra-DC path (stands for RDMA between machines of one datacenter), `b` is DC B.
+Every namespace has one address, on its loopback, in 198.18.0.0/15; `a` forwards between its
+three links. The host reaches the run's addresses only over the run's own veth.
+
+The WAN (and a shaped intra-DC path) is either a pair of TUN interfaces served by the
+userspace shaper process, or a veth pair with sch_netem on both ends (kernel backend).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyroute2 import IPRoute, netns
+
+from netem import control, kernel, nsutil
+from netem.addressing import Addresses
+from netem.registry import HOST_LINK_PREFIX, Registry, RunError, RunRecord, namespace_name
+from netem.spec import LinkSpec, LossModel, changes_from_dict
+from netem.tun import DEFAULT_TUN_DEVICE
+
+BACKENDS = ("auto", "kernel", "userspace")
+TUN_TX_QUEUE = 32768
+SHAPER_START_TIMEOUT_S = 20.0
+# Per-namespace TCP buffers: the kernel's default 6 MB receive limit is below the bandwidth-
+# delay product of 1 Gbit/s over a 40 ms round trip (5 MB) plus queueing.
+TCP_MEMORY = "4096 131072 67108864"
+
+
+class TopologyError(RuntimeError):
+    """The topology could not be built or changed."""
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """A link's two directions. `a2b` is traffic from the a side (DC A) to the b side."""
+
+    a2b: LinkSpec
+    b2a: LinkSpec
+
+    @classmethod
+    def symmetric(cls, spec: LinkSpec) -> LinkConfig:
+        return cls(spec, spec)
+
+    @property
+    def shaped(self) -> bool:
+        return any(
+            s.rate_bps is not None
+            or s.delay_s > 0
+            or s.jitter_s > 0
+            or s.loss.kind != "none"
+            or s.schedule
+            for s in (self.a2b, self.b2a)
+        )
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    netns: str
+    addr: str
+
+
+@dataclass
+class Network:
+    """A run: build with `up()` (or `with Network(...) as net:`), remove with `down()`."""
+
+    wan: LinkConfig
+    intra: LinkConfig | None = None
+    name: str = field(default_factory=lambda: "r" + secrets.token_hex(4))
+    backend: str = "auto"
+    tun_device: str = DEFAULT_TUN_DEVICE
+    seed: int = 0
+    registry: Registry = field(default_factory=Registry)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise TopologyError(
+                f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}"
+            )
+        self.wan.a2b.validate()
+        self.wan.b2a.validate()
+        if self.wan.a2b.mtu != self.wan.b2a.mtu:
+            raise TopologyError("both directions of the WAN must have the same mtu")
+        self.record: RunRecord | None = None
+        self.shaper: subprocess.Popen | None = None
+        self.backend_reason = ""
+        self._guardian: subprocess.Popen | None = None
+        self._guardian_pipe: int | None = None
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> Network:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(self) -> Network:
+        self.record = self.registry.claim(self.name)
+        try:
+            self._start_guardian()
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Remove everything this run made. Safe to call more than once."""
+        if self.shaper and self.shaper.poll() is None:
+            self.shaper.terminate()
+            try:
+                self.shaper.wait(5)
+            except subprocess.TimeoutExpired:
+                self.shaper.kill()
+                self.shaper.wait()
+        if self.record is not None:
+            self.registry.cleanup(self.name)
+            self.record = None
+        self._release_guardian()
+
+    # -- addresses ----------------------------------------------------------------------
+
+    @property
+    def addresses(self) -> Addresses:
+        if self.record is None:
+            raise TopologyError(f"run {self.name} is not up")
+        return Addresses.for_slot(self.record.slot)
+
+    @property
+    def a(self) -> Endpoint:
+        return Endpoint(namespace_name(self.name, "a"), self.addresses.a)
+
+    @property
+    def a2(self) -> Endpoint:
+        return Endpoint(namespace_name(self.name, "a2"), self.addresses.a2)
+
+    @property
+    def b(self) -> Endpoint:
+        return Endpoint(namespace_name(self.name, "b"), self.addresses.b)
+
+    def ready_message(self) -> dict[str, Any]:
+        """The one JSON line `netem up` prints when the run is usable."""
+        return {
+            "ready": True,
+            "name": self.name,
+            "backend": self.record.backend if self.record else self.backend,
+            "a": vars(self.a),
+            "b": vars(self.b),
+            "a2": vars(self.a2),
+            "host": {"addr": self.addresses.host},
+            "pid": os.getpid(),
+        }
+
+    # -- live changes -------------------------------------------------------------------
+
+    def set_link(
+        self, link: str = "wan", direction: str = "both", **changes: Any
+    ) -> dict[str, LinkSpec]:
+        """Change a link while traffic flows: fields of LinkSpec (rate_bps, delay_s, ...)."""
+        return apply_change(self.registry, self.name, link, direction, changes)
+
+    def set_link_state(self, link: str = "wan", up: bool = True, direction: str = "both") -> None:
+        """Take a link down (everything on it is lost) or bring it back."""
+        apply_state(self.registry, self.name, link, direction, up)
+
+    def stats(self) -> dict[str, Any]:
+        record = self._require_record()
+        if record.control:
+            return control.request(record.control, {"op": "stats"})["links"]
+        return {name: {"spec": spec} for name, spec in record.links.items()}
+
+    def _require_record(self) -> RunRecord:
+        if self.record is None:
+            raise TopologyError(f"run {self.name} is not up")
+        return self.record
+
+    # -- building -------------------------------------------------------------------------
+
+    def _resolve_backend(self) -> str:
+        if self.backend == "userspace":
+            return "userspace"
+        available, why = kernel.probe(namespace_name(self.name, "probe"))
+        if available:
+            return "kernel"
+        if self.backend == "kernel":
+            raise TopologyError(f"kernel backend unavailable: {why}")
+        self.backend_reason = why
+        return "userspace"
+
+    def _build(self) -> None:
+        record = self._require_record()
+        backend = self._resolve_backend()
+        hosts = ("a", "a2", "b")
+        record.backend = backend
+        record.namespaces = [namespace_name(self.name, h) for h in hosts]
+        record.host_link = f"{HOST_LINK_PREFIX}{record.slot}"
+        record.links = {"wan": {"a2b": self.wan.a2b.to_dict(), "b2a": self.wan.b2a.to_dict()}}
+        if self.intra is not None:
+            record.links["intra"] = {
+                "a2b": self.intra.a2b.to_dict(),
+                "b2a": self.intra.b2a.to_dict(),
+            }
+        self.registry.save(record)  # before creating anything, so a crash can be cleaned up
+        for ns in record.namespaces:
+            netns.create(ns)
+            self._prepare_namespace(ns, forward=ns == self.a.netns)
+        addr = self.addresses
+        with IPRoute() as ipr:
+            ipr.link(
+                "add",
+                ifname=record.host_link,
+                kind="veth",
+                peer={"ifname": "host", "net_ns_fd": self.a.netns},
+            )
+
+        shaped_links = []
+        if backend == "userspace":
+            shaped_links.append(self._tun_link("wan", self.a.netns, self.b.netns, self.wan))
+        else:
+            self._veth_link("wan", self.a.netns, self.b.netns)
+        intra_shaped = self.intra is not None and self.intra.shaped
+        if intra_shaped and backend == "userspace":
+            shaped_links.append(self._tun_link("intra", self.a.netns, self.a2.netns, self.intra))
+        else:
+            self._veth_link("intra", self.a.netns, self.a2.netns)
+        if shaped_links:
+            self._start_shaper(shaped_links)
+        if backend == "kernel":
+            for ns, spec in ((self.a.netns, self.wan.a2b), (self.b.netns, self.wan.b2a)):
+                kernel.apply_netem(ns, "wan", spec)
+            if intra_shaped:
+                for ns, spec in ((self.a.netns, self.intra.a2b), (self.a2.netns, self.intra.b2a)):
+                    kernel.apply_netem(ns, "intra", spec)
+
+        mtu = self.wan.a2b.mtu
+        intra_mtu = self.intra.a2b.mtu if self.intra else LinkSpec().mtu
+        self._configure(
+            self.a.netns,
+            addr.a,
+            {
+                "wan": (mtu, [(f"{addr.b}/32", None)]),
+                "intra": (intra_mtu, [(f"{addr.a2}/32", None)]),
+                "host": (LinkSpec().mtu, [(f"{addr.host}/32", None)]),
+            },
+        )
+        self._configure(
+            self.a2.netns,
+            addr.a2,
+            {
+                "intra": (
+                    intra_mtu,
+                    [(f"{addr.a}/32", None), (f"{addr.b}/32", addr.a), (f"{addr.host}/32", addr.a)],
+                ),
+            },
+        )
+        self._configure(self.b.netns, addr.b, {"wan": (mtu, [(addr.a_block, None)])})
+        with IPRoute() as ipr:
+            index = ipr.link_lookup(ifname=record.host_link)[0]
+            ipr.link("set", index=index, state="up")
+            ipr.addr("add", index=index, address=addr.host, prefixlen=32)
+            ipr.route("add", dst=f"{addr.a}/32", oif=index, prefsrc=addr.host)
+            for dst in (addr.a2, addr.b):
+                ipr.route(
+                    "add", dst=f"{dst}/32", gateway=addr.a, oif=index, prefsrc=addr.host, flags=4
+                )  # RTNH_F_ONLINK
+        self.registry.save(record)
+
+    def _prepare_namespace(self, ns: str, forward: bool) -> None:
+        settings = {
+            "net.ipv4.ip_forward": "1" if forward else "0",
+            "net.ipv4.conf.all.rp_filter": "0",
+            "net.ipv4.conf.default.rp_filter": "0",
+            "net.ipv6.conf.all.disable_ipv6": "1",
+            "net.ipv6.conf.default.disable_ipv6": "1",
+            "net.ipv4.tcp_rmem": TCP_MEMORY,
+            "net.ipv4.tcp_wmem": TCP_MEMORY,
+            "net.ipv4.tcp_no_metrics_save": "1",
+        }
+        for key, value in settings.items():
+            nsutil.write_sysctl(ns, key, value)
+        with IPRoute(netns=ns, flags=0) as ipr:
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+
+    def _veth_link(self, ifname: str, ns_a: str, ns_b: str) -> None:
+        with IPRoute(netns=ns_a, flags=0) as ipr:
+            ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": ifname, "net_ns_fd": ns_b})
+
+    def _tun_link(self, name: str, ns_a: str, ns_b: str, config: LinkConfig) -> dict[str, Any]:
+        return {
+            "name": name,
+            "a": {"netns": str(nsutil.netns_path(ns_a)), "ifname": name},
+            "b": {"netns": str(nsutil.netns_path(ns_b)), "ifname": name},
+            "a2b": config.a2b.to_dict(),
+            "b2a": config.b2a.to_dict(),
+            "seed": self.seed,
+        }
+
+    def _start_shaper(self, links: list[dict[str, Any]]) -> None:
+        record = self._require_record()
+        record.control = str(self.registry.run_dir(self.name) / "shaper.sock")
+        config = {
+            "links": links,
+            "control": record.control,
+            "tun_device": self.tun_device,
+            "die_with_parent": threading.current_thread() is threading.main_thread(),
+        }
+        self.shaper = subprocess.Popen(
+            [sys.executable, "-m", "netem.shaper"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        record.shaper_pid = self.shaper.pid
+        self.registry.save(record)
+        assert self.shaper.stdin and self.shaper.stdout
+        self.shaper.stdin.write(json.dumps(config) + "\n")
+        self.shaper.stdin.close()
+        line = _readline_with_timeout(self.shaper, SHAPER_START_TIMEOUT_S)
+        try:
+            answer = json.loads(line) if line else {"error": "the shaper exited without a word"}
+        except ValueError:
+            answer = {"error": f"the shaper said {line!r}"}
+        if not answer.get("ready"):
+            raise TopologyError(f"userspace shaper did not start: {answer.get('error')}")
+
+    def _configure(
+        self, ns: str, address: str, links: dict[str, tuple[int, list[tuple[str, str | None]]]]
+    ) -> None:
+        """Address on loopback, links up, and routes `dst via gateway` (None: on-link)."""
+        with IPRoute(netns=ns, flags=0) as ipr:
+            ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=address, prefixlen=32)
+            for ifname, (mtu, routes) in links.items():
+                found = ipr.link_lookup(ifname=ifname)
+                if not found:
+                    raise TopologyError(f"interface {ifname} missing in {ns}")
+                index = found[0]
+                ipr.link("set", index=index, state="up", mtu=mtu, txqlen=TUN_TX_QUEUE)
+                for dst, gateway in routes:
+                    if gateway is None:
+                        ipr.route("add", dst=dst, oif=index, prefsrc=address)
+                    else:
+                        ipr.route(
+                            "add", dst=dst, gateway=gateway, oif=index, prefsrc=address, flags=4
+                        )
+
+    # -- guardian -------------------------------------------------------------------------
+
+    def _start_guardian(self) -> None:
+        """A detached process that cleans the run up if this process dies without doing so."""
+        read_end, write_end = os.pipe()
+        self._guardian = subprocess.Popen(
+            [sys.executable, "-m", "netem.guardian", self.name, str(self.registry.root)],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        os.close(read_end)
+        self._guardian_pipe = write_end
+
+    def _release_guardian(self) -> None:
+        if self._guardian_pipe is not None:
+            os.write(self._guardian_pipe, b"done\n")
+            os.close(self._guardian_pipe)
+            self._guardian_pipe = None
+        if self._guardian is not None:
+            try:
+                self._guardian.wait(5)
+            except subprocess.TimeoutExpired:
+                self._guardian.kill()
+            self._guardian = None
+
+
+def _readline_with_timeout(process: subprocess.Popen, timeout: float) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        if ready:
+            return process.stdout.readline()
+        if process.poll() is not None:
+            return ""
+    raise TopologyError(f"userspace shaper gave no answer within {timeout:.0f} s")
+
+
+def _run_record(registry: Registry, name: str) -> RunRecord:
+    record = registry.load(name)
+    if record is None:
+        raise RunError(f"no run named {name!r} (see `netem ls`)")
+    return record
+
+
+def _directions(direction: str) -> list[str]:
+    if direction == "both":
+        return ["a2b", "b2a"]
+    if direction not in ("a2b", "b2a"):
+        raise TopologyError(f"direction must be a2b, b2a or both, not {direction!r}")
+    return [direction]
+
+
+def apply_change(
+    registry: Registry, name: str, link: str, direction: str, changes: dict[str, Any]
+) -> dict[str, LinkSpec]:
+    """Live change of a run's link, from any process (the CLI's `netem set` uses it too)."""
+    record = _run_record(registry, name)
+    if link not in record.links:
+        raise TopologyError(f"run {name} has no link {link!r}; it has {', '.join(record.links)}")
+    changes = changes_from_dict(changes)
+    new = {
+        d: LinkSpec.from_dict(record.links[link][d]).with_changes(**changes)
+        for d in _directions(direction)
+    }
+    encoded = {k: (asdict(v) if isinstance(v, LossModel) else v) for k, v in changes.items()}
+    if record.backend == "userspace" and record.control and _is_shaped(record, link):
+        control.request(
+            record.control, {"op": "set", "link": link, "direction": direction, "changes": encoded}
+        )
+    elif record.backend == "kernel":
+        for d, spec in new.items():
+            kernel.apply_netem(_sender_namespace(record, link, d), link, spec, replace=True)
+    else:
+        raise TopologyError(
+            f"link {link!r} of run {name} is an unshaped veth; give it a spec at `up`"
+        )
+    for d, spec in new.items():
+        record.links[link][d] = spec.to_dict()
+    registry.save(record)
+    return new
+
+
+def apply_state(registry: Registry, name: str, link: str, direction: str, up: bool) -> None:
+    record = _run_record(registry, name)
+    if record.backend == "userspace" and record.control and _is_shaped(record, link):
+        control.request(
+            record.control, {"op": "updown", "link": link, "direction": direction, "up": up}
+        )
+        return
+    if record.backend == "kernel":
+        # Down = netem drops everything: routes stay in place, as with a cut fibre.
+        for d in _directions(direction):
+            spec = LinkSpec.from_dict(record.links[link][d])
+            if not up:
+                spec = spec.with_changes(loss=LossModel("bernoulli", 1.0))
+            kernel.apply_netem(_sender_namespace(record, link, d), link, spec, replace=True)
+        return
+    raise TopologyError(f"link {link!r} of run {name} is an unshaped veth and cannot be switched")
+
+
+def _is_shaped(record: RunRecord, link: str) -> bool:
+    return (
+        link == "wan"
+        or LinkConfig(
+            LinkSpec.from_dict(record.links[link]["a2b"]),
+            LinkSpec.from_dict(record.links[link]["b2a"]),
+        ).shaped
+    )
+
+
+def _sender_namespace(record: RunRecord, link: str, direction: str) -> str:
+    far = "b" if link == "wan" else "a2"
+    host = "a" if direction == "a2b" else far
+    return namespace_name(record.name, host)
