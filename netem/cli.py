@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from netem import nsutil
-from netem.registry import Registry, RunError, namespace_name
+from netem.registry import Registry, RunError, check_name, namespace_name
 from netem.spec import (
     FIELD_PARSERS,
     LinkSpec,
@@ -53,6 +53,13 @@ def _field_type(key: str):
 
     parse.__name__ = key
     return parse
+
+
+def _run_name(text: str) -> str:
+    try:
+        return check_name(text)
+    except RunError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _assignments(text: str) -> dict[str, Any]:
@@ -109,7 +116,7 @@ def build_parser() -> OneLineParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     up = sub.add_parser("up", help="bring a run up and keep it until SIGINT/SIGTERM")
-    up.add_argument("--name", help="run name (a-z, 0-9, -); default: a random one")
+    up.add_argument("--name", type=_run_name, help="run name (a-z, 0-9, -); default: a random one")
     up.add_argument("--backend", choices=("auto", "kernel", "userspace"), default="auto")
     _add_link_options(up)
     up.add_argument("--mtu", type=_field_type("mtu"), help="WAN MTU (default 1500)")

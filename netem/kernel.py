@@ -109,8 +109,15 @@ def distribution_table(dist: str) -> bytes | None:
         values = [((1 - q) ** (-1 / shape) - mean) / std for q in quantiles]
     else:
         raise ValueError(f"unknown jitter distribution {dist!r}")
-    limit = 32767
-    ints = [max(-limit, min(limit, int(round(v * NETEM_DIST_SCALE)))) for v in values]
+    # Table entries are int16, so values beyond +-4 sigma are cut; re-centre and re-scale
+    # until the cut table itself has mean 0 and standard deviation 1 (pareto's tail needs it).
+    bound = 32767 / NETEM_DIST_SCALE
+    for _ in range(50):
+        values = [max(-bound, min(bound, v)) for v in values]
+        mean = statistics.fmean(values)
+        std = statistics.pstdev(values)
+        values = [(v - mean) / std for v in values]
+    ints = [max(-32767, min(32767, int(round(v * NETEM_DIST_SCALE)))) for v in values]
     return struct.pack(f"={len(ints)}h", *ints)
 
 

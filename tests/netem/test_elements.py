@@ -1,0 +1,184 @@
+"""The shaper's queue elements, driven by a fake clock: exact and deterministic."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from netem.direction import Direction
+from netem.elements import DelayLine, Gate, LossProcess, RateQueue, Sink
+from netem.spec import LinkSpec, LossModel, ScheduleStep
+
+
+def chain(*elements):
+    sink = Sink()
+    for upstream, downstream in zip(elements, (*elements[1:], sink), strict=True):
+        upstream.downstream = downstream
+    return sink
+
+
+def test_rate_queue_serializes_back_to_back() -> None:
+    queue = RateQueue(rate_bps=1e6, limit_bytes=10_000)
+    sink = chain(queue)
+    for _ in range(3):
+        queue.push(b"x" * 1250, at=0.0)  # 10 ms each at 1 Mbit/s
+    queue.release(0.025)
+    assert [t for _, t in sink.take()] == pytest.approx([0.01, 0.02])
+    assert queue.next_time() == pytest.approx(0.03)
+    queue.release(1.0)
+    assert [t for _, t in sink.take()] == pytest.approx([0.03])  # exit time, not the late pump time
+
+
+def test_rate_queue_idle_link_starts_at_arrival() -> None:
+    queue = RateQueue(rate_bps=8e6, limit_bytes=10_000)
+    sink = chain(queue)
+    queue.push(b"x" * 1000, at=0.0)
+    queue.push(b"x" * 1000, at=5.0)
+    queue.release(10.0)
+    assert [t for _, t in sink.take()] == pytest.approx([0.001, 5.001])
+
+
+def test_rate_queue_drops_at_the_byte_limit() -> None:
+    queue = RateQueue(rate_bps=1e6, limit_bytes=3000)
+    chain(queue)
+    for _ in range(3):
+        queue.push(b"x" * 1500, at=0.0)
+    assert (queue.queued_bytes, queue.dropped) == (3000, 1)
+
+
+def test_rate_change_applies_to_packets_not_yet_sent() -> None:
+    queue = RateQueue(rate_bps=1e6, limit_bytes=100_000)
+    sink = chain(queue)
+    for _ in range(2):
+        queue.push(b"x" * 1250, at=0.0)
+    queue.release(0.01)
+    queue.set_rate(2e6, now=0.01)
+    queue.release(1.0)
+    assert [t for _, t in sink.take()] == pytest.approx([0.01, 0.015])
+
+
+def test_delay_line_constant_delay() -> None:
+    line = DelayLine(0.02, 0.0, "uniform", reorder=False, rng=random.Random(1))
+    sink = chain(line)
+    line.push(b"a", 0.0)
+    line.push(b"b", 0.001)
+    line.release(0.0205)
+    assert sink.take() == [(b"a", 0.02)]
+    line.release(0.05)
+    assert sink.take() == [(b"b", pytest.approx(0.021))]
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal", "pareto"])
+def test_jitter_has_the_configured_standard_deviation(dist: str) -> None:
+    line = DelayLine(0.05, 0.002, dist, reorder=True, rng=random.Random(7))
+    sink = chain(line)
+    for i in range(50_000):
+        line.push(b"p", i * 0.1)  # far apart: ordering never interferes
+    line.release(1e9)
+    delays = [t - i * 0.1 for i, (_, t) in enumerate(sorted(sink.take(), key=lambda x: x[1]))]
+    assert statistics.fmean(delays) == pytest.approx(0.05, abs=1e-4)
+    tolerance = 0.15 if dist == "pareto" else 0.03  # pareto's sample std converges slowly
+    assert statistics.pstdev(delays) == pytest.approx(0.002, rel=tolerance)
+
+
+def test_no_reordering_unless_asked() -> None:
+    fifo = DelayLine(0.02, 0.005, "normal", reorder=False, rng=random.Random(3))
+    sink = chain(fifo)
+    for i in range(5000):
+        fifo.push(i.to_bytes(4, "big"), i * 0.0001)
+    fifo.release(1e9)
+    order = [int.from_bytes(p, "big") for p, _ in sink.take()]
+    assert order == sorted(order)
+
+    free = DelayLine(0.02, 0.005, "normal", reorder=True, rng=random.Random(3))
+    sink = chain(free)
+    for i in range(5000):
+        free.push(i.to_bytes(4, "big"), i * 0.0001)
+    free.release(1e9)
+    order = [int.from_bytes(p, "big") for p, _ in sink.take()]
+    assert order != sorted(order)
+
+
+def test_bernoulli_loss_rate() -> None:
+    loss = LossProcess(LossModel("bernoulli", 0.01), random.Random(11))
+    sink = chain(loss)
+    for _ in range(200_000):
+        loss.push(b"p", 0.0)
+    assert loss.dropped / 200_000 == pytest.approx(0.01, rel=0.05)
+    assert len(sink.take()) == 200_000 - loss.dropped
+
+
+def test_gilbert_elliott_bursts() -> None:
+    model = LossModel("gilbert-elliott", p=0.01, r=0.25, loss_bad=1.0, loss_good=0.0)
+    loss = LossProcess(model, random.Random(5))
+    sink = chain(loss)
+    n = 400_000
+    lost = []
+    for _ in range(n):
+        before = loss.dropped
+        loss.push(b"p", 0.0)
+        lost.append(loss.dropped > before)
+    sink.take()
+    assert sum(lost) / n == pytest.approx(model.mean_loss, rel=0.1)
+    bursts, run = [], 0
+    for flag in lost:
+        if flag:
+            run += 1
+        elif run:
+            bursts.append(run)
+            run = 0
+    assert statistics.fmean(bursts) == pytest.approx(1 / model.r, rel=0.1)  # mean burst 4 packets
+
+
+def test_gate_drops_while_down() -> None:
+    gate = Gate()
+    sink = chain(gate)
+    gate.push(b"a", 0.0)
+    gate.up = False
+    gate.push(b"b", 0.0)
+    assert [p for p, _ in sink.take()] == [b"a"] and gate.dropped == 1
+
+
+def test_direction_delay_after_serialization() -> None:
+    direction = Direction(LinkSpec(rate_bps=1e6, delay_s=0.02), seed=0, start=0.0)
+    direction.push(b"x" * 1250, 0.0)
+    assert direction.next_time() == pytest.approx(0.01)
+    assert direction.release(0.01) == []
+    assert direction.next_time() == pytest.approx(0.03)
+    assert [t for _, t in direction.release(0.03)] == pytest.approx([0.03])
+
+
+def test_direction_live_change_keeps_queued_packets() -> None:
+    direction = Direction(LinkSpec(rate_bps=1e6, delay_s=0.02), seed=0, start=0.0)
+    for _ in range(4):
+        direction.push(b"x" * 1250, 0.0)
+    direction.apply(direction.spec.with_changes(delay_s=0.1), now=0.0)
+    out = direction.release(10.0)
+    assert len(out) == 4 and out[0][1] == pytest.approx(0.11)
+
+
+def test_direction_down_loses_everything_in_flight() -> None:
+    direction = Direction(LinkSpec(rate_bps=1e6, delay_s=0.02), seed=0, start=0.0)
+    for _ in range(3):
+        direction.push(b"x" * 1250, 0.0)
+    direction.set_up(False)
+    direction.push(b"y", 0.001)
+    direction.set_up(True)
+    assert direction.release(10.0) == []
+    counters = direction.counters()
+    assert counters["queue_dropped"] + counters["gate_dropped"] == 4
+
+
+def test_schedule_steps_apply_at_their_time_and_repeat() -> None:
+    steps = (ScheduleStep(0.0, {"delay_s": 0.01}), ScheduleStep(1.0, {"delay_s": 0.05}))
+    spec = LinkSpec(delay_s=0.01, schedule=steps, schedule_period_s=2.0).validate()
+    direction = Direction(spec, seed=0, start=100.0)
+    delays = []
+    for at in (100.5, 101.5, 102.5, 103.5):
+        direction.release(at)
+        direction.push(b"p", at)
+        ((_, leave),) = direction.release(at + 0.2)
+        delays.append(round(leave - at, 6))
+    assert delays == [0.01, 0.05, 0.01, 0.05]

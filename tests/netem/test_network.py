@@ -1,0 +1,132 @@
+"""Integration: real namespaces, real TUN shaper, measured with ping and iperf3."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+from pyroute2 import IPRoute
+
+from netem.registry import Registry, list_namespaces
+from netem.spec import LinkSpec, LossModel, ScheduleStep
+from netem.topology import LinkConfig, Network
+from tests.netem.helpers import iperf3, median, ping_rtts
+
+
+def network(name: str, spec: LinkSpec, b2a: LinkSpec | None = None, **kwargs) -> Network:
+    return Network(LinkConfig(spec, b2a or spec), name=name, backend="userspace", **kwargs)
+
+
+def test_delay_is_what_ping_sees(run_name: str, tools: None) -> None:
+    with network(run_name, LinkSpec(delay_s=0.020)) as net:
+        rtts = ping_rtts(net, 40, 0.02)
+    assert len(rtts) == 40
+    assert 40.0 <= median(rtts) <= 41.5
+    assert min(rtts) >= 40.0
+
+
+def test_rate_is_what_iperf3_sees(run_name: str, tools: None) -> None:
+    with network(run_name, LinkSpec(rate_bps=20e6, delay_s=0.005)) as net:
+        report = iperf3(net, 3, "-O", "1")
+    goodput = report["end"]["sum_received"]["bits_per_second"]
+    assert (
+        0.85 * 20e6 <= goodput <= 1.04 * 20e6
+    )  # shaped: near the rate, not above (iperf3 timing slack)
+
+
+def test_loss_is_what_the_receiver_sees(run_name: str, tools: None) -> None:
+    lossy = LinkSpec(rate_bps=100e6, loss=LossModel("bernoulli", 0.05))
+    with network(run_name, lossy, LinkSpec(rate_bps=100e6)) as net:
+        report = iperf3(net, 2, "-u", "-b", "40M", "-l", "1000", "--get-server-output")
+    udp = report["server_output_json"]["end"]["streams"][0]["udp"]
+    assert udp["packets"] > 9000
+    assert 0.04 <= udp["lost_packets"] / udp["packets"] <= 0.06
+
+
+def test_live_delay_and_rate_change_without_restart(run_name: str, tools: None) -> None:
+    with network(run_name, LinkSpec(rate_bps=50e6, delay_s=0.005)) as net:
+        shaper_pid = net.shaper.pid
+        assert median(ping_rtts(net, 5, 0.05)) < 12
+        net.set_link(delay_s=0.030)
+        assert median(ping_rtts(net, 5, 0.05)) >= 60
+        fast = iperf3(net, 2, "-O", "1")["end"]["sum_received"]["bits_per_second"]
+        net.set_link(direction="a2b", rate_bps=10e6)
+        slow = iperf3(net, 2, "-O", "1")["end"]["sum_received"]["bits_per_second"]
+        assert net.shaper.pid == shaper_pid and net.shaper.poll() is None
+    assert fast > 35e6 and 7e6 < slow <= 1.04 * 10e6
+
+
+def test_rate_change_while_a_transfer_runs(run_name: str, tools: None) -> None:
+    with network(run_name, LinkSpec(rate_bps=40e6, delay_s=0.005)) as net:
+        timer = threading.Timer(2.0, lambda: net.set_link(rate_bps=5e6))
+        timer.start()
+        report = iperf3(net, 5, "--get-server-output")
+        timer.join()
+    received = [i["sum"]["bits_per_second"] for i in report["server_output_json"]["intervals"]]
+    assert received[0] > 30e6 and received[-2] < 5.5e6
+
+
+def test_link_down_then_up(run_name: str, tools: None) -> None:
+    with network(run_name, LinkSpec(delay_s=0.002)) as net:
+        assert len(ping_rtts(net, 3, 0.05)) == 3
+        net.set_link_state(up=False)
+        assert ping_rtts(net, 5, 0.05) == []
+        net.set_link_state(up=True)
+        assert len(ping_rtts(net, 3, 0.05)) == 3
+
+
+def test_schedule_changes_delay_over_time(run_name: str, tools: None) -> None:
+    steps = (ScheduleStep(0.0, {"delay_s": 0.005}), ScheduleStep(1.5, {"delay_s": 0.040}))
+    with network(run_name, LinkSpec(schedule=steps), LinkSpec()) as net:
+        early = median(ping_rtts(net, 5, 0.05))
+        time.sleep(1.5)
+        late = median(ping_rtts(net, 5, 0.05))
+    assert early < 8 and late > 40
+
+
+def test_paths_inside_and_from_the_host(run_name: str, tools: None) -> None:
+    intra = LinkConfig.symmetric(LinkSpec(delay_s=0.003))
+    with network(run_name, LinkSpec(delay_s=0.010), intra=intra) as net:
+        assert 6 <= median(ping_rtts(net, 5, 0.05, dst=net.a2.addr)) < 9  # a -> a2, shaped intra-DC
+        assert 26 <= median(ping_rtts(net, 5, 0.05, src="a2")) < 30  # a2 -> b crosses both
+        host = subprocess.run(
+            ["ping", "-n", "-c", "2", "-i", "0.1", net.a.addr], capture_output=True, text=True
+        )
+        assert host.returncode == 0
+        with IPRoute() as ipr:
+            route = ipr.route("get", dst=net.b.addr)[0]
+            ifname = ipr.get_links(route.get_attr("RTA_OIF"))[0].get_attr("IFLA_IFNAME")
+        assert ifname == net.record.host_link  # never the default gateway
+
+
+def test_parallel_runs_do_not_collide(run_name: str, tools: None) -> None:
+    with (
+        network(run_name, LinkSpec(delay_s=0.002)) as one,
+        network(run_name + "x", LinkSpec(delay_s=0.004)) as two,
+    ):
+        assert {one.a.addr, one.b.addr}.isdisjoint({two.a.addr, two.b.addr})
+        assert median(ping_rtts(one, 3, 0.05)) < 6 <= median(ping_rtts(two, 3, 0.05))
+    Registry().cleanup(run_name + "x")
+
+
+def test_down_removes_everything(run_name: str) -> None:
+    net = network(run_name, LinkSpec(delay_s=0.001))
+    net.up()
+    shaper, host_link = net.shaper.pid, net.record.host_link
+    net.down()
+    net.down()  # twice is harmless
+    assert not [ns for ns in list_namespaces() if ns.startswith(f"netem-{run_name}-")]
+    assert subprocess.run(["kill", "-0", str(shaper)], capture_output=True).returncode != 0
+    with IPRoute() as ipr:
+        assert not ipr.link_lookup(ifname=host_link)
+    assert run_name not in Registry().names()
+
+
+def test_failed_start_leaves_nothing(run_name: str) -> None:
+    net = network(run_name, LinkSpec(delay_s=0.001), tun_device="/nonexistent/tun")
+    with pytest.raises(Exception, match="tun"):
+        net.up()
+    assert not [ns for ns in list_namespaces() if ns.startswith(f"netem-{run_name}-")]
+    assert run_name not in Registry().names()
