@@ -106,8 +106,11 @@ class InsertResult:
 
 def _common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.shape[0], b.shape[0])
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+    if n == 0:
+        return 0
+    differ = a[:n] != b[:n]
+    first = int(differ.argmax())  # argmax stops at the first True of a boolean array
+    return first if differ[first] else n
 
 
 class RadixCache:
