@@ -126,6 +126,7 @@ class RadixCache:
         self.config = config or RadixCacheConfig()
         self._page = self.config.page_size
         self._page_cost = self.config.page_size * self.config.key_tokens
+        # The root holds no pages and is permanently pinned, so it is never an eviction candidate.
         self._root = RadixNode(np.empty(0, dtype=np.int64), [], None, 0, 0, lock_ref=1)
         self._clock = itertools.count(1)
         self._seq = itertools.count()
@@ -217,7 +218,6 @@ class RadixCache:
                 self._pinned += node.cost
             node.lock_ref += 1
             node = node.parent
-        # The root is permanently pinned; nothing to count there.
 
     def unpin(self, node: RadixNode) -> None:
         """Release one `pin` of the path ending at `node`; then enforce the capacity."""
