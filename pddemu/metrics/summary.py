@@ -1,0 +1,280 @@
+"""One system's run, summarised: its object in summary.json, whose keys other tools rely on.
+
+Conventions (docs/metrics.md defines every field from the per-request timestamps):
+- latency statistics (TTFT, TPOT, ITL, E2EL) are over completed requests only, as in vLLM's
+  benchmark; ITL pools the gaps of all of them; percentiles interpolate linearly (numpy);
+- a request meets the SLO when it completed, its TTFT is at most the TTFT target and its TPOT
+  at most the TPOT target; a one-token request has no TPOT and passes that target (vLLM counts
+  its TPOT as 0);
+- the run's duration is the last finish minus the first arrival, in modelled seconds;
+- counts, token shares, bytes and hit rates are over every request, failed ones included (what
+  they moved or delivered before failing did happen); the MD-side hit rate is over the requests
+  that reached an MD;
+- hit-rate means are per-request means of hit tokens / input tokens (each request weighs the
+  same, as in the bucket histogram); token-weighted rates are given beside them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pddemu.metrics.distribution import describe, percentile
+from pddemu.metrics.errors import MetricsError
+from pddemu.metrics.records import HANDOFF_MODES, HANDOFF_PAYLOADS, InstanceReport, RequestRecord
+from pddemu.metrics.validation import check_instances, check_records
+from pddemu.workload.stats import (
+    HIT_BUCKET_EDGES_PERMILLE,
+    PERCENTILE_METHOD,
+    hit_bucket_labels,
+    hit_buckets,
+)
+
+PDD_SYSTEM = "pdd"
+PDD_PIPELINES = ("P-MD", "P-RLD-MD", "RLD-only")
+BASELINE_PIPELINE = "P-D"
+REQUIRED_SCALE_KEYS = ("token_scale", "time_scale")
+HIT_BUCKETS = len(HIT_BUCKET_EDGES_PERMILLE) + 1
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets a request must meet to count towards goodput (modelled seconds)."""
+
+    ttft_s: float
+    tpot_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s"):
+            value = getattr(self, name)
+            if not (_is_number(value) and math.isfinite(value) and value > 0):
+                raise MetricsError(
+                    f"SLO {name} must be a positive number of seconds, got {value!r}"
+                )
+
+    def met_by(self, record: RequestRecord) -> bool:
+        if record.state != "completed" or record.ttft_s is None:
+            return False
+        tpot = record.tpot_s
+        return record.ttft_s <= self.ttft_s and (tpot is None or tpot <= self.tpot_s)
+
+
+def summarize(
+    system: str,
+    records: Iterable[RequestRecord],
+    instances: Iterable[InstanceReport],
+    slo: SLO,
+    scale: Mapping[str, Any],
+    wan_rate_emulated_bps: float | None,
+) -> dict[str, Any]:
+    """The summary of one system's run; valid (None or 0 where undefined) for any input size.
+
+    `scale` must hold `token_scale` and `time_scale`; its other entries are copied as given.
+    `wan_rate_emulated_bps` is None for a system with no WAN link (the in-DC baseline).
+    """
+    scale_fields = _scale(scale, wan_rate_emulated_bps)
+    records = list(records)
+    instances = list(instances)
+    check_records(system, records)
+    check_instances(instances)
+    completed = [r for r in records if r.state == "completed"]
+    duration = run_duration(records)
+    good = sum(1 for r in completed if slo.met_by(r))
+    goodput = _rate(good, duration)
+    cost = float(sum(i.price_per_hour for i in instances))
+    delivered = sum(r.output_tokens for r in records)
+    rld_tokens = sum(r.rld_tokens for r in records)
+    return {
+        "system": system,
+        "requests": _request_counts(records),
+        "ttft_s": describe([r.ttft_s for r in completed]),
+        "tpot_s": describe([r.tpot_s for r in completed if r.tpot_s is not None]),
+        "itl_s": describe(pooled_itls(completed)),
+        "e2el_s": describe([r.e2el_s for r in completed]),
+        "percentile_method": PERCENTILE_METHOD,
+        "duration_s": duration,
+        "good_requests": good,
+        "goodput_rps": goodput,
+        "throughput_rps": _rate(len(completed), duration),
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "pipelines": _pipeline_counts(system, records),
+        "rld_token_share": rld_tokens / delivered if delivered else None,
+        "tokens": {
+            "delivered": delivered,
+            "rld": rld_tokens,
+            "md": sum(r.md_tokens for r in records),
+            "expected": sum(r.expected_output_tokens for r in records),
+        },
+        "handoffs": _handoffs(records),
+        "wan_bytes": _wan_bytes(records),
+        "anomaly_filtered": sum(1 for r in records if r.anomaly_filtered),
+        "hit_rate": _hit_rates(records),
+        "token_mismatches": sum(1 for r in records if r.token_mismatch),
+        "delivery": {
+            "duplicate_tokens": sum(r.duplicate_tokens for r in records),
+            "gap_tokens": sum(r.gap_tokens for r in records),
+        },
+        "emulator_lag_s": _lag(instances),
+        "cost_per_hour": cost,
+        "cost_per_hour_by_role": _cost_by_role(instances),
+        "bcr": goodput / cost if goodput is not None and cost > 0 else None,
+        "scale": scale_fields,
+    }
+
+
+def run_duration(records: Sequence[RequestRecord]) -> float | None:
+    """Last finish minus first arrival (modelled s); None when no request finished."""
+    finishes = [r.finish_s for r in records if r.finish_s is not None]
+    if not finishes:
+        return None
+    return max(finishes) - min(r.arrival_s for r in records)
+
+
+def pooled_itls(records: Iterable[RequestRecord]) -> np.ndarray:
+    """Every gap between consecutive token times of every given request, in one array."""
+    gaps = [np.diff(np.asarray(r.token_times_s, dtype=np.float64)) for r in records]
+    gaps = [g for g in gaps if g.size]
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _rate(count: int, duration: float | None) -> float | None:
+    """count / duration; 0 when nothing counted, None when a count has no duration to divide."""
+    if count == 0:
+        return 0.0
+    if duration is None or duration <= 0:
+        return None
+    return count / duration
+
+
+def _request_counts(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    failed = [r for r in records if r.state == "failed"]
+    return {
+        "total": len(records),
+        "completed": len(records) - len(failed),
+        "failed": len(failed),
+        "unrouted": sum(1 for r in records if not r.pipeline),
+        "failure_reasons": dict(Counter(r.failure_reason or "unspecified" for r in failed)),
+    }
+
+
+def _pipeline_counts(system: str, records: Sequence[RequestRecord]) -> dict[str, int]:
+    """PDD's three pipelines always; the baselines' P-D when the system is one or used it."""
+    counts = Counter(r.pipeline for r in records if r.pipeline)
+    names = list(PDD_PIPELINES)
+    if system != PDD_SYSTEM or counts[BASELINE_PIPELINE]:
+        names.append(BASELINE_PIPELINE)
+    return {name: counts[name] for name in names}
+
+
+def _handoffs(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    handed = [r for r in records if r.handoff_mode is not None]
+    modes = Counter(r.handoff_mode for r in handed)
+    payloads = Counter(r.handoff_payload for r in handed if r.handoff_payload is not None)
+    stalls = [r.handoff_stall_s for r in handed if r.handoff_stall_s is not None]
+    result: dict[str, Any] = {mode: modes[mode] for mode in HANDOFF_MODES}
+    result.update(
+        {
+            "max_stall_s": max(stalls) if stalls else None,
+            "p99_stall_s": percentile(stalls, 99),
+            "mean_stall_s": float(np.mean(stalls)) if stalls else None,
+            "rounds": sum(r.handoff_rounds for r in handed),
+            "payloads": {payload: payloads[payload] for payload in HANDOFF_PAYLOADS},
+        }
+    )
+    return result
+
+
+def _wan_bytes(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    sent = sum(r.wan_bytes for r in records)
+    without_drc = sum(r.wan_bytes_without_drc for r in records)
+    return {
+        "sent": sent,
+        "without_drc": without_drc,
+        "drc_reduction": without_drc / sent if sent else None,
+        "cancelled": sum(r.wan_bytes_cancelled for r in records),
+        "genuine": sum(r.wan_bytes_genuine for r in records),
+    }
+
+
+def _hit_rates(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    inputs = np.asarray([r.input_tokens for r in records], dtype=np.int64)
+    p_hits = np.asarray([r.p_hit_tokens for r in records], dtype=np.int64)
+    reached_md = [r for r in records if r.md_hit_tokens is not None]
+    md_inputs = np.asarray([r.input_tokens for r in reached_md], dtype=np.int64)
+    md_hits = np.asarray([r.md_hit_tokens for r in reached_md], dtype=np.int64)
+    p_side, md_side = _hit_side(p_hits, inputs), _hit_side(md_hits, md_inputs)
+    return {
+        "p_side_mean": p_side["mean"],
+        "md_side_mean": md_side["mean"],
+        "p_side_token_weighted": p_side["token_weighted"],
+        "md_side_token_weighted": md_side["token_weighted"],
+        "md_side_requests": len(reached_md),
+        "bucket_labels": hit_bucket_labels(),
+        "p_side_buckets": p_side["buckets"],
+        "md_side_buckets": md_side["buckets"],
+    }
+
+
+def _hit_side(hits: np.ndarray, inputs: np.ndarray) -> dict[str, Any]:
+    if inputs.size == 0:
+        return {"mean": None, "token_weighted": None, "buckets": [0] * HIT_BUCKETS}
+    buckets = np.bincount(hit_buckets(hits, inputs), minlength=HIT_BUCKETS)
+    return {
+        "mean": float((hits / inputs).mean()),
+        "token_weighted": float(hits.sum() / inputs.sum()),
+        "buckets": [int(count) for count in buckets],
+    }
+
+
+def _lag(instances: Sequence[InstanceReport]) -> dict[str, Any]:
+    samples = np.asarray([s for i in instances for s in i.lag_samples_s], dtype=np.float64)
+    if samples.size == 0:
+        return {"p99": None, "max": None, "mean": None, "samples": 0}
+    return {
+        "p99": percentile(samples, 99),
+        "max": float(samples.max()),
+        "mean": float(samples.mean()),
+        "samples": int(samples.size),
+    }
+
+
+def _cost_by_role(instances: Sequence[InstanceReport]) -> dict[str, float]:
+    costs: dict[str, float] = {}
+    for instance in instances:
+        costs[instance.role] = costs.get(instance.role, 0.0) + instance.price_per_hour
+    return costs
+
+
+def _scale(scale: Mapping[str, Any], wan_rate_emulated_bps: float | None) -> dict[str, Any]:
+    for key in REQUIRED_SCALE_KEYS:
+        value = scale.get(key)
+        if not (_is_number(value) and math.isfinite(value) and value > 0):
+            raise MetricsError(f"scale[{key!r}] must be a positive number, got {value!r}")
+    if wan_rate_emulated_bps is not None and not (
+        math.isfinite(wan_rate_emulated_bps) and wan_rate_emulated_bps > 0
+    ):
+        raise MetricsError(f"wan_rate_emulated_bps must be positive, got {wan_rate_emulated_bps}")
+    if "wan_rate_emulated_bps" in scale and scale["wan_rate_emulated_bps"] != wan_rate_emulated_bps:
+        raise MetricsError(
+            f"scale['wan_rate_emulated_bps'] = {scale['wan_rate_emulated_bps']} contradicts "
+            f"wan_rate_emulated_bps = {wan_rate_emulated_bps}"
+        )
+    return {
+        "token_scale": float(scale["token_scale"]),
+        "time_scale": float(scale["time_scale"]),
+        "wan_rate_emulated_bps": wan_rate_emulated_bps,
+        **{
+            k: v
+            for k, v in scale.items()
+            if k not in (*REQUIRED_SCALE_KEYS, "wan_rate_emulated_bps")
+        },
+    }
