@@ -1,0 +1,110 @@
+"""The files a run writes besides the report: requests.csv and summary.json.
+
+requests.csv has one row per request (all systems in one file, told apart by `system`): every
+field of `RequestRecord` in declaration order, then the derived `ttft_s`, `tpot_s`, `e2el_s`.
+Floats are written with `repr`, so they read back bit for bit; `token_times_s` is one field of
+`;`-joined times; an absent value (None) is an empty field; booleans are `True` / `False`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from pddemu.metrics.errors import MetricsError
+from pddemu.metrics.records import RequestRecord
+
+SUMMARY_FILE = "summary.json"
+REQUESTS_FILE = "requests.csv"
+RECORD_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+DERIVED_COLUMNS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2el_s")
+REQUESTS_COLUMNS: tuple[str, ...] = RECORD_COLUMNS + DERIVED_COLUMNS
+TOKEN_TIME_SEPARATOR = ";"
+
+
+def write_requests_csv(path: Path | str, records: Iterable[RequestRecord]) -> Path:
+    path = Path(path)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(REQUESTS_COLUMNS)
+        for record in records:
+            row = [getattr(record, name) for name in REQUESTS_COLUMNS]
+            writer.writerow([_cell(value) for value in row])
+    return path
+
+
+def read_requests_csv(path: Path | str) -> list[RequestRecord]:
+    """The records of a requests.csv, as written (derived columns are recomputed, not read)."""
+    path = Path(path)
+    hints = typing.get_type_hints(RequestRecord)
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in RECORD_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise MetricsError(f"{path}: header lacks column(s) {', '.join(missing)}")
+        records = []
+        for line, row in enumerate(reader, start=2):
+            values = {}
+            for name in RECORD_COLUMNS:
+                try:
+                    values[name] = _parse(row[name], hints[name])
+                except ValueError as error:
+                    raise MetricsError(f"{path}:{line}: column {name}: {error}") from None
+            records.append(RequestRecord(**values))
+    return records
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list):
+        return TOKEN_TIME_SEPARATOR.join(repr(float(t)) for t in value)
+    return str(value)
+
+
+def _parse(text: str, hint: Any) -> Any:
+    """The value of one cell, by the field's type: X | None, str, int, float, bool, list[float]."""
+    if isinstance(hint, types.UnionType):
+        if not text:
+            return None
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if hint is str:
+        return text
+    if hint is bool:
+        if text not in ("True", "False"):
+            raise ValueError(f"expected True or False, got {text!r}")
+        return text == "True"
+    if hint is int:
+        return int(text)
+    if hint is float:
+        return float(text)
+    if typing.get_origin(hint) is list:
+        return [float(t) for t in text.split(TOKEN_TIME_SEPARATOR)] if text else []
+    raise ValueError(f"no reader for type {hint!r}")
+
+
+def write_summary_json(
+    path: Path | str, summaries: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]
+) -> Path:
+    """{"systems": {name: summary, ...}, **meta}; strict JSON (a NaN or infinity is an error)."""
+    path = Path(path)
+    if "systems" in meta:
+        raise MetricsError("meta must not have a 'systems' key: it would hide the summaries")
+    for name, summary in summaries.items():
+        if summary.get("system") != name:
+            raise MetricsError(f"summary under {name!r} is for system {summary.get('system')!r}")
+    document = {"systems": dict(summaries), **meta}
+    try:
+        text = json.dumps(document, indent=2, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise MetricsError(f"summary is not strict JSON: {error}") from None
+    path.write_text(text + "\n")
+    return path
