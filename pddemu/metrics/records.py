@@ -1,0 +1,94 @@
+"""What the emulator records for every request: a handful of timestamps and counters.
+
+All times are modelled seconds since the start of the run (the emulator may run k times
+faster than modelled time; see the scale model). Token counts are modelled tokens: with a
+token scale of 1/G, each genuine output token after the first stands for G modelled tokens,
+and `token_times_s` holds one time per modelled token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PIPELINES = ("P-MD", "P-RLD-MD", "RLD-only", "P-D")  # P-D: a baseline's plain prefill -> decode
+END_STATES = ("completed", "failed")
+HANDOFF_MODES = ("one_shot", "catch_up")
+HANDOFF_PAYLOADS = ("extend", "kv_delta")
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    system: str  # pdd | naive | indc
+    arrival_s: float
+    input_tokens: int
+    expected_output_tokens: int
+    state: str = "failed"  # completed | failed; every request ends in one of them
+    failure_reason: str = ""
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)  # one per delivered modelled token
+    output_tokens: int = 0  # modelled tokens delivered to the user
+    pipeline: str = ""  # one of PIPELINES
+    handoff_mode: str | None = None  # one_shot | catch_up, when a handoff happened
+    handoff_payload: str | None = None  # extend | kv_delta
+    handoff_position: int | None = None  # modelled output position where MD took over
+    handoff_stall_s: float | None = None  # longest token gap around the handoff
+    handoff_rounds: int = 0  # catch-up parts sent (1 for one-shot)
+    rld_tokens: int = 0  # modelled output tokens the user got from the relay decode
+    md_tokens: int = 0  # ... from the main decode (or the baseline's decode instance)
+    p_hit_tokens: int = 0  # modelled prompt tokens found in P's prefix cache
+    md_hit_tokens: int | None = None  # ... in MD's radix cache (None: never reached MD)
+    wan_bytes: int = 0  # modelled bytes this request sent across the WAN
+    wan_bytes_without_drc: int = 0  # what they would have been with no decode-side cache
+    wan_bytes_genuine: int = 0  # bytes really sent on the emulated WAN
+    wan_bytes_cancelled: int = 0  # modelled bytes not sent because the anomaly filter cut it
+    anomaly_filtered: bool = False
+    token_mismatch: bool = False  # the user's tokens differ from the single-process reference
+    duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
+    gap_tokens: int = 0  # positions never delivered (must stay 0)
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_s is None:
+            return None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2el_s(self) -> float | None:
+        if self.finish_s is None:
+            return None
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """vLLM's definition: (E2EL - TTFT) / (output tokens - 1); None for one token."""
+        if self.e2el_s is None or self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def itls_s(self) -> list[float]:
+        """Gaps between consecutive streamed tokens."""
+        times = self.token_times_s
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class InstanceReport:
+    """What an instance reports at the end of a run (for lag, utilisation and cost)."""
+
+    name: str  # e.g. "P0", "RLD0", "MD1"
+    role: str  # P | RLD | MD | D
+    chip: str  # chip profile name
+    chips: int  # chips in this instance
+    price_per_hour: float  # of the whole instance
+    lag_samples_s: list[float] = field(default_factory=list)  # modelled-time overrun per step
+    steps: int = 0
+    busy_s: float = 0.0  # modelled seconds spent in steps
+    tokens_generated: int = 0  # modelled output tokens produced (decode roles)
+    prefill_tokens: int = 0  # modelled prompt tokens computed (P)
