@@ -10,6 +10,7 @@ import sys
 # `pddemu trace stats` does not pay for torch.
 _COMMANDS: list[tuple[str, str]] = [
     ("trace", "pddemu.workload.cli"),
+    ("emulate", "pddemu.emulate"),
 ]
 
 

@@ -1,0 +1,259 @@
+"""`pddemu emulate`: replay one workload through pdd, naive and indc on one emulated network,
+check every token against the single-process reference, and write the run's files.
+
+    pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all]
+                   [--trace NAME|PATH] [--requests N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from netem import rootless
+from netem.spec import LinkSpec
+from netem.topology import LinkConfig, Network
+from pddemu.config import SYSTEMS, Config, ConfigError, load_config
+from pddemu.deployment import Deployment
+from pddemu.hardware import load_target
+from pddemu.metrics import (
+    SLO,
+    InstanceReport,
+    RequestRecord,
+    format_table,
+    summarize,
+    write_report,
+    write_requests_csv,
+    write_summary_json,
+)
+from pddemu.model import ModelConfig
+from pddemu.reference import reference_outputs
+from pddemu.replay import replay
+from pddemu.runtime.clock import ModelledClock
+from pddemu.scale import ScaleModel
+
+REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
+
+
+@dataclass
+class SystemRun:
+    system: str
+    records: list[RequestRecord]
+    outputs: dict[str, list[int]]
+    instances: list[InstanceReport]
+
+
+def scale_model(config: Config) -> ScaleModel:
+    return ScaleModel(
+        genuine_kv_bytes_per_token=ModelConfig(**config.model).kv_bytes_per_token,
+        target_kv_bytes_per_token=load_target(config.target).kv_bytes_per_token,
+        token_scale=config.scale.token_scale,
+        time_scale=config.scale.time_scale,
+    )
+
+
+def wan_link(config: Config, scale: ScaleModel) -> LinkSpec:
+    """The emulated WAN: the modelled one scaled in rate (bytes and time) and delay (time)."""
+    wan = config.wan
+    rate, delay, jitter = scale.emulated_link(wan.rate_bps or 1e12, wan.delay_s, wan.jitter_s)
+    loss = {"kind": "bernoulli", "p": wan.loss} if wan.loss else {"kind": "none"}
+    return LinkSpec.from_dict(
+        {
+            "rate_bps": rate if wan.rate_bps else None,
+            "delay_s": delay,
+            "jitter_s": jitter,
+            "jitter_dist": wan.jitter_dist,
+            "loss": loss,
+        }
+    )
+
+
+def intra_link(config: Config, scale: ScaleModel) -> LinkConfig | None:
+    intra = config.intra
+    if intra.rate_bps is None and intra.delay_s == 0 and intra.jitter_s == 0:
+        return None
+    rate, delay, jitter = scale.emulated_link(intra.rate_bps or 1e12, intra.delay_s, intra.jitter_s)
+    return LinkConfig.symmetric(
+        LinkSpec(rate_bps=rate if intra.rate_bps else None, delay_s=delay, jitter_s=jitter)
+    )
+
+
+async def run_system(
+    system: str, config: Config, network: Network, workload: list[Any], out: Path
+) -> SystemRun:
+    epoch = time.monotonic()
+    deployment = Deployment(system, config, network, out, epoch)
+    try:
+        await deployment.start()
+        clock = ModelledClock(epoch, config.scale.time_scale)
+        result = await replay(
+            deployment.frontend_url, workload, clock, system, clock.now() + REPLAY_LEAD_S
+        )
+        stats = await deployment.stats()
+    finally:
+        await deployment.stop()
+    instances = []
+    for name, spec in deployment.specs.items():
+        if spec.me.role == "FE":
+            continue
+        hardware = config.hardware_for(system, spec.me.role)
+        from pddemu.hardware import load_chip
+
+        instances.append(
+            InstanceReport(
+                name=name,
+                role=spec.me.role,
+                chip=hardware.chip,
+                chips=hardware.chips,
+                price_per_hour=load_chip(hardware.chip).price_per_hour * hardware.chips,
+                lag_samples_s=stats[name]["lag_samples_s"],
+                steps=stats[name]["steps"],
+                busy_s=stats[name]["busy_s"],
+                tokens_generated=stats[name].get("tokens_generated", 0),
+                prefill_tokens=stats[name].get("prefill_tokens", 0),
+            )
+        )
+        for error in stats[name]["errors"]:
+            print(f"[{system}] {name}: {error}", file=sys.stderr)
+    return SystemRun(system, result.records, result.outputs, instances)
+
+
+def emulate(config: Config, systems: list[str], out: Path) -> int:
+    from pddemu.workload.replay_source import load_workload
+
+    scale = scale_model(config)
+    workload = load_workload(
+        config.workload.trace,
+        requests=config.workload.requests,
+        seed=config.workload.seed,
+        token_scale=config.scale.token_scale,
+        arrival_rate=config.workload.arrival_rate,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    link = wan_link(config, scale)
+    print(
+        f"pddemu: {len(workload)} requests of {config.workload.trace}, systems {', '.join(systems)}; "
+        f"emulated WAN {link.rate_bps / 1e6 if link.rate_bps else float('inf'):.1f} Mbit/s, "
+        f"{link.delay_s * 1e3:.1f} ms one way (modelled {config.wan.rate_bps / 1e9 if config.wan.rate_bps else 0:g} Gbit/s, "
+        f"{config.wan.delay_s * 1e3:g} ms); scale: token 1/{config.scale.token_scale}, time x{config.scale.time_scale:g}",
+        file=sys.stderr,
+    )
+    runs: dict[str, SystemRun] = {}
+    with Network(
+        LinkConfig.symmetric(link), intra=intra_link(config, scale), seed=config.workload.seed
+    ) as network:
+        for system in systems:
+            runs[system] = uvloop.run(run_system(system, config, network, workload, out))
+    print("pddemu: checking every token against the single-process reference ...", file=sys.stderr)
+    reference = reference_outputs(
+        workload,
+        ModelConfig(**config.model),
+        config.prefill.chunk_tokens // config.scale.token_scale,
+    )
+    for run in runs.values():
+        for record in run.records:
+            if (
+                record.state == "completed"
+                and run.outputs.get(record.request_id) != reference[record.request_id]
+            ):
+                record.token_mismatch = True
+    return write_outputs(config, scale, link, runs, out)
+
+
+def write_outputs(
+    config: Config, scale: ScaleModel, link: LinkSpec, runs: dict[str, SystemRun], out: Path
+) -> int:
+    from pddemu.metrics.plots import write_plots
+
+    slo = SLO(config.slo.ttft_s, config.slo.tpot_s)
+    summaries = {
+        system: summarize(
+            system,
+            run.records,
+            run.instances,
+            slo,
+            scale.describe(),
+            link.rate_bps if system != "indc" else None,
+        )
+        for system, run in runs.items()
+    }
+    all_records = [record for run in runs.values() for record in run.records]
+    write_requests_csv(out / "requests.csv", all_records)
+    meta = {
+        "config": config.source,
+        "trace": config.workload.trace,
+        "requests": config.workload.requests,
+        "seed": config.workload.seed,
+        "wan_modelled": {
+            "rate_bps": config.wan.rate_bps,
+            "delay_s": config.wan.delay_s,
+            "jitter_s": config.wan.jitter_s,
+        },
+    }
+    write_summary_json(out / "summary.json", summaries, meta)
+    plots = write_plots(out, {system: run.records for system, run in runs.items()})
+    report = write_report(out, summaries, meta, plots)
+    print(format_table(summaries))
+    print(
+        f"\nwrote {out / 'summary.json'}, {out / 'requests.csv'}, {report} and {len(plots)} plots in {out}/"
+    )
+    failed = sum(s["requests"]["failed"] for s in summaries.values())
+    mismatches = sum(s["token_mismatches"] for s in summaries.values())
+    if failed or mismatches:
+        print(
+            f"pddemu: {failed} failed requests, {mismatches} token mismatches (see requests.csv)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "emulate",
+        help="replay a workload through pdd, naive and indc",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for summary.json, requests.csv, plots, report.md",
+    )
+    parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
+    parser.add_argument("--system", choices=[*SYSTEMS, "all"], default="all")
+    parser.add_argument("--trace", help="pdd-janfeb, or a path to a Mooncake / WEKA / CSV trace")
+    parser.add_argument("--requests", type=int, help="replay a deterministic sample of N requests")
+    parser.add_argument("--seed", type=int, help="seed of the workload and the link's random draws")
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        if args.requests is not None and args.requests < 1:
+            raise ConfigError("--requests must be at least 1")
+        config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
+    except ConfigError as error:
+        print(f"pddemu: {error}", file=sys.stderr)
+        return 2
+    if rootless.needed():
+        try:
+            rootless.enter_user_namespace()
+        except rootless.RootlessError as error:
+            print(f"pddemu: not root, and {error}", file=sys.stderr)
+            return 1
+    systems = list(SYSTEMS) if args.system == "all" else [args.system]
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        return emulate(config, systems, args.out)
+    except KeyboardInterrupt:
+        print("pddemu: interrupted; everything the run made has been removed", file=sys.stderr)
+        return 130

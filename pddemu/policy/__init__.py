@@ -1,0 +1,1 @@
+"""PDD's decisions that the report leaves open, each a named, configurable policy."""

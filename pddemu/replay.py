@@ -1,0 +1,144 @@
+"""The open-loop replayer: every request leaves at its arrival time, whatever happened to the
+ones before it, and every request ends in a record (completed, or failed with the reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from pddemu.metrics.records import RequestRecord
+from pddemu.runtime.clock import ModelledClock
+
+PROGRESS_EVERY_S = 1.0
+
+
+class Replayable(Protocol):
+    request_id: str
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    session: str | None
+
+    @property
+    def prompt_ids(self) -> Any: ...
+
+
+@dataclass
+class ReplayResult:
+    records: list[RequestRecord]
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class Progress:
+    """Requests done, in flight and failed, on one refreshed line (or a line a second off a tty)."""
+
+    system: str
+    total: int
+    clock: ModelledClock
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    _last: float = 0.0
+
+    def show(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < PROGRESS_EVERY_S:
+            return
+        self._last = now
+        width = 24
+        filled = int(width * (self.done + self.failed) / max(1, self.total))
+        line = (
+            f"[{self.system:>5}] [{'#' * filled}{'.' * (width - filled)}] "
+            f"{self.done + self.failed}/{self.total} done, {self.in_flight} in flight, "
+            f"{self.failed} failed, t={self.clock.now():.0f} s modelled"
+        )
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + line + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+async def replay(
+    frontend_url: str,
+    workload: Sequence[Replayable],
+    clock: ModelledClock,
+    system: str,
+    start_s: float,
+) -> ReplayResult:
+    """Send `workload` to the frontend, request i at modelled time `start_s + arrival_s`."""
+    progress = Progress(system, len(workload), clock)
+    result = ReplayResult([])
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks = []
+        for request in sorted(workload, key=lambda r: r.arrival_s):
+            await clock.sleep_until(start_s + request.arrival_s)
+            tasks.append(
+                asyncio.ensure_future(
+                    _one(session, frontend_url, request, system, progress, result)
+                )
+            )
+            progress.show()
+        while not all(task.done() for task in tasks):
+            await asyncio.wait(tasks, timeout=PROGRESS_EVERY_S)
+            progress.show()
+    progress.show(final=True)
+    return result
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    request: Replayable,
+    system: str,
+    progress: Progress,
+    result: ReplayResult,
+) -> None:
+    progress.in_flight += 1
+    record: RequestRecord | None = None
+    body = {
+        "rid": request.request_id,
+        "prompt_ids": [int(x) for x in request.prompt_ids],
+        "input_tokens": int(request.input_tokens),
+        "output_tokens": int(request.output_tokens),
+        "session": request.session,
+    }
+    try:
+        async with session.post(f"{url}/generate", json=body) as reply:
+            if reply.status != 200:
+                raise RuntimeError(
+                    f"frontend answered {reply.status}: {(await reply.text())[:200]}"
+                )
+            async for line in reply.content:
+                item = json.loads(line)
+                if "record" in item:
+                    record = RequestRecord(**item["record"])
+                    result.outputs[request.request_id] = item["output_ids"]
+        if record is None:
+            raise RuntimeError("the frontend closed the stream without the request's record")
+    except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as error:
+        record = RequestRecord(
+            request_id=request.request_id,
+            system=system,
+            arrival_s=0.0,
+            input_tokens=int(request.input_tokens),
+            expected_output_tokens=int(request.output_tokens),
+            state="failed",
+            failure_reason=f"replayer: {error}",
+        )
+    result.records.append(record)
+    progress.in_flight -= 1
+    if record.state == "completed":
+        progress.done += 1
+    else:
+        progress.failed += 1

@@ -1,0 +1,68 @@
+"""`python -m pddemu.roles SPEC.json`: run one emulated instance in its namespace.
+
+Started by the deployment; it dies with the process that started it (PR_SET_PDEATHSIG), so a
+crashed emulator leaves no instance behind even before namespace cleanup kills what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvloop
+
+from netem import nsutil
+from pddemu.roles.spec import InstanceSpec
+
+PR_SET_PDEATHSIG = 1
+
+
+def role_class(role: str) -> type:
+    if role == "FE":
+        from pddemu.roles.frontend import Frontend
+
+        return Frontend
+    if role == "P":
+        from pddemu.roles.prefill import PrefillInstance
+
+        return PrefillInstance
+    if role == "RLD":
+        from pddemu.roles.relay import RelayInstance
+
+        return RelayInstance
+    if role in ("MD", "D"):
+        from pddemu.roles.main_decode import MainDecodeInstance
+
+        return MainDecodeInstance
+    raise ValueError(f"unknown role {role!r}")
+
+
+def main(argv: list[str]) -> int:
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    spec = InstanceSpec.from_json(Path(argv[0]).read_text())
+    nsutil.enter(spec.netns)
+    logging.basicConfig(
+        filename=spec.log_path or None,
+        level=logging.INFO,
+        format=f"%(asctime)s {spec.me.name} %(levelname)s %(message)s",
+    )
+    instance = role_class(spec.me.role)(spec)
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, instance.stopping.set)
+    try:
+        loop.run_until_complete(instance.run())
+    finally:
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main(sys.argv[1:]))

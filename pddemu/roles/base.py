@@ -1,0 +1,202 @@
+"""The process every emulated instance is: a uvloop event loop, a TCP data plane speaking the
+wire format, and an aiohttp control plane (health, stats, shutdown).
+
+Subclasses register handlers by control-message kind (`on_<kind>` methods) and may handle bare
+KV chunks / token-id frames (`on_kv_chunk`, `on_token_ids`). Long-lived connections to peers
+are opened on first use and kept (`peer(name)`); bulk KV transfers open their own (`open`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+
+from pddemu.config import ROLES, Config, config_from_json
+from pddemu.model import ModelConfig
+from pddemu.roles.sizing import cost_model
+from pddemu.roles.spec import Address, InstanceSpec
+from pddemu.runtime.channel import HELLO, Channel, Envelope
+from pddemu.runtime.clock import ModelledClock
+from pddemu.wire import Control, KVChunk, Message, TokenIds
+
+log = logging.getLogger("pddemu.instance")
+
+
+class Instance:
+    role = "?"
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        self.spec = spec
+        self.name = spec.me.name
+        self.config: Config = config_from_json(spec.config)
+        self.clock = ModelledClock(spec.epoch, self.config.scale.time_scale)
+        self._peers: dict[str, Channel] = {}
+        self._peer_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.stopping = asyncio.Event()
+        self.errors: list[str] = []
+        self.lag_samples_s: list[float] = []
+        self.steps = 0
+        self.busy_s = 0.0
+        self.model_config = ModelConfig(**self.config.model)
+        scale = self.config.scale.token_scale
+        self.page_tokens = max(1, self.config.cache_page_tokens // scale)
+        self.chunk_genuine = self.config.prefill.chunk_tokens // scale
+        self.cost = (
+            cost_model(self.config, spec.system, spec.me.role) if spec.me.role in ROLES else None
+        )
+
+    def kv_capacity_genuine(self) -> int:
+        """Genuine tokens of KV this instance may keep (its hardware's capacity, scaled)."""
+        assert self.cost is not None
+        return self.cost.kv_capacity_tokens() // self.config.scale.token_scale
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        server = await asyncio.start_server(
+            self._accept, self.spec.me.addr, self.spec.me.data_port, limit=1 << 22
+        )
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/stats", self._stats)
+        app.router.add_post("/shutdown", self._shutdown)
+        app.router.add_post("/admin/policy", self._admin_policy)
+        self.add_routes(app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.spec.me.addr, self.spec.me.http_port).start()
+        await self.start()
+        try:
+            await self.stopping.wait()
+        finally:
+            server.close()
+            for channel in self._peers.values():
+                channel.close()
+            await runner.cleanup()
+
+    async def start(self) -> None:
+        """Start the role's own loops (subclasses)."""
+
+    def add_routes(self, app: web.Application) -> None:
+        """Extra HTTP routes (the frontend's request API)."""
+
+    def spawn(self, coroutine: Any, what: str) -> asyncio.Task:
+        """A background task whose failure is logged and counted, never silently lost."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+
+        def finished(done: asyncio.Task) -> None:
+            self._tasks.discard(done)
+            if not done.cancelled() and done.exception() is not None:
+                error = done.exception()
+                text = "".join(traceback.format_exception(error))
+                self.errors.append(f"{what}: {error!r}")
+                log.error("%s: %s failed:\n%s", self.name, what, text)
+
+        task.add_done_callback(finished)
+        return task
+
+    # -- control plane ------------------------------------------------------------------
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"name": self.name, "role": self.role, "ok": not self.errors})
+
+    async def _stats(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    async def _shutdown(self, _request: web.Request) -> web.Response:
+        asyncio.get_running_loop().call_soon(self.stopping.set)
+        return web.json_response({"stopping": True})
+
+    async def _admin_policy(self, request: web.Request) -> web.Response:
+        """Change policy fields live (routing, handoff mode and payload, thresholds, ...)."""
+        try:
+            self.config = self.config.with_policy(**(await request.json()))
+        except (ValueError, TypeError) as error:
+            return web.json_response({"error": str(error)}, status=400)
+        return web.json_response({"policy": asdict(self.config.policy)})
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "lag_samples_s": self.lag_samples_s,
+            "steps": self.steps,
+            "busy_s": self.busy_s,
+            "errors": self.errors,
+        }
+
+    # -- data plane -----------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        channel = Channel(reader, writer, peer="?", purpose="?")
+        try:
+            hello = await channel.receive()
+        except Exception:  # noqa: BLE001 - a peer that cannot say hello is dropped
+            channel.close()
+            return
+        if not isinstance(hello, Envelope) or hello.kind != HELLO:
+            channel.close()
+            return
+        channel.peer = str(hello.body.get("from", "?"))
+        channel.purpose = str(hello.body.get("purpose", "?"))
+        await channel.serve(self._dispatch)
+
+    async def _dispatch(self, item: Envelope | Message, channel: Channel) -> None:
+        try:
+            if isinstance(item, Envelope):
+                handler = getattr(self, f"on_{item.kind}", None)
+                if handler is None:
+                    raise ValueError(
+                        f"{self.role} has no handler for {item.kind!r} (from {channel.peer})"
+                    )
+                await handler(item)
+            elif isinstance(item, KVChunk):
+                await self.on_kv_chunk(item, channel)
+            elif isinstance(item, TokenIds):
+                await self.on_token_ids(item, channel)
+        except Exception as error:  # noqa: BLE001 - one bad message must not stop the channel
+            self.errors.append(f"{channel.peer}: {error!r}")
+            log.exception("%s: handling a message from %s", self.name, channel.peer)
+
+    async def on_kv_chunk(self, chunk: KVChunk, channel: Channel) -> None:
+        raise ValueError(f"{self.role} does not take KV chunks")
+
+    async def on_token_ids(self, ids: TokenIds, channel: Channel) -> None:
+        raise ValueError(f"{self.role} does not take bare token ids")
+
+    def address(self, name: str) -> Address:
+        try:
+            return self.spec.peers[name]
+        except KeyError:
+            raise ValueError(f"unknown peer {name!r}") from None
+
+    async def peer(self, name: str) -> Channel:
+        """The long-lived control connection to a peer (opened once, reopened if closed)."""
+        lock = self._peer_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            channel = self._peers.get(name)
+            if channel is None or channel.closed:
+                channel = await self.open(name, "control")
+                self._peers[name] = channel
+                self.spawn(channel.serve(self._dispatch), f"replies from {name}")
+            return channel
+
+    async def open(self, name: str, purpose: str) -> Channel:
+        address = self.address(name)
+        return await Channel.connect(address.addr, address.data_port, self.name, name, purpose)
+
+    async def tell(self, name: str, kind: str, body: dict[str, Any], *attachments: Message) -> int:
+        channel = await self.peer(name)
+        return await channel.send(Control(kind, body), *attachments)
+
+    def record_step(self, started: float, duration: float, lag: float) -> None:
+        self.steps += 1
+        self.busy_s += duration
+        self.lag_samples_s.append(lag)

@@ -1,0 +1,351 @@
+"""The frontend and router (DC A): takes requests, picks the instances and the pipeline, and
+streams every request's tokens back in order, each with its time.
+
+Per request: P (by session affinity, for its prefix cache) gets the prompt and answers with its
+hit; the decode side (MD, or a baseline's D, also by session affinity for the DRC) is asked in
+parallel how much of the prompt it holds, and pins it. The routing policy then picks the
+pipeline and P is told where to stream the KV from which token. Tokens come back from RLD and
+MD; a position delivered twice (a catch-up handoff overlaps on purpose) is checked and dropped.
+
+Every request ends completed or failed (with the reason); nothing is left without an end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from pddemu.metrics.records import RequestRecord
+from pddemu.policy.routing import RouteInputs, choose_pipeline
+from pddemu.policy.wan import WanEstimator
+from pddemu.roles.base import Instance
+from pddemu.roles.sizing import cost_model
+from pddemu.roles.spec import InstanceSpec
+from pddemu.runtime.channel import Envelope
+from pddemu.wire import TokenIds
+
+DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
+WAN_DECODE = {"pdd": True, "naive": True, "indc": False}
+
+
+@dataclass
+class Flight:
+    """A request in the frontend, from arrival to its end state."""
+
+    record: RequestRecord
+    prompt: list[int]
+    genuine_output: int
+    session: str | None
+    p: str = ""
+    decode: str = ""
+    rld: str = ""
+    tokens: dict[int, tuple[int, list[float], str]] = field(
+        default_factory=dict
+    )  # index -> (id, times, role)
+    delivered: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    replies: dict[str, asyncio.Future] = field(default_factory=dict)
+    stream: asyncio.Queue = field(default_factory=asyncio.Queue)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    md_took_over: bool = False
+    last_relay_time: float | None = None
+
+
+class Frontend(Instance):
+    role = "FE"
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        super().__init__(spec)
+        self.system = spec.system
+        self.flights: dict[str, Flight] = {}
+        self.p_names = [a.name for a in spec.peers_with_role("P")]
+        self.decode_names = [a.name for a in spec.peers_with_role(DECODE_ROLE[self.system])]
+        self.rld_names = [a.name for a in spec.peers_with_role("RLD")]
+        wan = self.config.wan
+        self.wan = WanEstimator(capacity_bps=wan.rate_bps or 1e12, one_way_delay_s=wan.delay_s)
+        self.relay_cost = cost_model(self.config, self.system, "RLD") if self.rld_names else None
+        self.load: dict[str, int] = {
+            name: 0 for name in [*self.p_names, *self.decode_names, *self.rld_names]
+        }
+        self.target_kv_bytes = self._target_kv_bytes()
+
+    def _target_kv_bytes(self) -> int:
+        from pddemu.hardware import load_target
+
+        return load_target(self.config.target).kv_bytes_per_token
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/generate", self.http_generate)
+
+    # -- the request API ------------------------------------------------------------------
+
+    async def http_generate(self, request: web.Request) -> web.StreamResponse:
+        """POST a request; the answer streams NDJSON lines: tokens as they come, then the record."""
+        try:
+            body = await request.json()
+            flight = self.admit(body)
+        except (ValueError, KeyError, TypeError) as error:
+            return web.json_response({"error": f"bad request: {error}"}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        self.spawn(self.serve_flight(flight), f"request {flight.record.request_id}")
+        while True:
+            item = await flight.stream.get()
+            if item is None:
+                break
+            await response.write(json.dumps(item).encode() + b"\n")
+        final = {"record": flight.record.to_dict(), "output_ids": flight.output_ids}
+        await response.write(json.dumps(final).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    def admit(self, body: dict[str, Any]) -> Flight:
+        rid = str(body["rid"])
+        if rid in self.flights:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        prompt = [int(x) for x in body["prompt_ids"]]
+        if not prompt or min(prompt) < 0 or max(prompt) >= self.model_config.vocab_size:
+            raise ValueError(
+                "prompt_ids must be a non-empty list of token ids of the model's vocabulary"
+            )
+        input_tokens, output_tokens = int(body["input_tokens"]), int(body["output_tokens"])
+        if input_tokens < 1 or output_tokens < 1:
+            raise ValueError("input_tokens and output_tokens must be at least 1")
+        scale = self.config.scale.token_scale
+        genuine_output = 1 + -(-(output_tokens - 1) // scale)
+        record = RequestRecord(
+            request_id=rid,
+            system=self.system,
+            arrival_s=self.clock.now(),
+            input_tokens=input_tokens,
+            expected_output_tokens=output_tokens,
+        )
+        flight = Flight(record, prompt, genuine_output, body.get("session"))
+        self.flights[rid] = flight
+        return flight
+
+    # -- one request ----------------------------------------------------------------------
+
+    async def serve_flight(self, flight: Flight) -> None:
+        record = flight.record
+        timeout = self.config.request_timeout_s / self.config.scale.time_scale
+        try:
+            await asyncio.wait_for(self.run_flight(flight), timeout)
+            record.state = "completed"
+        except TimeoutError:
+            self.fail(
+                flight,
+                f"timed out after {self.config.request_timeout_s:.0f} modelled s "
+                f"({flight.delivered}/{flight.genuine_output} tokens delivered)",
+            )
+        except Exception as error:  # noqa: BLE001 - the request fails, the frontend goes on
+            self.fail(flight, f"{type(error).__name__}: {error}")
+        finally:
+            await self.settle(flight)
+            self.flights.pop(record.request_id, None)
+            flight.stream.put_nowait(None)
+
+    def fail(self, flight: Flight, reason: str) -> None:
+        flight.record.state = "failed"
+        flight.record.failure_reason = reason
+
+    async def run_flight(self, flight: Flight) -> None:
+        record = flight.record
+        rid = record.request_id
+        flight.p = self.pick(self.p_names, flight.session)
+        flight.decode = self.pick(self.decode_names, flight.session)
+        meta = {
+            "input_tokens": record.input_tokens,
+            "output_tokens": record.expected_output_tokens,
+            "genuine_output_tokens": flight.genuine_output,
+            "frontend": self.name,
+            "session": flight.session,
+        }
+        loop = asyncio.get_running_loop()
+        flight.replies = {"p_hit": loop.create_future(), "matched": loop.create_future()}
+        prompt = TokenIds.from_ints(rid, 0, flight.prompt)
+        self.load[flight.p] += 1
+        await asyncio.gather(
+            self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt),
+            self.tell(flight.decode, "match", {"rid": rid}, prompt),
+        )
+        p_hit = (await flight.replies["p_hit"])["hit"]
+        md_hit = (await flight.replies["matched"])["hit"]
+        scale = self.config.scale.token_scale
+        record.p_hit_tokens = min(p_hit * scale, record.input_tokens)
+        increment = self.modelled_tokens(record, len(flight.prompt) - md_hit)
+        pipeline = self.decide(flight, increment)
+        record.pipeline = pipeline
+        record.wan_bytes_without_drc = (
+            record.input_tokens * self.target_kv_bytes
+            if WAN_DECODE[self.system] and pipeline != "RLD-only"
+            else 0
+        )
+        destinations = []
+        meta = {**meta, "pipeline": pipeline, "md": flight.decode}
+        if pipeline in ("P-RLD-MD", "RLD-only"):
+            flight.rld = self.pick_least_loaded(self.rld_names)
+            meta["rld"] = flight.rld
+            destinations.append({"name": flight.rld, "offset": 0, "meta": meta})
+            self.load[flight.rld] += 1
+        if pipeline != "RLD-only":
+            record.md_hit_tokens = min(md_hit * scale, record.input_tokens)
+            destinations.append({"name": flight.decode, "offset": md_hit, "meta": meta})
+            self.load[flight.decode] += 1
+            if WAN_DECODE[self.system]:
+                self.wan.started(rid, increment * self.target_kv_bytes, self.clock.now())
+        else:
+            record.anomaly_filtered = True
+            record.wan_bytes_cancelled = increment * self.target_kv_bytes
+            await self.tell(flight.decode, "release", {"rid": rid})
+        await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
+        await flight.done.wait()
+
+    def modelled_tokens(self, record: RequestRecord, genuine_prompt_tokens: int) -> int:
+        return min(genuine_prompt_tokens * self.config.scale.token_scale, record.input_tokens)
+
+    def decide(self, flight: Flight, increment_tokens: int) -> str:
+        if self.system != "pdd":
+            return "P-D" if self.system == "indc" else "P-MD"
+        record = flight.record
+        predicted_wan = self.wan.predict(increment_tokens * self.target_kv_bytes)
+        relay_batch = max(
+            1, sum(self.load[name] for name in self.rld_names) // max(1, len(self.rld_names))
+        )
+        context = record.input_tokens + record.expected_output_tokens // 2
+        per_token = self.relay_cost.decode_step(
+            [context] * min(relay_batch + 1, self.config.decode.max_batch)
+        )
+        inputs = RouteInputs(
+            record.input_tokens,
+            record.expected_output_tokens,
+            predicted_wan,
+            per_token * record.expected_output_tokens,
+        )
+        return choose_pipeline(self.config.policy, inputs)
+
+    def pick(self, names: list[str], session: str | None) -> str:
+        """Session affinity keeps a conversation on the instance whose cache holds its prefix."""
+        if session is None:
+            return self.pick_least_loaded(names)
+        return names[zlib.crc32(session.encode()) % len(names)]
+
+    def pick_least_loaded(self, names: list[str]) -> str:
+        return min(names, key=lambda name: (self.load[name], name))
+
+    async def settle(self, flight: Flight) -> None:
+        """Release what other instances hold for a request that is over."""
+        rid = flight.record.request_id
+        for name in {flight.p, flight.decode, flight.rld} - {""}:
+            self.load[name] = max(0, self.load[name] - 1)
+        if flight.record.state == "failed" and flight.p:
+            await self._quietly(self.tell(flight.p, "cancel", {"rid": rid}))
+        if flight.decode and not flight.md_took_over and flight.record.pipeline != "RLD-only":
+            await self._quietly(self.tell(flight.decode, "release", {"rid": rid}))
+        self.wan.forget(rid)
+        self.finish_record(flight)
+
+    async def _quietly(self, coroutine: Any) -> None:
+        try:
+            await coroutine
+        except (OSError, ValueError) as error:
+            self.errors.append(f"cleanup: {error!r}")
+
+    def finish_record(self, flight: Flight) -> None:
+        record = flight.record
+        times = record.token_times_s
+        record.output_tokens = len(times)
+        record.first_token_s = times[0] if times else None
+        record.finish_s = times[-1] if times and record.state == "completed" else None
+        record.gap_tokens = (
+            max(0, flight.genuine_output - flight.delivered) if record.state == "completed" else 0
+        )
+
+    # -- messages from the instances ------------------------------------------------------
+
+    async def on_p_hit(self, message: Envelope) -> None:
+        self._reply(message, "p_hit")
+
+    async def on_matched(self, message: Envelope) -> None:
+        self._reply(message, "matched")
+
+    def _reply(self, message: Envelope, kind: str) -> None:
+        flight = self.flights.get(message.body["rid"])
+        if flight is not None and kind in flight.replies and not flight.replies[kind].done():
+            flight.replies[kind].set_result(message.body)
+
+    async def on_transfer_done(self, message: Envelope) -> None:
+        flight = self.flights.get(message.body["rid"])
+        if flight is None:
+            return
+        if message.body["destination"] == flight.decode and WAN_DECODE[self.system]:
+            self.add_wan_bytes(flight, int(message.body["bytes"]))
+
+    def add_wan_bytes(self, flight: Flight, genuine_bytes: int) -> None:
+        scale = self.config.scale.token_scale
+        genuine_per_modelled = self.model_config.kv_bytes_per_token / scale
+        byte_scale = genuine_per_modelled / self.target_kv_bytes
+        flight.record.wan_bytes_genuine += genuine_bytes
+        flight.record.wan_bytes += int(genuine_bytes / byte_scale)
+
+    async def on_kv_arrived(self, message: Envelope) -> None:
+        self.wan.arrived(message.body["rid"], float(message.body["at"]))
+
+    async def on_handoff_sent(self, message: Envelope) -> None:
+        flight = self.flights.get(message.body["rid"])
+        if flight is None:
+            return
+        record = flight.record
+        record.handoff_mode = message.body["mode"]
+        record.handoff_payload = "extend" if message.body["payload"] == "extend" else "kv_delta"
+        record.handoff_rounds = int(message.body["rounds"])
+        self.add_wan_bytes(flight, int(message.body["bytes"]))
+
+    async def on_tokens(self, message: Envelope) -> None:
+        body = message.body
+        flight = self.flights.get(body["rid"])
+        if flight is None:
+            return
+        index, token = int(body["index"]), int(body["id"])
+        shift = self.clock.now() - float(body["sent"])  # delivery latency to the frontend
+        times = [float(t) + shift for t in body["times"]]
+        if index in flight.tokens or index < flight.delivered:
+            known = flight.tokens.get(index)
+            flight.record.duplicate_tokens += 1
+            if known is not None and known[0] != token:
+                flight.record.token_mismatch = True
+            return
+        flight.tokens[index] = (token, times, body["role"])
+        while flight.delivered in flight.tokens:
+            self.deliver(flight, *flight.tokens[flight.delivered])
+        if flight.delivered >= flight.genuine_output:
+            flight.done.set()
+
+    def deliver(self, flight: Flight, token: int, times: list[float], role: str) -> None:
+        record = flight.record
+        index = flight.delivered
+        if role == "RLD":
+            record.rld_tokens += len(times)
+            flight.last_relay_time = times[-1]
+        else:
+            record.md_tokens += len(times)
+            if flight.rld and not flight.md_took_over and flight.last_relay_time is not None:
+                record.handoff_position = len(record.token_times_s)
+                record.handoff_stall_s = times[0] - flight.last_relay_time
+            flight.md_took_over = True
+        record.token_times_s.extend(times)
+        flight.output_ids.append(token)
+        flight.delivered += 1
+        flight.stream.put_nowait({"index": index, "id": token, "n": len(times)})
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **super().stats(),
+            "in_flight": len(self.flights),
+            "wan_correction": self.wan.correction,
+        }

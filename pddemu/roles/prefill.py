@@ -1,0 +1,239 @@
+"""P: prefill with a prefix cache, streaming each chunk's KV to every destination at once.
+
+A request arrives from the frontend with its prompt; P answers with its prefix-cache hit and
+queues the prefill. The frontend's route names the destinations (the relay over the intra-DC
+path, the main decode across the WAN, or a baseline's decode) and from which token each needs
+the KV (a destination that already holds a prefix gets only the rest). Chunks leave as soon as
+they are computed, to all destinations in parallel: PDD's dual-path transfer.
+
+Each step batches up to `max_batch_chunks` chunk slots across requests, first come first
+served; its modelled duration comes from the cost model (a tail chunk costs a full slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pddemu.model import TinyTransformer, greedy
+from pddemu.model.kv import KV
+from pddemu.roles.base import Instance
+from pddemu.roles.prefix_store import PrefixKVStore
+from pddemu.roles.spec import InstanceSpec
+from pddemu.roles.transfer import Progress, TransferPool
+from pddemu.runtime.channel import Channel, Envelope
+from pddemu.wire.tensors import kv_chunk_from_tensor
+
+
+@dataclass
+class Destination:
+    name: str
+    offset: int  # first genuine token this destination needs
+    meta: dict[str, Any]  # forwarded in kv_begin (pipeline, relay/main names, ...)
+    task: asyncio.Task | None = None
+    bytes_sent: int = 0
+
+
+@dataclass
+class PrefillJob:
+    rid: str
+    prompt: list[int]
+    meta: dict[str, Any]
+    frontend: Channel
+    hit: int = 0
+    node: Any = None
+    kv: KV | None = None
+    scheduled: int = 0  # genuine tokens handed to a step
+    progress: Progress = field(default_factory=Progress)
+    last_logits: Any = None
+    first_token: int | None = None
+    destinations: list[Destination] = field(default_factory=list)
+    routed: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: bool = False
+
+
+class PrefillInstance(Instance):
+    role = "P"
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        super().__init__(spec)
+        self.model = TinyTransformer(self.model_config)
+        self.store = PrefixKVStore(self.page_tokens, self.kv_capacity_genuine())
+        self.jobs: dict[str, PrefillJob] = {}
+        self.queue: deque[PrefillJob] = deque()
+        self.work = asyncio.Event()
+        self.pool = TransferPool(self.open)
+        self.prefill_tokens = 0
+
+    async def start(self) -> None:
+        self.spawn(self.schedule(), "prefill scheduler")
+
+    # -- messages from the frontend -----------------------------------------------------
+
+    async def on_prefill(self, message: Envelope) -> None:
+        rid = message.body["rid"]
+        prompt = message.token_ids()
+        hit, node, handles = self.store.match(prompt)
+        hit = min(
+            hit, len(prompt) - 1
+        )  # always compute the last token: its logits give the first output
+        hit -= hit % self.page_tokens
+        job = PrefillJob(rid, prompt, message.body, message.channel, hit=hit, node=node)
+        job.kv = KV.empty(self.model_config, capacity=len(prompt))
+        prefix = self.store.assemble(handles, hit)
+        if prefix is not None:
+            job.kv.append(prefix)
+        job.scheduled = hit
+        job.progress.tokens = hit
+        self.jobs[rid] = job
+        self.queue.append(job)
+        self.work.set()
+        await message.channel.control("p_hit", {"rid": rid, "hit": hit, "instance": self.name})
+
+    async def on_route(self, message: Envelope) -> None:
+        job = self.jobs.get(message.body["rid"])
+        if job is None:
+            return
+        for dest in message.body["destinations"]:
+            destination = Destination(dest["name"], int(dest["offset"]), dest.get("meta", {}))
+            destination.task = self.spawn(
+                self.send(job, destination), f"KV of {job.rid} to {destination.name}"
+            )
+            job.destinations.append(destination)
+        job.routed.set()
+
+    async def on_cancel(self, message: Envelope) -> None:
+        """Stop a request's transfers (the anomaly filter, or the request failed)."""
+        job = self.jobs.get(message.body["rid"])
+        if job is None:
+            return
+        names = set(message.body.get("destinations") or [d.name for d in job.destinations])
+        for destination in job.destinations:
+            if destination.name in names and destination.task is not None:
+                destination.task.cancel()
+
+    # -- the prefill loop -----------------------------------------------------------------
+
+    async def schedule(self) -> None:
+        chunk = self.chunk_genuine
+        while True:
+            await self.work.wait()
+            batch: list[tuple[PrefillJob, int, int]] = []
+            slots = self.config.prefill.max_batch_chunks
+            for job in self.queue:
+                while slots and job.scheduled < len(job.prompt):
+                    end = min(job.scheduled + chunk, len(job.prompt))
+                    batch.append((job, job.scheduled, end))
+                    job.scheduled = end
+                    slots -= 1
+                if not slots:
+                    break
+            if not batch:
+                self.work.clear()
+                continue
+            started = self.clock.now()
+            wall = time.monotonic()
+            for job, begin, end in batch:
+                kv, logits = self.model.prefill(
+                    job.prompt[begin:end], job.kv, chunk_size=end - begin
+                )
+                job.kv.append(kv)
+                job.last_logits = logits
+            genuine_s = (time.monotonic() - wall) * self.config.scale.time_scale
+            duration = self.cost.prefill_step(
+                [
+                    (self.modelled_span(job, begin, end), self.modelled_span(job, 0, begin))
+                    for job, begin, end in batch
+                ]
+            )
+            late = await self.clock.sleep_until(started + duration)
+            self.record_step(started, duration, max(late, genuine_s - duration, 0.0))
+            for job, _begin, end in batch:
+                self.prefill_tokens += self.modelled_span(job, _begin, end)
+                if end == len(job.prompt):
+                    self.finish(job)
+                await job.progress.advance(end, finished=end == len(job.prompt))
+
+    def finish(self, job: PrefillJob) -> None:
+        job.first_token = greedy(job.last_logits)
+        self.queue.remove(job)
+        self.store.release(job.node)
+        node = self.store.insert(job.prompt, job.kv)
+        self.store.release(node)
+
+    def modelled_span(self, job: PrefillJob, begin: int, end: int) -> int:
+        """Modelled tokens of genuine positions [begin, end) of the job's prompt."""
+        total = int(job.meta["input_tokens"])
+        scale = self.config.scale.token_scale
+        return max(0, min(end * scale, total) - min(begin * scale, total))
+
+    # -- sending --------------------------------------------------------------------------
+
+    async def send(self, job: PrefillJob, destination: Destination) -> None:
+        channel = await self.pool.acquire(destination.name)
+        started = self.clock.now()
+        try:
+            await channel.control(
+                "kv_begin",
+                {
+                    "rid": job.rid,
+                    "offset": destination.offset,
+                    "prompt_tokens": len(job.prompt),
+                    "meta": {**job.meta, **destination.meta},
+                    "p": self.name,
+                    "p_hit": job.hit,
+                },
+            )
+            position = destination.offset
+            while position < len(job.prompt):
+                await job.progress.wait_beyond(position)
+                end = min(job.progress.tokens, position + self.chunk_genuine)
+                if end <= position:
+                    continue
+                chunk = kv_chunk_from_tensor(
+                    job.rid, 0, position, job.kv.token_slice(position, end).tensor
+                )
+                destination.bytes_sent += await channel.send(chunk)
+                position = end
+            await job.progress.wait_beyond(len(job.prompt))
+            await channel.control("kv_end", {"rid": job.rid, "first_token": job.first_token})
+        except asyncio.CancelledError:
+            channel.close()  # the receiver sees the transfer end unfinished and drops it
+            await self._report(job, destination, started, cancelled=True)
+            raise
+        except BaseException:
+            channel.close()
+            raise
+        self.pool.release(destination.name, channel)
+        await self._report(job, destination, started, cancelled=False)
+        if all(
+            d.task is not None and (d.task.done() or d.task is asyncio.current_task())
+            for d in job.destinations
+        ):
+            self.jobs.pop(job.rid, None)
+
+    async def _report(
+        self, job: PrefillJob, destination: Destination, started: float, cancelled: bool
+    ) -> None:
+        await job.frontend.control(
+            "transfer_done",
+            {
+                "rid": job.rid,
+                "destination": destination.name,
+                "bytes": destination.bytes_sent,
+                "tokens": len(job.prompt) - destination.offset,
+                "started": started,
+                "ended": self.clock.now(),
+                "cancelled": cancelled,
+            },
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **super().stats(),
+            "prefill_tokens": self.prefill_tokens,
+            "cache_tokens": self.store.size_tokens,
+        }

@@ -1,0 +1,58 @@
+"""Prompt KV kept across requests: P's prefix cache and MD's decode-side radix cache (DRC).
+
+A radix cache over genuine token ids whose page handles point into the KV tensors of the
+requests that inserted them (a view and an offset, never a copy), so a hit is assembled from a
+few contiguous slices. Capacity is in genuine tokens; pinned pages (requests in flight) are
+never evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pddemu.cache import RadixCache, RadixCacheConfig, RadixNode
+from pddemu.model.kv import KV
+
+
+class PrefixKVStore:
+    def __init__(self, page_tokens: int, capacity_tokens: int | None) -> None:
+        self.page_tokens = page_tokens
+        self.cache = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=capacity_tokens))
+
+    def match(self, tokens: Sequence[int] | np.ndarray) -> tuple[int, RadixNode, list]:
+        """Cached prefix length (whole pages) of `tokens`, pinned until `release`."""
+        found = self.cache.match(np.asarray(tokens, dtype=np.int64), pin=True)
+        return found.length, found.node, found.handles
+
+    def assemble(self, handles: list, length: int) -> KV | None:
+        """The KV of the first `length` tokens of a match, from the pages' views."""
+        if length == 0:
+            return None
+        pieces: list[KV] = []
+        run_kv, run_start, run_end = None, 0, 0
+        for kv, offset in handles[: length // self.page_tokens]:
+            if kv is run_kv and offset == run_end:
+                run_end += self.page_tokens
+                continue
+            if run_kv is not None:
+                pieces.append(run_kv.token_slice(run_start, run_end))
+            run_kv, run_start, run_end = kv, offset, offset + self.page_tokens
+        pieces.append(run_kv.token_slice(run_start, run_end))  # type: ignore[union-attr]
+        return pieces[0].clone() if len(pieces) == 1 else KV.concat(pieces)
+
+    def insert(self, tokens: Sequence[int] | np.ndarray, kv: KV) -> RadixNode:
+        """Cache the full pages of `tokens` whose KV is `kv` (same length), pinned."""
+        keys = np.asarray(tokens, dtype=np.int64)
+        pages = len(keys) // self.page_tokens
+        frozen = kv.token_slice(0, pages * self.page_tokens)
+        handles = [(frozen, i * self.page_tokens) for i in range(pages)]
+        return self.cache.insert(keys[: pages * self.page_tokens], handles, pin=True).node
+
+    def release(self, node: RadixNode) -> None:
+        self.cache.unpin(node)
+
+    @property
+    def size_tokens(self) -> int:
+        return self.cache.size

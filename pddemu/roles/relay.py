@@ -1,0 +1,157 @@
+"""RLD: relay decode next to P. It decodes a low-hit request as soon as its KV arrives over the
+intra-DC path and streams these eager tokens to the user while MD's copy of the KV crawls
+across the WAN; when MD has it, RLD hands the request over.
+
+Handoff modes (`policy.handoff_mode`):
+- one-shot: stop at once and send everything MD lacks; RLD is freed soonest, MD stalls once;
+- catch-up: keep decoding and send what MD lacks in parts; when what remains is at most
+  `catch_up_threshold_tokens` (modelled), send the last part and keep streaming until MD says
+  it has taken over, so the user sees no gap (tokens both produced are deduplicated upstream);
+- adaptive (default): one-shot when this RLD's batch is at least `adaptive_load_threshold`
+  full, catch-up otherwise.
+Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV in one pass)
+or kv-delta (the eager tokens' KV).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pddemu.roles.decode import DecodeInstance, DecodeRequest
+from pddemu.runtime.channel import Envelope
+from pddemu.wire import TokenIds
+from pddemu.wire.tensors import kv_chunk_from_tensor
+
+
+@dataclass
+class Handoff:
+    mode: str  # one_shot | catch_up
+    sent_upto: int = 0  # genuine outputs MD has been sent
+    final_sent: bool = False
+    rounds: int = 0
+    bytes: int = 0
+    waiting: bool = False  # a part is in flight, wait for MD's answer
+
+
+class RelayInstance(DecodeInstance):
+    role = "RLD"
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self.handoffs: dict[str, Handoff] = {}
+
+    async def kv_arrived(
+        self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
+    ) -> None:
+        request.on_step = self.after_step
+        await self.start_stream(request, first_token)
+
+    # -- handoff --------------------------------------------------------------------------
+
+    def choose_mode(self) -> str:
+        policy = self.config.policy
+        if policy.handoff_mode == "one-shot":
+            return "one_shot"
+        if policy.handoff_mode == "catch-up":
+            return "catch_up"
+        load = sum(1 for r in self.requests.values() if r.decoding) / self.config.decode.max_batch
+        return "one_shot" if load >= policy.adaptive_load_threshold else "catch_up"
+
+    async def on_md_ready(self, message: Envelope) -> None:
+        """MD holds the prompt KV: start the handoff at the next step boundary."""
+        request = self.requests.get(message.body["rid"])
+        if request is None or request.finished:
+            return
+        self.handoffs[request.rid] = Handoff(self.choose_mode())
+        if not request.decoding:  # between steps with nothing scheduled: act now
+            await self.after_step(request)
+
+    async def on_caught_up(self, message: Envelope) -> None:
+        handoff = self.handoffs.get(message.body["rid"])
+        if handoff is not None:
+            handoff.waiting = False
+
+    async def on_took_over(self, message: Envelope) -> None:
+        """MD streams from here on: stop decoding this request."""
+        request = self.requests.pop(message.body["rid"], None)
+        self.handoffs.pop(message.body["rid"], None)
+        if request is not None:
+            request.decoding = False
+            request.streaming = False
+
+    async def after_step(self, request: DecodeRequest) -> None:
+        handoff = self.handoffs.get(request.rid)
+        if handoff is None or handoff.final_sent or handoff.waiting or request.finished:
+            return
+        pending = self.modelled_outputs(request, len(request.outputs)) - self.modelled_outputs(
+            request, handoff.sent_upto
+        )
+        final = (
+            handoff.mode == "one_shot" or pending <= self.config.policy.catch_up_threshold_tokens
+        )
+        if final and handoff.mode == "one_shot":
+            request.decoding = False  # stop now; MD continues
+        await self.send_part(request, handoff, final)
+
+    async def send_part(self, request: DecodeRequest, handoff: Handoff, final: bool) -> None:
+        """Send MD the outputs it lacks: as ids (extend) or as KV plus the last id (kv-delta).
+
+        With extend, MD recomputes the KV of every id it gets. With kv-delta, only outputs whose
+        KV exists here travel as KV (all but the last); the last output goes as an id with the
+        final part, and MD feeds it to its next decode step.
+        """
+        payload = self.config.policy.handoff_payload
+        start = handoff.sent_upto
+        body: dict[str, Any] = {
+            "rid": request.rid,
+            "start": start,
+            "final": final,
+            "mode": handoff.mode,
+            "payload": payload,
+        }
+        if payload == "extend":
+            end = len(request.outputs)
+            attachments: list[Any] = [
+                TokenIds.from_ints(request.rid, start, request.outputs[start:end])
+            ]
+        else:
+            computed = len(request.outputs) - 1
+            kv = request.kv.token_slice(request.prompt_len + start, request.prompt_len + computed)
+            attachments = (
+                [kv_chunk_from_tensor(request.rid, 0, request.prompt_len + start, kv.tensor)]
+                if kv.tokens
+                else []
+            )
+            end = len(request.outputs) if final else computed
+            body["ids"] = request.outputs[start:end]
+        body["end"] = end
+        handoff.sent_upto = end
+        handoff.rounds += 1
+        handoff.waiting = not final
+        handoff.final_sent = final
+        sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
+        handoff.bytes += sent
+        await self.tell(
+            request.meta["frontend"],
+            "handoff_sent",
+            {
+                "rid": request.rid,
+                "mode": handoff.mode,
+                "rounds": handoff.rounds,
+                "bytes": sent,
+                "final": final,
+                "payload": payload,
+                "position": end,
+            },
+        )
+        if final and handoff.mode == "one_shot":
+            self.requests.pop(request.rid, None)
+            self.handoffs.pop(request.rid, None)
+
+    async def finished(self, request: DecodeRequest) -> None:
+        await super().finished(request)
+        self.handoffs.pop(request.rid, None)
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "handoffs_open": len(self.handoffs)}

@@ -1,0 +1,1 @@
+"""What every emulated instance runs on: the modelled clock, framed channels, the process base."""

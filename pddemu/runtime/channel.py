@@ -1,0 +1,112 @@
+"""A framed TCP connection between two instances.
+
+The first frame on every connection is a `hello` naming the sender and what the connection is
+for. A Control message may declare `attach: n`: the next n frames on the connection belong to
+it (a prompt's token ids, a handoff's token ids or KV), and are delivered to the handler with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pddemu.wire import Control, KVChunk, Message, TokenIds, read_message, write_message
+from pddemu.wire.errors import EndOfStream
+
+HELLO = "hello"
+
+
+@dataclass
+class Envelope:
+    """A control message with the frames attached to it."""
+
+    kind: str
+    body: dict[str, Any]
+    attachments: list[Message] = field(default_factory=list)
+    channel: Channel | None = None
+
+    def token_ids(self) -> list[int]:
+        ids: list[int] = []
+        for message in self.attachments:
+            if not isinstance(message, TokenIds):
+                raise ValueError(f"{self.kind}: expected token ids, got {type(message).__name__}")
+            ids.extend(int(x) for x in message.ids)
+        return ids
+
+    def kv_chunks(self) -> list[KVChunk]:
+        chunks = [m for m in self.attachments if isinstance(m, KVChunk)]
+        if len(chunks) != len(self.attachments):
+            raise ValueError(f"{self.kind}: expected KV chunks only")
+        return chunks
+
+
+class Channel:
+    """Sends are serialised by a lock so a message and its attachments stay adjacent."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, purpose: str
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.peer = peer
+        self.purpose = purpose
+        self._lock = asyncio.Lock()
+        self.bytes_sent = 0
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    @classmethod
+    async def connect(cls, host: str, port: int, me: str, peer: str, purpose: str) -> Channel:
+        reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
+        channel = cls(reader, writer, peer, purpose)
+        await channel.send(Control(HELLO, {"from": me, "purpose": purpose}))
+        return channel
+
+    async def send(self, control: Control | Message, *attachments: Message) -> int:
+        if attachments:
+            assert isinstance(control, Control)
+            control = Control(control.kind, {**control.body, "attach": len(attachments)})
+        async with self._lock:
+            sent = await write_message(self.writer, control)
+            for message in attachments:
+                sent += await write_message(self.writer, message)
+        self.bytes_sent += sent
+        return sent
+
+    async def control(self, kind: str, body: dict[str, Any], *attachments: Message) -> int:
+        return await self.send(Control(kind, body), *attachments)
+
+    async def receive(self) -> Envelope | Message:
+        """The next control message with its attachments, or a bare data frame."""
+        message = await read_message(self.reader)
+        if not isinstance(message, Control):
+            return message
+        count = int(message.body.get("attach", 0))
+        attachments = [await read_message(self.reader) for _ in range(count)]
+        return Envelope(message.kind, message.body, attachments, self)
+
+    async def serve(self, handle: Callable[[Envelope | Message, Channel], Awaitable[None]]) -> None:
+        """Read until the peer closes, handing every message to `handle` in order."""
+        try:
+            while True:
+                try:
+                    item = await self.receive()
+                except EndOfStream:
+                    return
+                await handle(item, self)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self.writer.is_closing():
+            self.writer.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.writer.is_closing()

@@ -1,0 +1,123 @@
+"""Running a deployment in real namespaces for the tests, on a small synthetic workload."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from netem.topology import LinkConfig, Network
+from pddemu.config import Config, config_from_dict, load_config
+from pddemu.deployment import Deployment
+from pddemu.emulate import scale_model, wan_link
+from pddemu.metrics.records import RequestRecord
+from pddemu.replay import replay
+from pddemu.runtime.clock import ModelledClock
+
+
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    session: str | None
+    prompt_ids: list[int]
+    genuine_output_tokens: int
+
+
+def scenario_config(**policy: Any) -> Config:
+    """The default config on a smaller, faster scenario: 8K-48K prompts over a 2 Gbit/s WAN."""
+    base = load_config()
+    data = {
+        "scale": {"token_scale": 16, "time_scale": 8.0},
+        "target": {"model": base.target},
+        "wan": {"rate": "2gbit", "delay": "20ms", "jitter": "2ms"},
+        "hardware": {role: vars(hw) for role, hw in base.hardware.items()},
+        "systems": {
+            "pdd": {"P": 1, "RLD": 1, "MD": 1},
+            "naive": {"P": 1, "MD": 1},
+            "indc": {"P": 1, "D": 1},
+        },
+        "policy": {"wan_time_threshold_s": 0.5, "anomaly_min_input_tokens": 16384, **policy},
+        "decode": {"max_batch": 16},
+        "request_timeout_s": 300.0,
+    }
+    return config_from_dict(data, "<test config>")
+
+
+def make_request(
+    rid: str,
+    arrival: float,
+    input_tokens: int,
+    output_tokens: int,
+    session: str | None,
+    prompt: list[int],
+    scale: int = 16,
+) -> Request:
+    genuine_output = 1 + -(-(output_tokens - 1) // scale)
+    return Request(rid, arrival, input_tokens, output_tokens, session, prompt, genuine_output)
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(256) for _ in range(n)]
+
+
+class Emulation:
+    """One network, deployments of one system after another, requests sent with the replayer."""
+
+    def __init__(self, name: str, config: Config, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.network = Network(
+            LinkConfig.symmetric(wan_link(config, scale_model(config))), name=name
+        )
+
+    def __enter__(self) -> Emulation:
+        self.network.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.network.down()
+
+    def run(
+        self, system: str, phases: list[tuple[dict[str, Any], list[Request]]]
+    ) -> tuple[list[RequestRecord], dict[str, list[int]], dict]:
+        """Run `system`; each phase first sets policy fields live, then replays its requests."""
+        return uvloop.run(self._run(system, phases))
+
+    async def _run(self, system: str, phases: list[tuple[dict[str, Any], list[Request]]]):
+        epoch = time.monotonic()
+        deployment = Deployment(system, self.config, self.network, self.run_dir, epoch)
+        records: list[RequestRecord] = []
+        outputs: dict[str, list[int]] = {}
+        try:
+            await deployment.start()
+            clock = ModelledClock(epoch, self.config.scale.time_scale)
+            for policy, requests in phases:
+                if policy:
+                    async with aiohttp.ClientSession() as session:
+                        for name in deployment.specs:
+                            async with session.post(
+                                deployment.url(name, "/admin/policy"), json=policy
+                            ) as reply:
+                                assert reply.status == 200, await reply.text()
+                result = await replay(
+                    deployment.frontend_url, requests, clock, system, clock.now() + 0.5
+                )
+                records += result.records
+                outputs.update(result.outputs)
+            stats = await deployment.stats()
+        finally:
+            await deployment.stop()
+        return records, outputs, stats
+
+
+def run_async(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
