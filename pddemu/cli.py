@@ -11,6 +11,7 @@ import sys
 _COMMANDS: list[tuple[str, str]] = [
     ("trace", "pddemu.workload.cli"),
     ("emulate", "pddemu.emulate"),
+    ("serve", "pddemu.serve"),
 ]
 
 

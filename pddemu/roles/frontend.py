@@ -24,6 +24,7 @@ from pddemu.metrics.records import RequestRecord
 from pddemu.policy.routing import RouteInputs, choose_pipeline
 from pddemu.policy.wan import WanEstimator
 from pddemu.roles.base import Instance
+from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
@@ -81,6 +82,7 @@ class Frontend(Instance):
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
+        OpenAIFrontDoor(self).add_routes(app)
 
     # -- the request API ------------------------------------------------------------------
 

@@ -1,0 +1,119 @@
+"""`pddemu serve` driven by the official `openai` client: streamed completions whose
+client-measured TTFT agrees with the emulator's own record, and OpenAI-style errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from netem.registry import list_namespaces
+from tests.conftest import require_namespaces
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_namespaces()
+    before = set(list_namespaces())
+    run_dir = tmp_path_factory.mktemp("serve")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pddemu.cli", "serve", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stdout.readline()
+    assert line, process.stderr.read()
+    ready = json.loads(line)
+    yield ready
+    process.send_signal(signal.SIGINT)
+    assert process.wait(30) == 0
+    assert set(list_namespaces()) <= before, "serve left namespaces behind"
+
+
+def test_streamed_ttft_agrees_with_the_emulator_record(server) -> None:
+    client = openai.OpenAI(base_url=server["base_url"], api_key="unused")
+    differences = []
+    for i in range(12):
+        sent = time.perf_counter()
+        first = None
+        last = None
+        text = ""
+        for chunk in client.completions.create(
+            model="pddemu", prompt=f"Request {i}: tell me about PDD.", max_tokens=12, stream=True
+        ):
+            if first is None:
+                first = time.perf_counter() - sent
+            text += chunk.choices[0].text
+            last = chunk
+        record = last.model_extra["pddemu"]
+        assert record["state"] == "completed" and record["output_tokens"] == 12
+        assert last.choices[0].finish_reason == "length"
+        differences.append(first - (record["first_token_s"] - record["arrival_s"]))
+    assert abs(statistics.median(differences)) <= 0.005, differences
+
+
+def test_chat_completion_whole_and_streamed(server) -> None:
+    client = openai.OpenAI(base_url=server["base_url"], api_key="unused")
+    reply = client.chat.completions.create(
+        model="pddemu", messages=[{"role": "user", "content": "hello"}], max_tokens=6
+    )
+    assert reply.usage.completion_tokens == 6 and reply.choices[0].message.role == "assistant"
+    chunks = list(
+        client.chat.completions.create(
+            model="pddemu",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=6,
+            stream=True,
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert [m.id for m in client.models.list()] == ["pddemu"]
+
+
+def post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("completions", b"{not json", 400, None),
+        ("completions", b"[1, 2]", 400, None),
+        ("completions", b'{"prompt": "x"}', 400, "model"),
+        ("completions", b'{"model": "gpt-4", "prompt": "x"}', 404, "model"),
+        ("completions", b'{"model": "pddemu"}', 400, "prompt"),
+        ("completions", b'{"model": "pddemu", "prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
+        ("completions", b'{"model": "pddemu", "prompt": "x", "stream": "yes"}', 400, "stream"),
+        ("completions", b'{"model": "pddemu", "prompt": "x", "n": 3}', 400, "n"),
+        ("chat/completions", b'{"model": "pddemu", "messages": []}', 400, "messages"),
+        (
+            "chat/completions",
+            b'{"model": "pddemu", "messages": [{"content": "x"}]}',
+            400,
+            "messages[0]",
+        ),
+    ],
+)
+def test_malformed_requests_get_openai_errors(
+    server, path: str, body: bytes, status: int, param: str | None
+) -> None:
+    code, reply = post(f"{server['base_url']}/{path}", body)
+    assert code == status
+    error = reply["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
