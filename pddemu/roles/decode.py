@@ -39,6 +39,7 @@ class DecodeRequest:
     decoding: bool = False  # in the batch
     streaming: bool = False  # sends its tokens to the frontend
     finished: bool = False
+    reserved: int = 0  # modelled tokens of KV memory held for this request
     on_step: Callable[[DecodeRequest], Awaitable[None]] | None = None  # role hook after each step
 
     @property
@@ -64,6 +65,9 @@ class DecodeInstance(Instance):
         self.side_steps: deque[SideStep] = deque()
         self.work = asyncio.Event()
         self.tokens_generated = 0  # modelled
+        self.memory = asyncio.Condition()
+        self.kv_reserved = 0  # modelled tokens of KV held by the requests here
+        self.admission_waits = 0
 
     async def start(self) -> None:
         self.spawn(self.loop(), "decode loop")
@@ -178,6 +182,35 @@ class DecodeInstance(Instance):
     async def finished(self, request: DecodeRequest) -> None:
         """The request produced its last token (subclasses release what they hold)."""
         self.requests.pop(request.rid, None)
+        await self.release_memory(request)
+
+    async def drop(self, request: DecodeRequest) -> None:
+        """The request leaves this instance before its end (handed over, or ended elsewhere)."""
+        request.decoding = False
+        request.streaming = False
+        self.requests.pop(request.rid, None)
+        await self.release_memory(request)
+
+    async def reserve_memory(self, request: DecodeRequest) -> None:
+        """Wait until the request's whole KV (prompt and outputs) fits beside the others'.
+
+        A request that does not fit waits for earlier ones to finish (it is admitted alone
+        when nothing else holds memory, so a too-long request still runs).
+        """
+        need = int(request.meta["input_tokens"]) + int(request.meta["output_tokens"])
+        capacity = self.cost.kv_capacity_tokens()
+        async with self.memory:
+            if self.kv_reserved + need > capacity:
+                self.admission_waits += 1
+            await self.memory.wait_for(lambda: self.kv_reserved == 0 or self.kv_reserved + need <= capacity)
+            self.kv_reserved += need
+            request.reserved = need
+
+    async def release_memory(self, request: DecodeRequest) -> None:
+        async with self.memory:
+            self.kv_reserved -= request.reserved
+            request.reserved = 0
+            self.memory.notify_all()
 
     # -- KV arriving from P ---------------------------------------------------------------
 
@@ -224,6 +257,7 @@ class DecodeInstance(Instance):
                 f"{rid}: KV has {state['kv'].tokens} tokens, prompt has {body['prompt_tokens']}"
             )
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
+        await self.reserve_memory(request)
         await self.kv_arrived(request, int(message.body["first_token"]), body, state["bytes"])
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:

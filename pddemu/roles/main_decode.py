@@ -64,7 +64,7 @@ class MainDecodeInstance(DecodeInstance):
         self._unpin_match(rid)
         request = self.requests.get(rid)
         if request is not None and not request.streaming:
-            self.requests.pop(rid, None)
+            await self.drop(request)
             self._release_held(rid)
         elif request is None:
             self.released.add(rid)
@@ -115,6 +115,7 @@ class MainDecodeInstance(DecodeInstance):
         if rid in self.released:
             self.released.discard(rid)
             self._release_held(rid)
+            await self.release_memory(request)
             return
         if request.meta["pipeline"] == "P-RLD-MD":
             self.requests[rid] = request

@@ -74,11 +74,10 @@ class RelayInstance(DecodeInstance):
 
     async def on_took_over(self, message: Envelope) -> None:
         """MD streams from here on: stop decoding this request."""
-        request = self.requests.pop(message.body["rid"], None)
+        request = self.requests.get(message.body["rid"])
         self.handoffs.pop(message.body["rid"], None)
         if request is not None:
-            request.decoding = False
-            request.streaming = False
+            await self.drop(request)
 
     async def after_step(self, request: DecodeRequest) -> None:
         handoff = self.handoffs.get(request.rid)
@@ -146,8 +145,8 @@ class RelayInstance(DecodeInstance):
             },
         )
         if final and handoff.mode == "one_shot":
-            self.requests.pop(request.rid, None)
             self.handoffs.pop(request.rid, None)
+            await self.drop(request)
 
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)
