@@ -41,6 +41,13 @@ def require_str(record: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
+def optional_str(record: dict[str, Any], name: str, where: str) -> str | None:
+    """A string field that may be absent (then `None`)."""
+    if name not in record:
+        return None
+    return require_str(record, name, where)
+
+
 def require_list(record: dict[str, Any], name: str, where: str) -> list[Any]:
     value = require_field(record, name, where)
     if not isinstance(value, list):

@@ -26,6 +26,8 @@ class TraceRequest:
     - `source_line`: 1-based line of the file the request came from (WEKA: its conversation's).
     - `model`, `agent`: the model the request went to and, for a subagent's request, the
       subagent's id (WEKA only).
+    - `day`: the calendar day (ISO date) the request stands for, in traces that carry one
+      (generated pdd-janfeb traces); `None` elsewhere.
 
     Equality is identity (`eq=False`): the numpy id array has no single truth value.
     """
@@ -41,3 +43,4 @@ class TraceRequest:
     source_line: int
     model: str | None = None
     agent: str | None = None
+    day: str | None = None

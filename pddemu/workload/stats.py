@@ -8,13 +8,18 @@ Conventions (docs/traces.md has the full list):
   subagent's requests at the position of its entry);
 - hit-rate buckets include their lower edge and exclude their upper one, except the last,
   which ends at 100 % inclusive; the comparison is exact integer arithmetic, so a request at
-  exactly 99.5 % lands in 99.5-100.
+  exactly 99.5 % lands in 99.5-100;
+- a bucket's miss share is its requests' uncached tokens over all requests' uncached tokens:
+  the share of the prefill work and of the KV that must cross the WAN;
+- per day or per ISO week (`group`): the same hits, computed over the whole trace in order,
+  grouped by the requests' `day` field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +60,74 @@ class HitRateSummary:
     cache_tokens: int | None
     block_tokens: int
     bucket_counts: tuple[int, ...]
+    bucket_miss_tokens: tuple[int, ...]
     mean_token_hit_rate: float
     token_weighted_hit_rate: float
+
+    @classmethod
+    def of(
+        cls, hits: np.ndarray, inputs: np.ndarray, block_tokens: int, cache_tokens: int | None
+    ) -> HitRateSummary:
+        buckets = hit_buckets(hits, inputs)
+        counts = np.bincount(buckets, minlength=len(HIT_BUCKET_EDGES_PERMILLE) + 1)
+        misses = np.bincount(
+            buckets, weights=inputs - hits, minlength=len(HIT_BUCKET_EDGES_PERMILLE) + 1
+        )
+        return cls(
+            cache_tokens=cache_tokens,
+            block_tokens=block_tokens,
+            bucket_counts=tuple(int(c) for c in counts),
+            bucket_miss_tokens=tuple(int(m) for m in misses),
+            mean_token_hit_rate=float((hits / inputs).mean()),
+            token_weighted_hit_rate=float(hits.sum() / inputs.sum()),
+        )
+
+    @property
+    def requests(self) -> int:
+        return sum(self.bucket_counts)
 
     @property
     def bucket_shares(self) -> list[float]:
         total = sum(self.bucket_counts)
         return [count / total for count in self.bucket_counts]
+
+    @property
+    def bucket_miss_shares(self) -> list[float]:
+        """Each bucket's share of all uncached tokens (all zero when nothing was missed)."""
+        total = sum(self.bucket_miss_tokens)
+        return [miss / total if total else 0.0 for miss in self.bucket_miss_tokens]
+
+    @property
+    def share_above_95(self) -> float:
+        return sum(self.bucket_shares[HIT_BUCKET_EDGES_PERMILLE.index(950) + 1 :])
+
+    def to_dict(self) -> dict[str, Any]:
+        edges = [0, *HIT_BUCKET_EDGES_PERMILLE, 1000]
+        return {
+            "cache_tokens": self.cache_tokens,
+            "block_tokens": self.block_tokens,
+            "buckets": [
+                {
+                    "lo_pct": lo / 10,
+                    "hi_pct": hi / 10,
+                    "requests": count,
+                    "share": share,
+                    "miss_tokens": miss,
+                    "miss_share": miss_share,
+                }
+                for lo, hi, count, share, miss, miss_share in zip(
+                    edges,
+                    edges[1:],
+                    self.bucket_counts,
+                    self.bucket_shares,
+                    self.bucket_miss_tokens,
+                    self.bucket_miss_shares,
+                    strict=False,
+                )
+            ],
+            "mean_token_hit_rate": self.mean_token_hit_rate,
+            "token_weighted_hit_rate": self.token_weighted_hit_rate,
+        }
 
 
 @dataclass(frozen=True)
@@ -74,6 +140,8 @@ class TraceStats:
     output_tokens: LengthSummary
     hit_rate: HitRateSummary | None
     hit_rate_unavailable: str | None
+    group: str | None = None
+    groups: tuple[tuple[str, HitRateSummary], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         result: dict[str, Any] = {
@@ -89,20 +157,12 @@ class TraceStats:
         if self.hit_rate is None:
             result["hit_rate_unavailable"] = self.hit_rate_unavailable
             return result
-        hit = self.hit_rate
-        edges = [0, *HIT_BUCKET_EDGES_PERMILLE, 1000]
-        result["hit_rate"] = {
-            "cache_tokens": hit.cache_tokens,
-            "block_tokens": hit.block_tokens,
-            "buckets": [
-                {"lo_pct": lo / 10, "hi_pct": hi / 10, "requests": count, "share": share}
-                for lo, hi, count, share in zip(
-                    edges, edges[1:], hit.bucket_counts, hit.bucket_shares, strict=False
-                )
-            ],
-            "mean_token_hit_rate": hit.mean_token_hit_rate,
-            "token_weighted_hit_rate": hit.token_weighted_hit_rate,
-        }
+        result["hit_rate"] = self.hit_rate.to_dict()
+        if self.group is not None and self.groups is not None:
+            result[f"by_{self.group}"] = [
+                {self.group: name, "requests": hit.requests, **hit.to_dict()}
+                for name, hit in self.groups
+            ]
         return result
 
 
@@ -128,19 +188,45 @@ class PrefixHitCounter:
         return min(hit_blocks * self.block_tokens, input_tokens)
 
 
+NO_DAY = "(no day)"
+GROUPS = ("day", "week")
+
+
+def _group_name(day: str | None, group: str, path: str) -> str:
+    """The day itself, or its ISO week ("2026-W01"; weeks start on Monday)."""
+    if day is None:
+        return NO_DAY
+    if group == "day":
+        return day
+    try:
+        year, week, _ = date.fromisoformat(day).isocalendar()
+    except ValueError:
+        raise TraceError(f"{path}: day {day!r} is not an ISO date, so it has no week") from None
+    return f"{year}-W{week:02d}"
+
+
 def summarize(
-    requests: Iterable[TraceRequest], path: str, format: str, cache_tokens: int | None = None
+    requests: Iterable[TraceRequest],
+    path: str,
+    format: str,
+    cache_tokens: int | None = None,
+    group: str | None = None,
 ) -> TraceStats:
-    """Statistics of a request stream, consumed once."""
+    """Statistics of a request stream, consumed once; `group` ("day" or "week") adds the hit
+    rates of each day or week."""
+    if group is not None and group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS} or None, got {group!r}")
     inputs: list[int] = []
     outputs: list[int] = []
     hits: list[int] = []
+    days: list[str | None] = []
     sessions: set[str] = set()
     counter: PrefixHitCounter | None = None
     no_blocks = False
     for request in requests:
         inputs.append(request.input_tokens)
         outputs.append(request.output_tokens)
+        days.append(request.day)
         if request.session is not None:
             sessions.add(request.session)
         if request.block_ids is None or request.block_tokens is None:
@@ -159,6 +245,7 @@ def summarize(
     input_array = np.asarray(inputs, dtype=np.int64)
     hit_rate: HitRateSummary | None = None
     unavailable: str | None = None
+    groups: tuple[tuple[str, HitRateSummary], ...] | None = None
     if no_blocks or counter is None:
         unavailable = (
             f"a {format} trace has no block ids, only lengths: it says nothing about which "
@@ -166,14 +253,9 @@ def summarize(
         )
     else:
         hit_array = np.asarray(hits, dtype=np.int64)
-        counts = np.bincount(hit_buckets(hit_array, input_array), minlength=7)
-        hit_rate = HitRateSummary(
-            cache_tokens=cache_tokens,
-            block_tokens=counter.block_tokens,
-            bucket_counts=tuple(int(c) for c in counts),
-            mean_token_hit_rate=float((hit_array / input_array).mean()),
-            token_weighted_hit_rate=float(hit_array.sum() / input_array.sum()),
-        )
+        hit_rate = HitRateSummary.of(hit_array, input_array, counter.block_tokens, cache_tokens)
+        if group is not None:
+            groups = _grouped(path, group, days, hit_array, input_array, hit_rate)
     return TraceStats(
         path=path,
         format=format,
@@ -183,12 +265,42 @@ def summarize(
         output_tokens=LengthSummary.of(np.asarray(outputs, dtype=np.int64)),
         hit_rate=hit_rate,
         hit_rate_unavailable=unavailable,
+        group=group,
+        groups=groups,
+    )
+
+
+def _grouped(
+    path: str,
+    group: str,
+    days: list[str | None],
+    hits: np.ndarray,
+    inputs: np.ndarray,
+    overall: HitRateSummary,
+) -> tuple[tuple[str, HitRateSummary], ...]:
+    if all(day is None for day in days):
+        raise TraceError(f"{path}: no request carries a day, so there is nothing to group by")
+    labels = np.array([_group_name(day, group, path) for day in days])
+    return tuple(
+        (
+            str(name),
+            HitRateSummary.of(
+                hits[labels == name],
+                inputs[labels == name],
+                overall.block_tokens,
+                overall.cache_tokens,
+            ),
+        )
+        for name in sorted(set(labels.tolist()))
     )
 
 
 def trace_stats(
-    path: Path | str, format: str | None = None, cache_tokens: int | None = None
+    path: Path | str,
+    format: str | None = None,
+    cache_tokens: int | None = None,
+    group: str | None = None,
 ) -> TraceStats:
     """Statistics of the trace file at `path` (format detected unless given)."""
     format = format or detect_format(path)
-    return summarize(read_trace(path, format), str(path), format, cache_tokens)
+    return summarize(read_trace(path, format), str(path), format, cache_tokens, group)
