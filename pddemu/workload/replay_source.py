@@ -130,6 +130,8 @@ def load_workload(
     except ArrivalError as exc:
         raise WorkloadError(str(exc)) from None
     if str(source) == PDD_JANFEB:
+        if format is not None:
+            raise WorkloadError(f"format applies to trace files, not to {PDD_JANFEB!r}")
         config = janfeb or PddJanFebConfig()
         if requests is not None:
             config = replace(config, requests=requests)

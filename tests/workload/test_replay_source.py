@@ -276,6 +276,11 @@ def test_bad_arguments(arguments: dict[str, object], error: type, problem: str) 
     assert problem in str(raised.value)
 
 
+def test_format_is_for_files_only() -> None:
+    with pytest.raises(WorkloadError, match="format applies to trace files, not to 'pdd-janfeb'"):
+        load_workload("pdd-janfeb", requests=5, seed=0, token_scale=16, format="mooncake")
+
+
 def test_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="nowhere.jsonl: cannot open"):
         load_workload(tmp_path / "nowhere.jsonl", requests=None, seed=0, token_scale=16)
