@@ -1,11 +1,17 @@
 """The decode engine shared by RLD, MD and a baseline's decode instance.
 
-Continuous batching: every step decodes one genuine token for each running request (up to
-`max_batch`), which stands for `token_scale` modelled tokens, so the step's modelled duration is
-that many modelled decode steps; requests join and leave between steps. A request's state is its
-KV (prompt and the outputs whose KV is computed) and its outputs; the last output is the one the
-next step feeds in. Tokens go to the frontend with the modelled time of every modelled token
-they stand for, so per-token latency survives the token scale.
+The loop runs one *modelled* decode step per iteration (continuous batching: requests join and
+leave between steps, as in a real engine), so a request joins, is handed over or starts its
+extend within one modelled step, whatever the token scale. With a token scale of G, a genuine
+output token stands for a group of G modelled tokens: its id is computed (one genuine decode,
+batched with the other requests starting a group in the same step) when the group starts, and
+its G modelled tokens are produced over the next G modelled steps, each with its own time. A
+group is sent to the frontend when it is complete, or when the request stops here mid-group
+(a handoff), with the modelled time of every modelled token.
+
+Request state: `outputs` are the genuine ids known; the KV covers the prompt and every output
+but the last (the one the next genuine decode feeds in). `emitted` counts modelled output
+positions already sent, `produced` holds the times of the current group's tokens not yet sent.
 
 Extends (MD catching up after a handoff) and KV appends (KV-delta handoffs) run as their own
 steps between decode steps.
@@ -28,6 +34,10 @@ from pddemu.runtime.channel import Envelope
 from pddemu.wire import KVChunk
 from pddemu.wire.tensors import kv_tensor
 
+BACK_TO_BACK_S = (
+    0.05  # modelled: a step starting this soon after the last one continues its timeline
+)
+
 
 @dataclass
 class DecodeRequest:
@@ -35,7 +45,11 @@ class DecodeRequest:
     meta: dict[str, Any]
     kv: KV
     prompt_len: int  # genuine prompt tokens
-    outputs: list[int] = field(default_factory=list)  # genuine output tokens so far
+    outputs: list[int] = field(default_factory=list)  # genuine output ids known
+    emitted: int = 0  # modelled output positions sent (or left to another instance)
+    produced: list[float] = field(
+        default_factory=list
+    )  # times of the current group's unsent tokens
     decoding: bool = False  # in the batch
     streaming: bool = False  # sends its tokens to the frontend
     finished: bool = False
@@ -44,17 +58,13 @@ class DecodeRequest:
 
     @property
     def total(self) -> int:
-        """Genuine output tokens to produce."""
-        return int(self.meta["genuine_output_tokens"])
+        """Modelled output tokens to produce."""
+        return int(self.meta["output_tokens"])
 
-
-@dataclass
-class SideStep:
-    """Work that is not a decode step: an extend or a KV append for one request."""
-
-    request: DecodeRequest
-    run: Callable[[], float]  # does the genuine work, returns the modelled duration
-    then: Callable[[float], Awaitable[None]]  # called with the step's modelled end time
+    @property
+    def position(self) -> int:
+        """Modelled output tokens produced so far (sent or not)."""
+        return self.emitted + len(self.produced)
 
 
 class DecodeInstance(Instance):
@@ -68,38 +78,25 @@ class DecodeInstance(Instance):
         self.memory = asyncio.Condition()
         self.kv_reserved = 0  # modelled tokens of KV held by the requests here
         self.admission_waits = 0
+        self.last_end = -1.0
 
     async def start(self) -> None:
         self.spawn(self.loop(), "decode loop")
 
-    # -- token accounting ---------------------------------------------------------------
+    # -- modelled positions of genuine outputs --------------------------------------------
 
-    def modelled_count(self, request: DecodeRequest, index: int) -> int:
-        """Modelled tokens that genuine output `index` stands for."""
-        total = int(request.meta["output_tokens"])
-        if index == 0:
-            return 1
-        return max(
-            0,
-            min(
-                self.config.scale.token_scale,
-                total - 1 - (index - 1) * self.config.scale.token_scale,
-            ),
-        )
+    def group_start(self, index: int) -> int:
+        """Modelled output position where genuine output `index` begins (the first output is
+        P's single modelled token; every later one stands for `token_scale` tokens)."""
+        return 0 if index == 0 else 1 + (index - 1) * self.config.scale.token_scale
 
-    def modelled_outputs(self, request: DecodeRequest, genuine: int) -> int:
-        """Modelled tokens that the first `genuine` outputs stand for."""
-        if genuine <= 0:
-            return 0
-        total = int(request.meta["output_tokens"])
-        return min(total, 1 + (genuine - 1) * self.config.scale.token_scale)
+    def group_end(self, request: DecodeRequest, index: int) -> int:
+        return min(request.total, self.group_start(index + 1))
 
     def modelled_context(self, request: DecodeRequest) -> int:
-        return int(request.meta["input_tokens"]) + self.modelled_outputs(
-            request, len(request.outputs)
-        )
+        return int(request.meta["input_tokens"]) + request.position
 
-    # -- the loop -----------------------------------------------------------------------
+    # -- the loop -------------------------------------------------------------------------
 
     async def loop(self) -> None:
         while True:
@@ -107,41 +104,51 @@ class DecodeInstance(Instance):
             if self.side_steps:
                 await self._side_step(self.side_steps.popleft())
                 continue
-            batch = [r for r in self.requests.values() if r.decoding and not r.finished][
-                : self.config.decode.max_batch
-            ]
+            batch = [r for r in self.requests.values() if r.decoding and not r.finished]
+            batch = batch[: self.config.decode.max_batch]
             if not batch:
                 self.work.clear()
                 continue
             await self._decode_step(batch)
 
+    def _start_time(self) -> float:
+        now = self.clock.now()
+        return self.last_end if 0 <= now - self.last_end < BACK_TO_BACK_S else now
+
     async def _decode_step(self, batch: list[DecodeRequest]) -> None:
-        started = self.clock.now()
+        started = self._start_time()
         wall = time.monotonic()
-        step_kvs, logits = self.model.decode_batch(
-            [r.outputs[-1] for r in batch], [r.kv for r in batch]
-        )
-        new_tokens = [greedy(logits[i]) for i in range(len(batch))]
-        for request, kv in zip(batch, step_kvs, strict=True):
-            request.kv.append(kv)
+        starting = [r for r in batch if r.position >= self.group_end(r, len(r.outputs) - 1)]
+        if starting:
+            step_kvs, logits = self.model.decode_batch(
+                [r.outputs[-1] for r in starting], [r.kv for r in starting]
+            )
+            for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
+                request.kv.append(kv)
+                request.outputs.append(greedy(logits[i]))
         genuine_s = (time.monotonic() - wall) * self.config.scale.time_scale
-        per_token = self.cost.decode_step([self.modelled_context(r) for r in batch])
-        groups = [self.modelled_count(r, len(r.outputs)) for r in batch]
-        duration = per_token * max(groups)
-        late = await self.clock.sleep_until(started + duration)
+        duration = self.cost.decode_step([self.modelled_context(r) for r in batch])
+        end = started + duration
+        late = await self.clock.sleep_until(end)
+        self.last_end = end
         self.record_step(started, duration, max(late, genuine_s - duration, 0.0))
-        for request, token, group in zip(batch, new_tokens, groups, strict=True):
-            times = [started + per_token * (i + 1) for i in range(group)]
-            await self.emit(request, token, times)
-            if request.on_step is not None:
+        for request in batch:
+            if not request.decoding:  # stopped during the step (handed over)
+                continue
+            request.produced.append(end)
+            self.tokens_generated += 1
+            if request.position >= self.group_end(request, len(request.outputs) - 1):
+                await self.flush(request)
+            if request.on_step is not None and not request.finished:
                 await request.on_step(request)
 
     async def _side_step(self, step: SideStep) -> None:
-        started = self.clock.now()
+        started = self._start_time()
         wall = time.monotonic()
         duration = step.run()
         genuine_s = (time.monotonic() - wall) * self.config.scale.time_scale
         late = await self.clock.sleep_until(started + duration)
+        self.last_end = started + duration
         self.record_step(started, duration, max(late, genuine_s - duration, 0.0))
         await step.then(started + duration)
 
@@ -153,13 +160,17 @@ class DecodeInstance(Instance):
         request.decoding = True
         self.work.set()
 
-    # -- emitting tokens ------------------------------------------------------------------
+    # -- sending tokens -------------------------------------------------------------------
 
-    async def emit(self, request: DecodeRequest, token: int, times: list[float]) -> None:
-        """Record a new output token; stream it when this instance owns the request's stream."""
-        index = len(request.outputs)
-        request.outputs.append(token)
-        self.tokens_generated += len(times)
+    async def flush(self, request: DecodeRequest) -> None:
+        """Send the current group's produced tokens (all of it, or what exists when the request
+        stops here mid-group); finish the request when its last token is out."""
+        if not request.produced:
+            return
+        index = len(request.outputs) - 1
+        times, request.produced = request.produced, []
+        first = request.emitted
+        request.emitted += len(times)
         if request.streaming:
             await self.tell(
                 request.meta["frontend"],
@@ -167,14 +178,15 @@ class DecodeInstance(Instance):
                 {
                     "rid": request.rid,
                     "index": index,
-                    "id": token,
+                    "id": request.outputs[index],
+                    "first": first,
                     "times": times,
                     "sent": self.clock.now(),
                     "source": self.name,
                     "role": self.role,
                 },
             )
-        if len(request.outputs) >= request.total:
+        if request.emitted >= request.total:
             request.finished = True
             request.decoding = False
             await self.finished(request)
@@ -191,18 +203,22 @@ class DecodeInstance(Instance):
         self.requests.pop(request.rid, None)
         await self.release_memory(request)
 
+    # -- memory ---------------------------------------------------------------------------
+
     async def reserve_memory(self, request: DecodeRequest) -> None:
         """Wait until the request's whole KV (prompt and outputs) fits beside the others'.
 
         A request that does not fit waits for earlier ones to finish (it is admitted alone
         when nothing else holds memory, so a too-long request still runs).
         """
-        need = int(request.meta["input_tokens"]) + int(request.meta["output_tokens"])
+        need = int(request.meta["input_tokens"]) + request.total
         capacity = self.cost.kv_capacity_tokens()
         async with self.memory:
             if self.kv_reserved + need > capacity:
                 self.admission_waits += 1
-            await self.memory.wait_for(lambda: self.kv_reserved == 0 or self.kv_reserved + need <= capacity)
+            await self.memory.wait_for(
+                lambda: self.kv_reserved == 0 or self.kv_reserved + need <= capacity
+            )
             self.kv_reserved += need
             request.reserved = need
 
@@ -222,18 +238,12 @@ class DecodeInstance(Instance):
     async def on_kv_begin(self, message: Envelope) -> None:
         body = message.body
         prompt_len = int(body["prompt_tokens"])
-        kv = KV.empty(
-            self.model_config, capacity=prompt_len + int(body["meta"]["genuine_output_tokens"]) + 1
-        )
+        capacity = prompt_len + int(body["meta"]["genuine_output_tokens"]) + 1
+        kv = KV.empty(self.model_config, capacity=capacity)
         prefix = self.prefix_for(body["rid"], int(body["offset"]))
         if prefix is not None:
             kv.append(prefix)
-        self.receiving()[body["rid"]] = {
-            "kv": kv,
-            "body": body,
-            "channel": message.channel,
-            "bytes": 0,
-        }
+        self.receiving()[body["rid"]] = {"kv": kv, "body": body, "bytes": 0}
 
     async def on_kv_chunk(self, chunk: KVChunk, channel: Any) -> None:
         state = self.receiving().get(chunk.request_id)
@@ -241,7 +251,8 @@ class DecodeInstance(Instance):
             raise ValueError(f"KV chunk for {chunk.request_id} without kv_begin")
         if chunk.token_start != state["kv"].tokens:
             raise ValueError(
-                f"KV chunk of {chunk.request_id} starts at {chunk.token_start}, expected {state['kv'].tokens}"
+                f"KV chunk of {chunk.request_id} starts at {chunk.token_start}, "
+                f"expected {state['kv'].tokens}"
             )
         state["kv"].append(KV(kv_tensor(chunk)))
         state["bytes"] += chunk.nbytes
@@ -275,7 +286,10 @@ class DecodeInstance(Instance):
         """Own the request's stream from its first token (the one P computed) and decode on."""
         self.requests[request.rid] = request
         request.streaming = True
-        await self.emit(request, first_token, [self.clock.now()])
+        request.outputs = [first_token]
+        request.produced = [self.clock.now()]
+        self.tokens_generated += 1
+        await self.flush(request)
         if not request.finished:
             self.start_decoding(request)
 
@@ -284,4 +298,15 @@ class DecodeInstance(Instance):
             **super().stats(),
             "tokens_generated": self.tokens_generated,
             "active": len(self.requests),
+            "kv_reserved_tokens": self.kv_reserved,
+            "admission_waits": self.admission_waits,
         }
+
+
+@dataclass
+class SideStep:
+    """Work that is not a decode step: an extend or a KV append for one request."""
+
+    request: DecodeRequest
+    run: Callable[[], float]  # does the genuine work, returns the modelled duration
+    then: Callable[[float], Awaitable[None]]  # called with the step's modelled end time

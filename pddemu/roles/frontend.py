@@ -45,16 +45,20 @@ class Flight:
     p: str = ""
     decode: str = ""
     rld: str = ""
-    tokens: dict[int, tuple[int, list[float], str]] = field(
-        default_factory=dict
-    )  # index -> (id, times, role)
-    delivered: int = 0
-    output_ids: list[int] = field(default_factory=list)
+    ids: dict[int, int] = field(default_factory=dict)  # genuine output index -> id
+    pending: dict[int, tuple[float, str]] = field(default_factory=dict)  # position -> (time, role)
+    delivered: int = 0  # modelled output positions delivered in order
     replies: dict[str, asyncio.Future] = field(default_factory=dict)
     stream: asyncio.Queue = field(default_factory=asyncio.Queue)
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    md_took_over: bool = False
-    last_relay_time: float | None = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return [self.ids[i] for i in range(len(self.ids))]
+
+    @property
+    def md_took_over(self) -> bool:
+        return self.record.md_tokens > 0
 
 
 class Frontend(Instance):
@@ -143,7 +147,7 @@ class Frontend(Instance):
             self.fail(
                 flight,
                 f"timed out after {self.config.request_timeout_s:.0f} modelled s "
-                f"({flight.delivered}/{flight.genuine_output} tokens delivered)",
+                f"({flight.delivered}/{flight.record.expected_output_tokens} tokens delivered)",
             )
         except Exception as error:  # noqa: BLE001 - the request fails, the frontend goes on
             self.fail(flight, f"{type(error).__name__}: {error}")
@@ -265,7 +269,9 @@ class Frontend(Instance):
         record.first_token_s = times[0] if times else None
         record.finish_s = times[-1] if times and record.state == "completed" else None
         record.gap_tokens = (
-            max(0, flight.genuine_output - flight.delivered) if record.state == "completed" else 0
+            max(0, record.expected_output_tokens - flight.delivered)
+            if record.state == "completed"
+            else 0
         )
 
     # -- messages from the instances ------------------------------------------------------
@@ -309,41 +315,58 @@ class Frontend(Instance):
         self.add_wan_bytes(flight, int(message.body["bytes"]))
 
     async def on_tokens(self, message: Envelope) -> None:
+        """A group of modelled tokens from RLD, MD or D: positions `first`.. with their times.
+
+        The first copy of a position wins; a second one (RLD and MD overlap on purpose in a
+        catch-up handoff) is counted, and its genuine id must agree with the first's.
+        """
         body = message.body
         flight = self.flights.get(body["rid"])
         if flight is None:
             return
-        index, token = int(body["index"]), int(body["id"])
+        index, token, first = int(body["index"]), int(body["id"]), int(body["first"])
+        known = flight.ids.setdefault(index, token)
+        if known != token:
+            flight.record.token_mismatch = True
         shift = self.clock.now() - float(body["sent"])  # delivery latency to the frontend
-        times = [float(t) + shift for t in body["times"]]
-        if index in flight.tokens or index < flight.delivered:
-            known = flight.tokens.get(index)
-            flight.record.duplicate_tokens += 1
-            if known is not None and known[0] != token:
-                flight.record.token_mismatch = True
-            return
-        flight.tokens[index] = (token, times, body["role"])
-        while flight.delivered in flight.tokens:
-            self.deliver(flight, *flight.tokens[flight.delivered])
-        if flight.delivered >= flight.genuine_output:
+        for offset, time in enumerate(body["times"]):
+            position = first + offset
+            if position < flight.delivered or position in flight.pending:
+                flight.record.duplicate_tokens += 1
+                continue
+            flight.pending[position] = (float(time) + shift, body["role"])
+        while flight.delivered in flight.pending:
+            self.deliver(flight, *flight.pending.pop(flight.delivered))
+        if flight.delivered >= flight.record.expected_output_tokens:
             flight.done.set()
 
-    def deliver(self, flight: Flight, token: int, times: list[float], role: str) -> None:
+    def deliver(self, flight: Flight, time: float, role: str) -> None:
+        """Hand the next modelled token to the user's stream. A stream is in order, so no token
+        reaches the user before the one ahead of it (a message delayed by the frontend's own
+        load or by jitter could otherwise make a later one look earlier)."""
         record = flight.record
-        index = flight.delivered
+        position = flight.delivered
+        if record.token_times_s:
+            time = max(time, record.token_times_s[-1])
         if role == "RLD":
-            record.rld_tokens += len(times)
-            flight.last_relay_time = times[-1]
+            record.rld_tokens += 1
         else:
-            record.md_tokens += len(times)
-            if flight.rld and not flight.md_took_over and flight.last_relay_time is not None:
-                record.handoff_position = len(record.token_times_s)
-                record.handoff_stall_s = times[0] - flight.last_relay_time
-            flight.md_took_over = True
-        record.token_times_s.extend(times)
-        flight.output_ids.append(token)
+            record.md_tokens += 1
+            if record.rld_tokens and record.handoff_position is None:
+                record.handoff_position = position
+                record.handoff_stall_s = time - record.token_times_s[-1]
+        record.token_times_s.append(time)
         flight.delivered += 1
-        flight.stream.put_nowait({"index": index, "id": token, "n": len(times)})
+        index = self.genuine_index(position)
+        if position == self.group_start(index):
+            flight.stream.put_nowait({"index": index, "id": flight.ids[index]})
+
+    def genuine_index(self, position: int) -> int:
+        """Which genuine output stands for modelled output `position`."""
+        return 0 if position == 0 else 1 + (position - 1) // self.config.scale.token_scale
+
+    def group_start(self, index: int) -> int:
+        return 0 if index == 0 else 1 + (index - 1) * self.config.scale.token_scale
 
     def stats(self) -> dict[str, Any]:
         return {

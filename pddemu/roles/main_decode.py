@@ -43,7 +43,7 @@ class MainDecodeInstance(DecodeInstance):
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
         self.released: set[str] = set()
         self.known: dict[str, list[int]] = {}  # outputs received in handoff parts (KV computed)
-        self.next_token: dict[str, int] = {}  # what the last extend predicts
+        self.predicted: dict[str, int] = {}  # the next output the last extend predicts
 
     # -- the frontend's questions ---------------------------------------------------------
 
@@ -135,59 +135,55 @@ class MainDecodeInstance(DecodeInstance):
         known = self.known[rid]
         if int(body["start"]) != len(known):
             raise ValueError(
-                f"{rid}: handoff part starts at {body['start']}, MD has {len(known)} outputs"
+                f"{rid}: handoff part starts at output {body['start']}, MD has {len(known)}"
             )
         if body["payload"] == "extend":
             ids = message.token_ids()
-            self.add_side_step(
-                SideStep(
-                    request,
-                    lambda: self._extend(request, ids),
-                    lambda at: self._after_part(request, body, at),
-                )
-            )
+            run = lambda: self._extend(request, ids)  # noqa: E731
         else:
             chunks = message.kv_chunks()
-            self.add_side_step(
-                SideStep(
-                    request,
-                    lambda: self._append(request, chunks, body),
-                    lambda at: self._after_part(request, body, at),
-                )
-            )
+            run = lambda: self._append(request, chunks, [int(x) for x in body["ids"]])  # noqa: E731
+        self.add_side_step(SideStep(request, run, lambda at: self._after_part(request, body, at)))
 
     def _extend(self, request: DecodeRequest, ids: list[int]) -> float:
+        """Recompute the KV of the eager outputs in one forward pass (Extend-Decode)."""
+        if not ids:
+            return 0.0
+        known = self.known[request.rid]
+        self._check_predicted(request.rid, ids[0])
+        context = int(request.meta["input_tokens"]) + self.group_start(len(known))
         kv, logits = self.model.extend(ids, request.kv)
         request.kv.append(kv)
-        known = self.known[request.rid]
-        context = self.modelled_context_of(request, len(known))
         known.extend(ids)
-        self.next_token[request.rid] = greedy(logits[-1])
-        k = self.modelled_outputs(request, len(known)) - self.modelled_outputs(
-            request, len(known) - len(ids)
+        self.predicted[request.rid] = greedy(logits[-1])
+        return self.cost.extend_step(
+            max(1, self.group_start(len(known)) - self.group_start(len(known) - len(ids))), context
         )
-        return self.cost.extend_step(max(1, k), context)
 
-    def _append(self, request: DecodeRequest, chunks: list, body: dict[str, Any]) -> float:
-        """KV-delta: store the eager tokens' KV as it came; the final part's last id has none
-        yet and is fed to the next decode step."""
-        ids = [int(x) for x in body["ids"]]
+    def _append(self, request: DecodeRequest, chunks: list, ids: list[int]) -> float:
+        """Place the eager outputs' KV as it came (KV-delta)."""
         tokens = sum(chunk.token_end - chunk.token_start for chunk in chunks)
-        if tokens != len(ids) - (1 if body["final"] else 0):
+        if tokens != len(ids):
             raise ValueError(
                 f"{request.rid}: KV-delta part has KV of {tokens} tokens for {len(ids)} ids"
             )
+        if not ids:
+            return 0.0
+        known = self.known[request.rid]
         for chunk in chunks:
             request.kv.append(KV(kv_tensor(chunk)))
-        known = self.known[request.rid]
         known.extend(ids)
-        modelled = self.modelled_outputs(request, len(known)) - self.modelled_outputs(
-            request, len(known) - tokens
+        return kv_copy_time(
+            self.cost, self.group_start(len(known)) - self.group_start(len(known) - len(ids))
         )
-        return kv_copy_time(self.cost, modelled)
 
-    def modelled_context_of(self, request: DecodeRequest, outputs: int) -> int:
-        return int(request.meta["input_tokens"]) + self.modelled_outputs(request, outputs)
+    def _check_predicted(self, rid: str, token: int) -> None:
+        """The next id the relay sends must be what this instance's own model predicts."""
+        predicted = self.predicted.pop(rid, None)
+        if predicted is not None and predicted != token:
+            raise ValueError(
+                f"{rid}: the relay's output {token} differs from MD's prediction {predicted}"
+            )
 
     async def _after_part(self, request: DecodeRequest, body: dict[str, Any], at: float) -> None:
         rid = request.rid
@@ -195,18 +191,18 @@ class MainDecodeInstance(DecodeInstance):
         if not body["final"]:
             await self.tell(request.meta["rld"], "caught_up", {"rid": rid, "upto": len(known)})
             return
-        request.outputs = known
-        self.known[rid] = []
-        request.streaming = True
         if body["payload"] == "extend":
-            index = len(known)
-            await self.tell(request.meta["rld"], "took_over", {"rid": rid, "index": index})
-            await self.emit(request, self.next_token.pop(rid), [at])
+            self._check_predicted(rid, int(body["last_id"]))
+        request.outputs = [*known, int(body["last_id"])]
+        request.emitted = int(body["position"])
+        request.produced = []
+        self.known.pop(rid, None)
+        request.streaming = True
+        await self.tell(request.meta["rld"], "took_over", {"rid": rid, "position": request.emitted})
+        if request.emitted >= request.total:
+            request.finished = True
+            await self.finished(request)
         else:
-            await self.tell(
-                request.meta["rld"], "took_over", {"rid": rid, "index": len(request.outputs)}
-            )
-        if not request.finished:
             self.start_decoding(request)
 
     async def finished(self, request: DecodeRequest) -> None:

@@ -4,13 +4,18 @@ across the WAN; when MD has it, RLD hands the request over.
 
 Handoff modes (`policy.handoff_mode`):
 - one-shot: stop at once and send everything MD lacks; RLD is freed soonest, MD stalls once;
-- catch-up: keep decoding and send what MD lacks in parts; when what remains is at most
-  `catch_up_threshold_tokens` (modelled), send the last part and keep streaming until MD says
-  it has taken over, so the user sees no gap (tokens both produced are deduplicated upstream);
+- catch-up: keep decoding and send what MD lacks in parts; when at most
+  `catch_up_threshold_tokens` (modelled) are pending, send the last part and keep streaming until
+  MD says it has taken over, so the user sees no gap (positions both produced are deduplicated
+  by the frontend, which checks they agree);
 - adaptive (default): one-shot when this RLD's batch is at least `adaptive_load_threshold`
   full, catch-up otherwise.
 Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV in one pass)
 or kv-delta (the eager tokens' KV).
+
+What MD needs at a handoff: the outputs whose KV exists here (all but the last id, see
+`decode.py`) as ids or KV, and, with the final part, the last id and the modelled position
+from which MD continues the stream.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from pddemu.wire.tensors import kv_chunk_from_tensor
 @dataclass
 class Handoff:
     mode: str  # one_shot | catch_up
-    sent_upto: int = 0  # genuine outputs MD has been sent
+    sent_upto: int = 0  # genuine outputs MD holds (as KV) from the parts sent
+    sent_position: int = 0  # modelled output position those parts cover
     final_sent: bool = False
     rounds: int = 0
     bytes: int = 0
-    waiting: bool = False  # a part is in flight, wait for MD's answer
+    waiting: bool = False  # a part is in flight: wait for MD's answer
 
 
 class RelayInstance(DecodeInstance):
@@ -47,8 +53,6 @@ class RelayInstance(DecodeInstance):
         request.on_step = self.after_step
         await self.start_stream(request, first_token)
 
-    # -- handoff --------------------------------------------------------------------------
-
     def choose_mode(self) -> str:
         policy = self.config.policy
         if policy.handoff_mode == "one-shot":
@@ -58,14 +62,14 @@ class RelayInstance(DecodeInstance):
         load = sum(1 for r in self.requests.values() if r.decoding) / self.config.decode.max_batch
         return "one_shot" if load >= policy.adaptive_load_threshold else "catch_up"
 
+    # -- messages from MD -----------------------------------------------------------------
+
     async def on_md_ready(self, message: Envelope) -> None:
-        """MD holds the prompt KV: start the handoff at the next step boundary."""
+        """MD holds the prompt KV: start the handoff (after the current step)."""
         request = self.requests.get(message.body["rid"])
         if request is None or request.finished:
             return
         self.handoffs[request.rid] = Handoff(self.choose_mode())
-        if not request.decoding:  # between steps with nothing scheduled: act now
-            await self.after_step(request)
 
     async def on_caught_up(self, message: Envelope) -> None:
         handoff = self.handoffs.get(message.body["rid"])
@@ -73,59 +77,58 @@ class RelayInstance(DecodeInstance):
             handoff.waiting = False
 
     async def on_took_over(self, message: Envelope) -> None:
-        """MD streams from here on: stop decoding this request."""
+        """MD streams from here on: send what this instance produced meanwhile, and stop."""
         request = self.requests.get(message.body["rid"])
         self.handoffs.pop(message.body["rid"], None)
-        if request is not None:
+        if request is not None and not request.finished:
+            await self.flush(request)
             await self.drop(request)
+
+    # -- the handoff ----------------------------------------------------------------------
 
     async def after_step(self, request: DecodeRequest) -> None:
         handoff = self.handoffs.get(request.rid)
-        if handoff is None or handoff.final_sent or handoff.waiting or request.finished:
+        if handoff is None or handoff.final_sent or handoff.waiting:
             return
-        pending = self.modelled_outputs(request, len(request.outputs)) - self.modelled_outputs(
-            request, handoff.sent_upto
-        )
+        pending = request.position - handoff.sent_position
         final = (
             handoff.mode == "one_shot" or pending <= self.config.policy.catch_up_threshold_tokens
         )
+        ready = len(request.outputs) - 1  # outputs whose KV exists here
+        if not final and ready <= handoff.sent_upto:
+            return  # nothing new to send yet
         if final and handoff.mode == "one_shot":
-            request.decoding = False  # stop now; MD continues
+            await self.flush(request)  # the user keeps what was produced; MD continues from here
+            request.decoding = False
         await self.send_part(request, handoff, final)
 
     async def send_part(self, request: DecodeRequest, handoff: Handoff, final: bool) -> None:
-        """Send MD the outputs it lacks: as ids (extend) or as KV plus the last id (kv-delta).
-
-        With extend, MD recomputes the KV of every id it gets. With kv-delta, only outputs whose
-        KV exists here travel as KV (all but the last); the last output goes as an id with the
-        final part, and MD feeds it to its next decode step.
-        """
         payload = self.config.policy.handoff_payload
-        start = handoff.sent_upto
+        start, end = handoff.sent_upto, len(request.outputs) - 1
+        ids = request.outputs[start:end]
         body: dict[str, Any] = {
             "rid": request.rid,
             "start": start,
+            "end": end,
             "final": final,
             "mode": handoff.mode,
             "payload": payload,
+            "ids": ids if payload == "kv-delta" else None,
         }
         if payload == "extend":
-            end = len(request.outputs)
-            attachments: list[Any] = [
-                TokenIds.from_ints(request.rid, start, request.outputs[start:end])
-            ]
+            attachments: list[Any] = [TokenIds.from_ints(request.rid, start, ids)] if ids else []
         else:
-            computed = len(request.outputs) - 1
-            kv = request.kv.token_slice(request.prompt_len + start, request.prompt_len + computed)
+            kv = request.kv.token_slice(request.prompt_len + start, request.prompt_len + end)
             attachments = (
                 [kv_chunk_from_tensor(request.rid, 0, request.prompt_len + start, kv.tensor)]
                 if kv.tokens
                 else []
             )
-            end = len(request.outputs) if final else computed
-            body["ids"] = request.outputs[start:end]
-        body["end"] = end
+        if final:
+            body["last_id"] = request.outputs[-1]
+            body["position"] = request.position  # MD produces the stream from here
         handoff.sent_upto = end
+        handoff.sent_position = self.group_start(end)
         handoff.rounds += 1
         handoff.waiting = not final
         handoff.final_sent = final
@@ -141,7 +144,6 @@ class RelayInstance(DecodeInstance):
                 "bytes": sent,
                 "final": final,
                 "payload": payload,
-                "position": end,
             },
         )
         if final and handoff.mode == "one_shot":
