@@ -7,6 +7,8 @@ Figures (all measured in one run, on this machine, one torch thread):
 - greedy streams of many prompts computed along the emulator's paths (batched decode with
   random companions, prefill -> wire copy -> relay decode -> extend handoff -> main decode),
   compared token by token and logit by logit with the one-process reference;
+- the same two measurements for a standard implementation of the same model (same weights,
+  plain torch kernels), in float32 and float64: what the row-invariant design buys;
 - the library kernel behaviours that forced the row-invariant design (`model/invariant.py`).
 """
 
@@ -15,11 +17,12 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from pddemu.model import KV, ByteTokenizer, ModelConfig, TinyTransformer, greedy
 
@@ -30,6 +33,13 @@ def run(quick: bool) -> dict:
     throughput = _throughput(model, sizes)
     exactness = _extend_vs_decode(model, sizes.extend_past, sizes.extend_tokens)
     streams = _stream_agreement(model, sizes.prompts, sizes.new_tokens, seed=1)
+    standard = {}
+    for dtype in ("float32", "float64"):
+        baseline = _StandardTransformer(ModelConfig(dtype=dtype))
+        standard[dtype] = {
+            "extend_vs_decode": _extend_vs_decode(baseline, sizes.extend_past, sizes.extend_tokens),
+            "streams": _stream_agreement(baseline, sizes.prompts, sizes.new_tokens, seed=1),
+        }
     kernels = _kernel_variance()
     return {
         "config": {**vars(model.config), "parameters": model.weights.n_parameters},
@@ -38,6 +48,7 @@ def run(quick: bool) -> dict:
         "throughput_tokens_per_s": throughput,
         "extend_vs_decode": exactness,
         "streams": streams,
+        "standard_implementation": standard,
         "kernel_variance": kernels,
         "targets": {
             "extend_vs_decode_max_abs_diff_below_1e-4": exactness["max_abs_diff_logits"] < 1e-4,
@@ -56,6 +67,7 @@ class _Sizes:
     prefill_tokens: int
     chunk: int
     decode_past: int
+    decode_long_past: int
     decode_steps: int
     extend_past: int
     extend_tokens: int
@@ -64,11 +76,11 @@ class _Sizes:
 
     @classmethod
     def full(cls) -> _Sizes:
-        return cls(4096, 512, 1024, 32, 4096, 100, 200, 64)
+        return cls(4096, 512, 1024, 4096, 32, 4096, 100, 200, 64)
 
     @classmethod
     def quick(cls) -> _Sizes:
-        return cls(1024, 256, 256, 8, 1024, 32, 24, 16)
+        return cls(1024, 256, 256, 1024, 8, 1024, 32, 24, 16)
 
 
 def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -90,13 +102,16 @@ def _throughput(model: TinyTransformer, sizes: _Sizes) -> dict:
     prompt = _random_ids(rng, sizes.prefill_tokens)
     prefill_s = _best_seconds(lambda: model.prefill(prompt, None, sizes.chunk), 3)
 
-    def decode_rate(batch: int) -> float:
+    # Decode cost does not depend on what the past holds: every request's past is a prefix
+    # (own buffer, own length) of one prefilled context.
+    context, _ = model.prefill(_random_ids(rng, sizes.decode_long_past + 64), None, sizes.chunk)
+
+    def decode_rate(batch: int, past_tokens: int) -> float:
         pasts = []
         for _ in range(batch):
-            past_len = sizes.decode_past + rng.randrange(-64, 65)
-            kv, _ = model.prefill(_random_ids(rng, past_len), None, sizes.chunk)
+            past_len = past_tokens + rng.randrange(-64, 65)
             buffer = KV.empty(model.config, capacity=past_len + sizes.decode_steps)
-            buffer.append(kv)
+            buffer.append(context.token_slice(0, past_len))
             pasts.append(buffer)
         tokens = _random_ids(rng, batch)
 
@@ -114,9 +129,11 @@ def _throughput(model: TinyTransformer, sizes: _Sizes) -> dict:
     return {
         "prefill": round(sizes.prefill_tokens / prefill_s, 1),
         "prefill_setup": f"{sizes.prefill_tokens} tokens from scratch, chunk {sizes.chunk}",
-        "decode_batch1": round(decode_rate(1), 1),
-        "decode_batch32": round(decode_rate(32), 1),
+        "decode_batch1": round(decode_rate(1, sizes.decode_past), 1),
+        "decode_batch32": round(decode_rate(32, sizes.decode_past), 1),
         "decode_setup": f"{sizes.decode_steps} steps, pasts of {sizes.decode_past}+-64 tokens",
+        "decode_batch32_long_past": round(decode_rate(32, sizes.decode_long_past), 1),
+        "decode_long_past_setup": f"pasts of {sizes.decode_long_past}+-64 tokens",
         "extend": round(sizes.extend_tokens / extend_s, 1),
         "extend_setup": f"{sizes.extend_tokens} tokens on a {sizes.extend_past}-token past",
     }
@@ -281,6 +298,60 @@ def _stream_agreement(model: TinyTransformer, n_prompts: int, new_tokens: int, s
         f"{threshold:g}": int((gaps < threshold).sum()) for threshold in (1e-6, 1e-5, 1e-4, 1e-3)
     }
     return result
+
+
+class _StandardTransformer(TinyTransformer):
+    """The tiny transformer's weights computed the usual way: products with however many rows
+    the call has, attention by `scaled_dot_product_attention` over pasts copied into a padded
+    batch, torch's RMSNorm and SiLU. A measuring instrument for this benchmark only."""
+
+    def _forward(
+        self, ids: torch.Tensor, pasts: Sequence[KV | None]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, w = self.config, self.weights
+        n_heads, kv_heads, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        batch, n_new = ids.shape
+        rows = batch * n_new
+        past_lens = torch.tensor([0 if p is None else len(p) for p in pasts])
+        query_pos = past_lens[:, None] + torch.arange(n_new)
+        total = int(past_lens.max()) + n_new
+        visible = (torch.arange(total) <= query_pos[:, :, None]).unsqueeze(1)
+        pos = query_pos.reshape(rows)
+        kv = torch.empty((cfg.n_layers, 2, kv_heads, rows, hd), dtype=cfg.torch_dtype)
+        x = w.embedding[ids.reshape(rows)]
+        for index, layer in enumerate(w.layers):
+            h = F.rms_norm(x, (cfg.d_model,), layer.attn_norm, cfg.norm_eps)
+            q, k, v = F.linear(h, layer.qkv).split([n_heads * hd, kv_heads * hd, kv_heads * hd], 1)
+            q = self._rope.rotate(q.reshape(rows, n_heads, hd), pos) * self._q_scale
+            kv[index, 0] = self._rope.rotate(k.reshape(rows, kv_heads, hd), pos).transpose(0, 1)
+            kv[index, 1] = v.reshape(rows, kv_heads, hd).transpose(0, 1)
+            padded = q.new_zeros((2, batch, kv_heads, total, hd))
+            for i, past in enumerate(pasts):
+                start = int(past_lens[i])
+                if past is not None:
+                    padded[:, i, :, :start] = past.tensor[index]
+                padded[:, i, :, start : start + n_new] = kv[
+                    index, :, :, i * n_new : (i + 1) * n_new
+                ]
+            group = n_heads // kv_heads
+            attn = F.scaled_dot_product_attention(
+                q.reshape(batch, n_new, n_heads, hd).transpose(1, 2),
+                padded[0].repeat_interleave(group, dim=1),
+                padded[1].repeat_interleave(group, dim=1),
+                attn_mask=visible,
+                scale=1.0,
+            )
+            x = x + F.linear(attn.transpose(1, 2).reshape(rows, n_heads * hd), layer.out)
+            h = F.rms_norm(x, (cfg.d_model,), layer.mlp_norm, cfg.norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, 1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return kv, x
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(
+            hidden, (self.config.d_model,), self.weights.final_norm, self.config.norm_eps
+        )
+        return F.linear(normed, self.weights.lm_head)
 
 
 def _kernel_variance() -> dict:
