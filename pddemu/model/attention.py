@@ -69,7 +69,7 @@ def causal_attention(
             assert past is not None
             keys = _blocks(past[0, h], full).transpose(1, 2)
             torch.bmm(queries[i, h].expand(full, -1, -1), keys, out=full_w[i, h, :full])
-        full_w[i, :, full:] = float("-inf")
+        full_w[i, :, full:] = -torch.inf
     tail_w = torch.bmm(
         queries.unsqueeze(2).expand(-1, -1, tail_blocks, -1, -1).reshape(-1, rows_padded, head_dim),
         tail_k.reshape(-1, KEY_BLOCK, head_dim).transpose(1, 2),
