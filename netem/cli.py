@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from netem import nsutil
+from netem.signals import on_termination
 from netem.registry import Registry, RunError, check_name, namespace_name
 from netem.spec import (
     FIELD_PARSERS,
@@ -198,11 +199,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
 
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    on_termination(lambda _signum: stop.set())
     kwargs = {"name": args.name} if args.name else {}
     network = Network(
         wan, intra, backend=args.backend, tun_device=args.tun_device, seed=args.seed, **kwargs

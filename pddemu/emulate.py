@@ -8,7 +8,6 @@ check every token against the single-process reference, and write the run's file
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 import uvloop
 
 from netem import rootless
+from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
@@ -172,6 +172,8 @@ def write_outputs(
 ) -> int:
     from pddemu.metrics.plots import write_plots
 
+    all_records = [record for run in runs.values() for record in run.records]
+    write_requests_csv(out / "requests.csv", all_records)
     slo = SLO(config.slo.ttft_s, config.slo.tpot_s)
     summaries = {
         system: summarize(
@@ -184,8 +186,6 @@ def write_outputs(
         )
         for system, run in runs.items()
     }
-    all_records = [record for run in runs.values() for record in run.records]
-    write_requests_csv(out / "requests.csv", all_records)
     meta = {
         "config": config.source,
         "trace": config.workload.trace,
@@ -251,7 +251,7 @@ def run_cli(args: argparse.Namespace) -> int:
             print(f"pddemu: not root, and {error}", file=sys.stderr)
             return 1
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    on_termination(raise_keyboard_interrupt)
     try:
         return emulate(config, systems, args.out)
     except KeyboardInterrupt:
