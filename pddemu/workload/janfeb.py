@@ -8,7 +8,8 @@ rebuilds a workload with those aggregates; every parameter is in `janfeb_config`
 Each request's hit rate is realised structurally, in chained block ids:
 - every request gets a day (the N requests are spread evenly over the window), a hit-rate bucket
   drawn from that day's mixture, a rate uniform inside the bucket (0-90 %: uniform in [0, 0.9)),
-  and a session: one of `concurrent_sessions` open sessions, picked uniformly;
+  and a session: one of `concurrent_sessions` open sessions, picked uniformly among those whose
+  last turn is at least `min_turn_gap_s` old (the least recently used one when none is);
 - a 0-90 % request opens a new session with probability `session_start_fraction`: its prompt is
   the shared system prompt and then new blocks (a cold start: only the system prompt hits);
 - otherwise a 0-90 % request rewrites its session's context: it keeps the first
@@ -77,6 +78,7 @@ class _Session:
     name: str
     prompt: np.ndarray
     input_tokens: int
+    last_turn_s: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -197,11 +199,24 @@ class _Builder:
                 return (slot + step) % count, session
         return slot, None
 
-    def request(self, draws: _Draws, i: int) -> tuple[_Session, np.ndarray, int, int]:
-        """(session, block ids, input tokens, intended hit tokens) of request `i`."""
+    def ready_slot(self, slot: int, now: float) -> int:
+        """`slot`, unless its session had a turn less than `min_turn_gap_s` ago: then the
+        first ready slot after it (cyclically), or the least recently used one."""
+        count = len(self.slots)
+        gap = self.config.min_turn_gap_s
+        for step in range(count):
+            candidate = (slot + step) % count
+            session = self.slots[candidate]
+            if session is None or now - session.last_turn_s >= gap:
+                return candidate
+        return min(range(count), key=lambda k: self.slots[k].last_turn_s)  # type: ignore[union-attr]
+
+    def request(self, draws: _Draws, i: int, now: float) -> tuple[_Session, np.ndarray, int, int]:
+        """(session, block ids, input tokens, intended hit tokens) of request `i` at `now`."""
         bucket, rate = int(draws.bucket[i]), float(draws.rate[i])
         fresh = int(draws.fresh_input[i])
-        slot, session = int(draws.slot[i]), self.slots[int(draws.slot[i])]
+        slot = self.ready_slot(int(draws.slot[i]), now)
+        session = self.slots[slot]
         if session is None and bucket != 0:
             slot, session = self.live_session(slot)
         if session is None or (bucket == 0 and draws.opens_session[i]):
@@ -230,7 +245,7 @@ class _Builder:
         )
         self.next_id += new_blocks
         ids.flags.writeable = False
-        session.prompt, session.input_tokens = ids, input_tokens
+        session.prompt, session.input_tokens, session.last_turn_s = ids, input_tokens, now
         return session, ids, input_tokens, hit
 
 
@@ -256,7 +271,7 @@ def generate_pdd_janfeb(config: PddJanFebConfig, seed: int) -> GeneratedTrace:
     records: list[TraceRequest] = []
     hits = np.empty(n, dtype=np.int64)
     for i in range(n):
-        session, ids, input_tokens, hits[i] = builder.request(draws, i)
+        session, ids, input_tokens, hits[i] = builder.request(draws, i, arrival_ms[i] / 1000.0)
         output = draws.liso_output[i] if draws.liso[i] else draws.regular_output[i]
         records.append(
             TraceRequest(

@@ -83,6 +83,12 @@ class PddJanFebConfig:
     concurrent_sessions: int = _param(
         16, "ours", "sessions open at once; a session's mean turn gap is this / arrival_rate"
     )
+    min_turn_gap_s: float = _param(
+        30.0,
+        "ours",
+        "a session's next turn comes at least this long after its previous one (an agent waits "
+        "for the answer: ~1K tokens at ~30 ms each); sessions are picked among those ready",
+    )
     session_start_fraction: float = _param(
         0.5, "ours", "share of 0-90 % requests that open a new session (others rewrite one)"
     )
@@ -173,6 +179,7 @@ class PddJanFebConfig:
             self.max_output_tokens,
         )
         self._integer("concurrent_sessions", 1)
+        self._number("min_turn_gap_s", 0, math.inf, closed_high=False)
         self._number("session_start_fraction", 0, 1)
         share = self._number("liso_share", 0, 1)
         low_hit = self._number("liso_low_hit_fraction", 0, 1)
