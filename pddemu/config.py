@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    token_scale: int = 16  # modelled tokens per genuine token
+    token_scale: int = 32  # modelled tokens per genuine token
     time_scale: float = 4.0  # modelled seconds per wall-clock second
 
 
@@ -82,7 +82,7 @@ class SLOConfig:
 @dataclass(frozen=True)
 class WorkloadConfig:
     trace: str = "pdd-janfeb"
-    requests: int | None = 120
+    requests: int | None = 100
     seed: int = 0
     arrival_rate: float | None = 0.5  # modelled requests per second; None: trace timestamps
 

@@ -8,6 +8,7 @@ check every token against the single-process reference, and write the run's file
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ async def run_system(
         stats = await deployment.stats()
     finally:
         await deployment.stop()
+    (out / f"instances-{system}.json").write_text(json.dumps(stats, indent=1))
     instances = []
     for name, spec in deployment.specs.items():
         if spec.me.role == "FE":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from dataclasses import asdict
 from typing import Any
@@ -130,6 +131,7 @@ class Instance:
             "steps": self.steps,
             "busy_s": self.busy_s,
             "errors": self.errors,
+            "cpu_s": time.process_time(),  # genuine CPU this process used: what the emulation costs
         }
 
     # -- data plane -----------------------------------------------------------------------
