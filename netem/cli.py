@@ -22,8 +22,8 @@ from dataclasses import replace
 from typing import Any
 
 from netem import nsutil
-from netem.signals import on_termination
 from netem.registry import Registry, RunError, check_name, namespace_name
+from netem.signals import on_termination
 from netem.spec import (
     FIELD_PARSERS,
     LinkSpec,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import math
 import os
-import statistics
 import struct
 
 from pyroute2 import IPRoute, netns
@@ -26,12 +25,10 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import time2tick
 
+from netem.distributions import NETEM_DIST_SCALE, unit_table
 from netem.spec import LinkSpec
 
 U32_MAX = 2**32 - 1
-NETEM_DIST_SCALE = (
-    8192  # table values are standard-deviation units x 8192 (include/net/pkt_sched.h)
-)
 DIST_TABLE_SIZE = 4096
 FIFO_RATE_BPS = 100e9  # rate given to netem to keep FIFO order when the link itself is unlimited
 
@@ -98,26 +95,7 @@ def distribution_table(dist: str) -> bytes | None:
     (netem's built-in, which has a half-range of sigma: callers scale sigma by sqrt(3))."""
     if dist == "uniform":
         return None
-    quantiles = [(i + 0.5) / DIST_TABLE_SIZE for i in range(DIST_TABLE_SIZE)]
-    if dist == "normal":
-        normal = statistics.NormalDist()
-        values = [normal.inv_cdf(q) for q in quantiles]
-    elif dist == "pareto":
-        shape = 3.0
-        mean = shape / (shape - 1)
-        std = math.sqrt(shape / ((shape - 1) ** 2 * (shape - 2)))
-        values = [((1 - q) ** (-1 / shape) - mean) / std for q in quantiles]
-    else:
-        raise ValueError(f"unknown jitter distribution {dist!r}")
-    # Table entries are int16, so values beyond +-4 sigma are cut; re-centre and re-scale
-    # until the cut table itself has mean 0 and standard deviation 1 (pareto's tail needs it).
-    bound = 32767 / NETEM_DIST_SCALE
-    for _ in range(50):
-        values = [max(-bound, min(bound, v)) for v in values]
-        mean = statistics.fmean(values)
-        std = statistics.pstdev(values)
-        values = [(v - mean) / std for v in values]
-    ints = [max(-32767, min(32767, int(round(v * NETEM_DIST_SCALE)))) for v in values]
+    ints = [int(round(v * NETEM_DIST_SCALE)) for v in unit_table(dist)]
     return struct.pack(f"={len(ints)}h", *ints)
 
 

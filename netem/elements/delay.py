@@ -1,9 +1,10 @@
 """Propagation delay with jitter, FIFO unless reordering is asked for.
 
 Each packet's delay is `delay + X` with X drawn from the jitter distribution, scaled so that
-its standard deviation is `jitter` (uniform: +-sqrt(3)*jitter; normal; pareto with shape 3,
-centred), and clipped at zero. Without reordering a packet never leaves before the one ahead
-of it (release = max(own time, previous release)), which is what one physical path does.
+its standard deviation is `jitter` (uniform: +-sqrt(3)*jitter; normal and pareto: netem's
+table, see `netem.distributions`), and clipped at zero. Without reordering a packet never
+leaves before the one ahead of it (release = max(own time, previous release)), which is what
+one physical path does.
 """
 
 from __future__ import annotations
@@ -15,11 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from itertools import count
 
+from netem.distributions import unit_table
 from netem.elements.base import Element
-
-_PARETO_SHAPE = 3.0
-_PARETO_MEAN = _PARETO_SHAPE / (_PARETO_SHAPE - 1)  # 1.5 for scale 1
-_PARETO_STD = math.sqrt(_PARETO_SHAPE / ((_PARETO_SHAPE - 1) ** 2 * (_PARETO_SHAPE - 2)))
 
 
 def jitter_sampler(dist: str, sigma: float, rng: random.Random) -> Callable[[], float]:
@@ -29,12 +27,9 @@ def jitter_sampler(dist: str, sigma: float, rng: random.Random) -> Callable[[], 
     if dist == "uniform":
         half = math.sqrt(3.0) * sigma
         return lambda: rng.uniform(-half, half)
-    if dist == "normal":
-        return lambda: rng.gauss(0.0, sigma)
-    if dist == "pareto":
-        scale = sigma / _PARETO_STD
-        return lambda: (rng.paretovariate(_PARETO_SHAPE) - _PARETO_MEAN) * scale
-    raise ValueError(f"unknown jitter distribution {dist!r}")
+    table = unit_table(dist)
+    size = len(table)
+    return lambda: table[int(rng.random() * size)] * sigma
 
 
 class DelayLine(Element):

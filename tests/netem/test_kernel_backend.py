@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from netem import kernel
+from netem.distributions import NETEM_DIST_SCALE, TABLE_SIZE
 from netem.nsexec import command_in
 from netem.spec import LinkSpec, LossModel
 from netem.topology import LinkConfig, Network
@@ -60,9 +61,9 @@ def test_distribution_tables_have_unit_std(dist: str) -> None:
     options = encoded_options(LinkSpec(delay_s=0.02, jitter_s=0.002, jitter_dist=dist))
     table = options.get_attr("TCA_NETEM_DELAY_DIST")
     values = struct.unpack(f"={len(table) // 2}h", table)
-    assert len(values) == kernel.DIST_TABLE_SIZE
-    mean = sum(values) / len(values) / kernel.NETEM_DIST_SCALE
-    std = math.sqrt(sum((v / kernel.NETEM_DIST_SCALE - mean) ** 2 for v in values) / len(values))
+    assert len(values) == TABLE_SIZE
+    mean = sum(values) / len(values) / NETEM_DIST_SCALE
+    std = math.sqrt(sum((v / NETEM_DIST_SCALE - mean) ** 2 for v in values) / len(values))
     assert abs(mean) < 0.01
     assert std == pytest.approx(1.0, rel=0.01)  # also after int16 cuts pareto's tail at 4 sigma
     assert options.get_attr("TCA_NETEM_JITTER64") == 2_000_000
