@@ -23,7 +23,8 @@ from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.deployment import Deployment
-from pddemu.hardware import load_target
+from pddemu.emulated_network import gain_network_privileges, intra_link, scale_model, wan_link
+from pddemu.hardware import load_chip
 from pddemu.metrics import (
     SLO,
     InstanceReport,
@@ -39,6 +40,7 @@ from pddemu.reference import reference_outputs
 from pddemu.replay import replay
 from pddemu.runtime.clock import ModelledClock
 from pddemu.scale import ScaleModel
+from pddemu.workload import load_workload
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 
@@ -49,41 +51,6 @@ class SystemRun:
     records: list[RequestRecord]
     outputs: dict[str, list[int]]
     instances: list[InstanceReport]
-
-
-def scale_model(config: Config) -> ScaleModel:
-    return ScaleModel(
-        genuine_kv_bytes_per_token=ModelConfig(**config.model).kv_bytes_per_token,
-        target_kv_bytes_per_token=load_target(config.target).kv_bytes_per_token,
-        token_scale=config.scale.token_scale,
-        time_scale=config.scale.time_scale,
-    )
-
-
-def wan_link(config: Config, scale: ScaleModel) -> LinkSpec:
-    """The emulated WAN: the modelled one scaled in rate (bytes and time) and delay (time)."""
-    wan = config.wan
-    rate, delay, jitter = scale.emulated_link(wan.rate_bps or 1e12, wan.delay_s, wan.jitter_s)
-    loss = {"kind": "bernoulli", "p": wan.loss} if wan.loss else {"kind": "none"}
-    return LinkSpec.from_dict(
-        {
-            "rate_bps": rate if wan.rate_bps else None,
-            "delay_s": delay,
-            "jitter_s": jitter,
-            "jitter_dist": wan.jitter_dist,
-            "loss": loss,
-        }
-    )
-
-
-def intra_link(config: Config, scale: ScaleModel) -> LinkConfig | None:
-    intra = config.intra
-    if intra.rate_bps is None and intra.delay_s == 0 and intra.jitter_s == 0:
-        return None
-    rate, delay, jitter = scale.emulated_link(intra.rate_bps or 1e12, intra.delay_s, intra.jitter_s)
-    return LinkConfig.symmetric(
-        LinkSpec(rate_bps=rate if intra.rate_bps else None, delay_s=delay, jitter_s=jitter)
-    )
 
 
 async def run_system(
@@ -101,14 +68,25 @@ async def run_system(
     finally:
         await deployment.stop()
     (out / f"instances-{system}.json").write_text(json.dumps(stats, indent=1))
-    instances = []
+    for name, instance in stats.items():
+        for error in instance["errors"]:
+            print(f"[{system}] {name}: {error}", file=sys.stderr)
+    return SystemRun(
+        system, result.records, result.outputs, instance_reports(config, deployment, stats)
+    )
+
+
+def instance_reports(
+    config: Config, deployment: Deployment, stats: dict[str, Any]
+) -> list[InstanceReport]:
+    """What each emulated chip instance reports, with its hardware and price (the frontend
+    stands for no hardware of the modelled deployment)."""
+    reports = []
     for name, spec in deployment.specs.items():
         if spec.me.role == "FE":
             continue
-        hardware = config.hardware_for(system, spec.me.role)
-        from pddemu.hardware import load_chip
-
-        instances.append(
+        hardware = config.hardware_for(deployment.system, spec.me.role)
+        reports.append(
             InstanceReport(
                 name=name,
                 role=spec.me.role,
@@ -122,14 +100,10 @@ async def run_system(
                 prefill_tokens=stats[name].get("prefill_tokens", 0),
             )
         )
-        for error in stats[name]["errors"]:
-            print(f"[{system}] {name}: {error}", file=sys.stderr)
-    return SystemRun(system, result.records, result.outputs, instances)
+    return reports
 
 
 def emulate(config: Config, systems: list[str], out: Path) -> int:
-    from pddemu.workload.replay_source import load_workload
-
     scale = scale_model(config)
     workload = load_workload(
         config.workload.trace,
@@ -246,12 +220,11 @@ def run_cli(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 2
-    if rootless.needed():
-        try:
-            rootless.enter_user_namespace()
-        except rootless.RootlessError as error:
-            print(f"pddemu: not root, and {error}", file=sys.stderr)
-            return 1
+    try:
+        gain_network_privileges()
+    except rootless.RootlessError as error:
+        print(f"pddemu: {error}", file=sys.stderr)
+        return 1
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)
     try:

@@ -23,7 +23,7 @@ from netem import rootless
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, ConfigError, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulate import intra_link, scale_model, wan_link
+from pddemu.emulated_network import gain_network_privileges, intra_link, scale_model, wan_link
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
@@ -70,12 +70,11 @@ def run_cli(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 2
-    if rootless.needed():
-        try:
-            rootless.enter_user_namespace()
-        except rootless.RootlessError as error:
-            print(f"pddemu: not root, and {error}", file=sys.stderr)
-            return 1
+    try:
+        gain_network_privileges()
+    except rootless.RootlessError as error:
+        print(f"pddemu: {error}", file=sys.stderr)
+        return 1
     scale = scale_model(config)
     with Network(
         LinkConfig.symmetric(wan_link(config, scale)), intra=intra_link(config, scale)

@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         unknown = set(args.only) - set(names)
         if unknown:
-            parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}; have {', '.join(names)}")
+            parser.error(
+                f"unknown benchmark(s): {', '.join(sorted(unknown))}; have {', '.join(names)}"
+            )
         names = [n for n in names if n in args.only]
     failed = []
     for name in names:
@@ -38,14 +40,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench {name} ...", file=sys.stderr, flush=True)
         started = time.time()
         result = module.run(quick=args.quick)
-        result.setdefault("machine", {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()})
+        result.setdefault(
+            "machine",
+            {
+                "python": platform.python_version(),
+                "cpu": platform.processor() or platform.machine(),
+            },
+        )
         result["wall_s"] = round(time.time() - started, 3)
         path = args.out / f"{name}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         missed = [k for k, ok in result.get("targets", {}).items() if not ok]
         if missed:
             failed.append(f"{name}: {', '.join(missed)}")
-        print(f"bench {name}: wrote {path}" + (f" (missed: {', '.join(missed)})" if missed else ""), file=sys.stderr)
+        print(
+            f"bench {name}: wrote {path}" + (f" (missed: {', '.join(missed)})" if missed else ""),
+            file=sys.stderr,
+        )
     if failed:
         print("targets missed:\n  " + "\n  ".join(failed), file=sys.stderr)
     return 1 if failed else 0

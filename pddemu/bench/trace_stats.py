@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from pddemu.workload import read_trace
+from pddemu.workload.public_traces import MOONCAKE_FILE, WEKA_FILE, public_traces_dir
 from pddemu.workload.stats import PrefixHitCounter
 
-TRACES = Path("/work/shared/traces")
-WEKA = TRACES / "weka_agentic_conversations.jsonl.gz"
-MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
+TRACES = public_traces_dir()
+WEKA = TRACES / WEKA_FILE
+MOONCAKE = TRACES / MOONCAKE_FILE
 CACHE_TOKENS = 10_000_000
 TARGET_SECONDS = 60.0
 TARGET_RSS_BYTES = 4 * 2**30

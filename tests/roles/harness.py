@@ -15,7 +15,7 @@ import uvloop
 from netem.topology import LinkConfig, Network
 from pddemu.config import Config, config_from_dict, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulate import scale_model, wan_link
+from pddemu.emulated_network import scale_model, wan_link
 from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
 from pddemu.runtime.clock import ModelledClock

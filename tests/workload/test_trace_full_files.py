@@ -1,6 +1,6 @@
 """The full public traces through `trace_stats`, against a straightforward computation written
 independently of the readers and the radix cache (json + a plain set of seen ids), and
-against the facts stated in /work/shared/traces/README.md. Skipped where the files are absent;
+against the facts stated in the public traces' README (see pddemu.workload.public_traces). Skipped where the files are absent;
 the WEKA file takes about half a minute."""
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pddemu.workload.public_traces import MOONCAKE_FILE, WEKA_FILE, public_traces_dir
+
 DATA = Path(__file__).parent / "data"
-SHARED_TRACES = Path("/work/shared/traces")
-WEKA_FULL = SHARED_TRACES / "weka_agentic_conversations.jsonl.gz"
-MOONCAKE_FULL = SHARED_TRACES / "mooncake_synthetic_trace.jsonl"
+SHARED_TRACES = public_traces_dir()
+WEKA_FULL = SHARED_TRACES / WEKA_FILE
+MOONCAKE_FULL = SHARED_TRACES / MOONCAKE_FILE
 
 
 def mooncake_line(timestamp: int, input_length: int, output_length: int, ids: list[int]) -> dict:
