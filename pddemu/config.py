@@ -209,8 +209,9 @@ _LINK_PARSERS = {
 }
 
 
-def load_config(path: str | Path | None = None) -> Config:
-    """Read a TOML config (the default one when `path` is None) and check every value."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a TOML config (the default one when `path` is None), apply `section.key=value`
+    overrides (values in TOML syntax; a bare word is a string), and check every value."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
         data = tomllib.loads(path.read_text())
@@ -218,7 +219,29 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return config_from_dict(data, str(path))
+    source = str(path)
+    for override in overrides or []:
+        apply_override(data, override)
+        source += f" + {override}"
+    return config_from_dict(data, source)
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """`policy.handoff_mode=one-shot` -> data["policy"]["handoff_mode"] = "one-shot"."""
+    key, sep, text = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    *sections, name = key.strip().split(".")
+    table = data
+    for section in sections:
+        table = table.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"override {override!r}: {section} is not a section")
+    table[name] = value
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:

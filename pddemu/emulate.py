@@ -208,12 +208,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", help="pdd-janfeb, or a path to a Mooncake / WEKA / CSV trace")
     parser.add_argument("--requests", type=int, help="replay a deterministic sample of N requests")
     parser.add_argument("--seed", type=int, help="seed of the workload and the link's random draws")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value, e.g. --set policy.handoff_mode=one-shot (repeatable)",
+    )
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, args.set)
         if args.requests is not None and args.requests < 1:
             raise ConfigError("--requests must be at least 1")
         config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
