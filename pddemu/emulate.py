@@ -41,6 +41,9 @@ from pddemu.replay import replay
 from pddemu.runtime.clock import ModelledClock
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
+from pddemu.workload.janfeb_config import GeneratorError
+from pddemu.workload.records import TraceError
+from pddemu.workload.replay_source import WorkloadError
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 
@@ -103,15 +106,18 @@ def instance_reports(
     return reports
 
 
-def emulate(config: Config, systems: list[str], out: Path) -> int:
-    scale = scale_model(config)
-    workload = load_workload(
+def workload_of(config: Config) -> list[Any]:
+    return load_workload(
         config.workload.trace,
         requests=config.workload.requests,
         seed=config.workload.seed,
         token_scale=config.scale.token_scale,
         arrival_rate=config.workload.arrival_rate,
     )
+
+
+def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) -> int:
+    scale = scale_model(config)
     out.mkdir(parents=True, exist_ok=True)
     link = wan_link(config, scale)
     print(
@@ -224,7 +230,8 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.requests is not None and args.requests < 1:
             raise ConfigError("--requests must be at least 1")
         config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
-    except ConfigError as error:
+        workload = workload_of(config)
+    except (ConfigError, TraceError, WorkloadError, GeneratorError) as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 2
     try:
@@ -235,7 +242,7 @@ def run_cli(args: argparse.Namespace) -> int:
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)
     try:
-        return emulate(config, systems, args.out)
+        return emulate(config, systems, args.out, workload)
     except KeyboardInterrupt:
         print("pddemu: interrupted; everything the run made has been removed", file=sys.stderr)
         return 130

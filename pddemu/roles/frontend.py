@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from pddemu.emulated_network import scale_model
+from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
 from pddemu.policy.routing import RouteInputs, choose_pipeline
 from pddemu.policy.wan import WanEstimator
@@ -49,8 +51,13 @@ class Flight:
     pending: dict[int, tuple[float, str]] = field(default_factory=dict)  # position -> (time, role)
     delivered: int = 0  # modelled output positions delivered in order
     replies: dict[str, asyncio.Future] = field(default_factory=dict)
-    stream: asyncio.Queue = field(default_factory=asyncio.Queue)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    stream: asyncio.Queue = field(default_factory=asyncio.Queue)  # the user's tokens, then None
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # every token delivered
+    transfers: set[str] = field(
+        default_factory=set
+    )  # destinations whose transfer P has not reported
+    transfers_reported: asyncio.Event = field(default_factory=asyncio.Event)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # the record is final
 
     @property
     def output_ids(self) -> list[int]:
@@ -77,12 +84,8 @@ class Frontend(Instance):
         self.load: dict[str, int] = {
             name: 0 for name in [*self.p_names, *self.decode_names, *self.rld_names]
         }
-        self.target_kv_bytes = self._target_kv_bytes()
-
-    def _target_kv_bytes(self) -> int:
-        from pddemu.hardware import load_target
-
-        return load_target(self.config.target).kv_bytes_per_token
+        self.target_kv_bytes = load_target(self.config.target).kv_bytes_per_token
+        self.scale = scale_model(self.config)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
@@ -105,6 +108,7 @@ class Frontend(Instance):
             if item is None:
                 break
             await response.write(json.dumps(item).encode() + b"\n")
+        await flight.settled.wait()
         final = {"record": flight.record.to_dict(), "output_ids": flight.output_ids}
         await response.write(json.dumps(final).encode() + b"\n")
         await response.write_eof()
@@ -152,9 +156,24 @@ class Frontend(Instance):
         except Exception as error:  # noqa: BLE001 - the request fails, the frontend goes on
             self.fail(flight, f"{type(error).__name__}: {error}")
         finally:
+            self.finish_record(flight)
+            flight.stream.put_nowait(None)  # the user's stream is complete
             await self.settle(flight)
+            await self.await_transfers(flight, timeout)
             self.flights.pop(record.request_id, None)
-            flight.stream.put_nowait(None)
+            flight.settled.set()
+
+    async def await_transfers(self, flight: Flight, timeout: float) -> None:
+        """A transfer can outlive its request (the relay finished it while MD's copy of the KV
+        was still crossing the WAN); its bytes belong to the request's record all the same."""
+        if not flight.transfers:
+            return
+        try:
+            await asyncio.wait_for(flight.transfers_reported.wait(), timeout)
+        except TimeoutError:
+            self.errors.append(
+                f"{flight.record.request_id}: transfers to {sorted(flight.transfers)} never reported"
+            )
 
     def fail(self, flight: Flight, reason: str) -> None:
         flight.record.state = "failed"
@@ -209,6 +228,7 @@ class Frontend(Instance):
             record.anomaly_filtered = True
             record.wan_bytes_cancelled = increment * self.target_kv_bytes
             await self.tell(flight.decode, "release", {"rid": rid})
+        flight.transfers = {d["name"] for d in destinations}
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         await flight.done.wait()
 
@@ -254,7 +274,6 @@ class Frontend(Instance):
         if flight.decode and not flight.md_took_over and flight.record.pipeline != "RLD-only":
             await self._quietly(self.tell(flight.decode, "release", {"rid": rid}))
         self.wan.forget(rid)
-        self.finish_record(flight)
 
     async def _quietly(self, coroutine: Any) -> None:
         try:
@@ -291,15 +310,16 @@ class Frontend(Instance):
         flight = self.flights.get(message.body["rid"])
         if flight is None:
             return
-        if message.body["destination"] == flight.decode and WAN_DECODE[self.system]:
+        destination = message.body["destination"]
+        if destination == flight.decode and WAN_DECODE[self.system]:
             self.add_wan_bytes(flight, int(message.body["bytes"]))
+        flight.transfers.discard(destination)
+        if not flight.transfers:
+            flight.transfers_reported.set()
 
     def add_wan_bytes(self, flight: Flight, genuine_bytes: int) -> None:
-        scale = self.config.scale.token_scale
-        genuine_per_modelled = self.model_config.kv_bytes_per_token / scale
-        byte_scale = genuine_per_modelled / self.target_kv_bytes
         flight.record.wan_bytes_genuine += genuine_bytes
-        flight.record.wan_bytes += int(genuine_bytes / byte_scale)
+        flight.record.wan_bytes += int(self.scale.modelled_bytes(genuine_bytes))
 
     async def on_kv_arrived(self, message: Envelope) -> None:
         self.wan.arrived(message.body["rid"], float(message.body["at"]))

@@ -1,7 +1,8 @@
 """An OpenAI-compatible front door on the frontend: /v1/completions, /v1/chat/completions
 (streamed as server-sent events, or whole), /v1/models. Standard clients and benchmark tools
 can then drive the emulated system; each response's last chunk carries the emulator's record of
-the request (`pddemu`), which clients ignore.
+the request (`pddemu`), which clients ignore (its WAN bytes leave out a transfer still in flight
+when the stream ends; `pddemu emulate` waits for those).
 
 Decoding is greedy (the model's weights are random, sampling parameters would change nothing
 worth measuring); `temperature`, `top_p` and the like are accepted and ignored. Prompts are

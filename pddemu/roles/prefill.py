@@ -106,14 +106,15 @@ class PrefillInstance(Instance):
         job.routed.set()
 
     async def on_cancel(self, message: Envelope) -> None:
-        """Stop a request's transfers (the anomaly filter, or the request failed)."""
+        """Stop a request's transfers: it failed or timed out at the frontend."""
         job = self.jobs.get(message.body["rid"])
         if job is None:
             return
-        names = set(message.body.get("destinations") or [d.name for d in job.destinations])
+        job.cancelled = True
         for destination in job.destinations:
-            if destination.name in names and destination.task is not None:
+            if destination.task is not None:
                 destination.task.cancel()
+        self._forget_if_done(job)
 
     # -- the prefill loop -----------------------------------------------------------------
 
@@ -158,11 +159,12 @@ class PrefillInstance(Instance):
                 await job.progress.advance(end, finished=end == len(job.prompt))
 
     def finish(self, job: PrefillJob) -> None:
+        """The prompt is computed: its first output token is known, its KV joins the cache."""
         job.first_token = greedy(job.last_logits)
         self.queue.remove(job)
         self.store.release(job.node)
-        node = self.store.insert(job.prompt, job.kv)
-        self.store.release(node)
+        self.store.release(self.store.insert(job.prompt, job.kv))
+        self._forget_if_done(job)
 
     def modelled_span(self, job: PrefillJob, begin: int, end: int) -> int:
         """Modelled tokens of genuine positions [begin, end) of the job's prompt."""
@@ -209,10 +211,16 @@ class PrefillInstance(Instance):
             raise
         self.pool.release(destination.name, channel)
         await self._report(job, destination, started, cancelled=False)
-        if all(
-            d.task is not None and (d.task.done() or d.task is asyncio.current_task())
+        self._forget_if_done(job)
+
+    def _forget_if_done(self, job: PrefillJob) -> None:
+        """Drop a job once its prefill is done and nothing is left to send."""
+        current = asyncio.current_task()
+        sending = any(
+            d.task is not None and not d.task.done() and d.task is not current
             for d in job.destinations
-        ):
+        )
+        if job.first_token is not None and (job.cancelled or job.routed.is_set()) and not sending:
             self.jobs.pop(job.rid, None)
 
     async def _report(
