@@ -37,7 +37,8 @@ from netem.spec import LinkSpec, LossModel, changes_from_dict
 from netem.tun import DEFAULT_TUN_DEVICE
 
 BACKENDS = ("auto", "kernel", "userspace")
-TUN_TX_QUEUE = 32768
+TUN_TX_QUEUE = 32768  # packets the kernel may queue for the shaper before dropping
+RTNH_F_ONLINK = 4  # a gateway reachable on the link without a route to it
 SHAPER_START_TIMEOUT_S = 20.0
 # Per-namespace TCP buffers: the kernel's default 6 MB receive limit is below the bandwidth-
 # delay product of 1 Gbit/s over a 40 ms round trip (5 MB) plus queueing.
@@ -280,8 +281,13 @@ class Network:
             ipr.route("add", dst=f"{addr.a}/32", oif=index, prefsrc=addr.host)
             for dst in (addr.a2, addr.b):
                 ipr.route(
-                    "add", dst=f"{dst}/32", gateway=addr.a, oif=index, prefsrc=addr.host, flags=4
-                )  # RTNH_F_ONLINK
+                    "add",
+                    dst=f"{dst}/32",
+                    gateway=addr.a,
+                    oif=index,
+                    prefsrc=addr.host,
+                    flags=RTNH_F_ONLINK,
+                )
         self.registry.save(record)
 
     def _prepare_namespace(self, ns: str, forward: bool) -> None:
@@ -360,7 +366,12 @@ class Network:
                         ipr.route("add", dst=dst, oif=index, prefsrc=address)
                     else:
                         ipr.route(
-                            "add", dst=dst, gateway=gateway, oif=index, prefsrc=address, flags=4
+                            "add",
+                            dst=dst,
+                            gateway=gateway,
+                            oif=index,
+                            prefsrc=address,
+                            flags=RTNH_F_ONLINK,
                         )
 
     # -- guardian -------------------------------------------------------------------------
