@@ -22,7 +22,15 @@ from dataclasses import replace
 from typing import Any
 
 from netem import nsutil
-from netem.registry import Registry, RunError, check_name, namespace_name
+from netem.registry import (
+    Registry,
+    RunError,
+    check_name,
+    kill_namespace_processes,
+    namespace_name,
+    remove_host_link,
+    remove_namespace,
+)
 from netem.signals import on_termination
 from netem.spec import (
     FIELD_PARSERS,
@@ -142,10 +150,11 @@ def build_parser() -> OneLineParser:
         "--rootless", action="store_true", help="use a private user namespace even as root"
     )
 
-    down = sub.add_parser("down", help="remove a run (or all of them, and anything stale)")
+    down = sub.add_parser("down", help="remove a run, the stale ones, or all of them")
     target = down.add_mutually_exclusive_group(required=True)
     target.add_argument("--name")
-    target.add_argument("--all", action="store_true")
+    target.add_argument("--stale", action="store_true", help="runs whose controller died, orphans")
+    target.add_argument("--all", action="store_true", help="every run (live ones are stopped)")
 
     ls = sub.add_parser("ls", help="list runs")
     ls.add_argument("--json", action="store_true")
@@ -223,21 +232,23 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    """--name: that run (stopped if its controller lives); --stale: every run whose controller
+    is gone, and namespaces/links of ours that no run records; --all: every run, then --stale."""
     registry = Registry()
-    names = registry.names() if args.all else [args.name]
-    if not args.all and args.name not in registry.names():
+    if args.name is not None and args.name not in registry.names():
         print(f"netem: no run named {args.name!r}", file=sys.stderr)
         return 1
-    for name in names:
+    for name in [args.name] if args.name is not None else registry.names():
         record = registry.load(name)
-        if record and record.alive:
+        alive = record is not None and record.alive
+        if alive and args.stale:
+            continue
+        if alive:
             _stop_controller(record.pid)
         for what in registry.cleanup(name):
             print(f"removed {what} ({name})")
-    if args.all:
+    if args.name is None:
         namespaces, links = registry.orphans()
-        from netem.registry import kill_namespace_processes, remove_host_link, remove_namespace
-
         for ns in namespaces:
             kill_namespace_processes(ns)
             remove_namespace(ns)

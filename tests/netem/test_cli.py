@@ -105,7 +105,7 @@ def test_sigkill_of_the_controller_is_cleaned_up_by_the_guardian(run_name: str) 
     inside.wait(5)
 
 
-def test_down_all_removes_stale_runs(run_name: str) -> None:
+def test_down_stale_removes_dead_runs_only(run_name: str) -> None:
     process, ready = start(run_name)
     record = Registry().load(run_name)
     guardian = [
@@ -114,15 +114,23 @@ def test_down_all_removes_stale_runs(run_name: str) -> None:
         if p.isdigit()
         and f"netem.guardian\0{run_name}".encode() in open(f"/proc/{p}/cmdline", "rb").read()
     ]
-    for pid in guardian:  # a crash that takes the guardian along: only `down --all` is left
+    for pid in guardian:  # a crash that takes the guardian along: only `down` is left
         os.kill(pid, signal.SIGKILL)
     process.kill()
     process.wait()
     time.sleep(0.3)
     assert [ns for ns in list_namespaces() if ns.startswith(f"netem-{run_name}-")]
-    done = subprocess.run([*NETEM, "down", "--all"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert gone(run_name, [record.shaper_pid])
+    live, _ = start(run_name + "live")
+    try:
+        done = subprocess.run(
+            [*NETEM, "down", "--stale"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert gone(run_name, [record.shaper_pid])
+        assert live.poll() is None and run_name + "live" in Registry().names()  # live runs stay
+    finally:
+        live.terminate()
+        live.wait(15)
 
 
 def test_live_change_from_another_process(run_name: str) -> None:

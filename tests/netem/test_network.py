@@ -113,7 +113,9 @@ def test_parallel_runs_do_not_collide(run_name: str, tools: None) -> None:
         network(run_name + "x", LinkSpec(delay_s=0.004)) as two,
     ):
         assert {one.a.addr, one.b.addr}.isdisjoint({two.a.addr, two.b.addr})
-        assert median(ping_rtts(one, 3, 0.05)) < 6 - 2e3 * EARLY_S <= median(ping_rtts(two, 3, 0.05))
+        assert (
+            median(ping_rtts(one, 3, 0.05)) < 6 - 2e3 * EARLY_S <= median(ping_rtts(two, 3, 0.05))
+        )
     Registry().cleanup(run_name + "x")
 
 
