@@ -19,45 +19,80 @@ from tests.conftest import require_namespaces
 
 EMULATE = [sys.executable, "-m", "pddemu.cli", "emulate"]
 DESIGN_KEYS = {
-    "system", "requests", "ttft_s", "tpot_s", "itl_s", "e2el_s", "goodput_rps", "slo", "pipelines",
-    "rld_token_share", "handoffs", "wan_bytes", "hit_rate", "token_mismatches", "emulator_lag_s",
-    "cost_per_hour", "bcr", "scale",
+    "system",
+    "requests",
+    "ttft_s",
+    "tpot_s",
+    "itl_s",
+    "e2el_s",
+    "goodput_rps",
+    "slo",
+    "pipelines",
+    "rld_token_share",
+    "handoffs",
+    "wan_bytes",
+    "hit_rate",
+    "token_mismatches",
+    "emulator_lag_s",
+    "cost_per_hour",
+    "bcr",
+    "scale",
 }
 
 
-def role_processes() -> list[int]:
+def role_processes(out: Path) -> list[int]:
+    """Instance processes of the run writing to `out` (their spec files live there)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"pddemu.roles" in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
+            if b"pddemu.roles" in cmdline and str(out).encode() in cmdline:
+                found.append(int(entry.name))
     return found
 
 
-def wait_clean(before: set[str], timeout: float = 20.0) -> tuple[list[str], list[int]]:
+def run_namespaces(out: Path) -> set[str]:
+    """The namespaces the run's instances were placed in, from their spec files."""
+    return {json.loads(p.read_text())["netns"] for p in out.glob("specs/*/*.json")}
+
+
+def wait_clean(out: Path, timeout: float = 20.0) -> tuple[list[str], list[int]]:
+    namespaces_of_run = run_namespaces(out)
+    assert namespaces_of_run, "the run never placed an instance"
     deadline = time.monotonic() + timeout
     while True:
-        namespaces = sorted(set(list_namespaces()) - before)
-        processes = role_processes()
+        namespaces = sorted(namespaces_of_run & set(list_namespaces()))
+        processes = role_processes(out)
         if (not namespaces and not processes) or time.monotonic() > deadline:
             return namespaces, processes
         time.sleep(0.2)
 
 
 @pytest.fixture
-def clean_start() -> set[str]:
+def clean_start() -> None:
     require_namespaces()
-    return set(list_namespaces())
 
 
-def test_a_small_run_writes_every_file(clean_start: set[str], tmp_path: Path) -> None:
+def test_a_small_run_writes_every_file(clean_start: None, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = subprocess.run(
-        [*EMULATE, "--out", str(out), "--system", "pdd", "--requests", "6", "--set", "workload.arrival_rate=2.0"],
-        capture_output=True, text=True, timeout=600,
+        [
+            *EMULATE,
+            "--out",
+            str(out),
+            "--system",
+            "pdd",
+            "--requests",
+            "6",
+            "--set",
+            "workload.arrival_rate=2.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -68,23 +103,30 @@ def test_a_small_run_writes_every_file(clean_start: set[str], tmp_path: Path) ->
     with open(out / "requests.csv") as handle:
         assert len(list(csv.DictReader(handle))) == 6
     assert (out / "report.md").read_text().count("|") > 20
-    assert all((out / name).stat().st_size > 1000 for name in ("ttft_cdf.png", "hit_rate_buckets.png"))
+    assert all(
+        (out / name).stat().st_size > 1000 for name in ("ttft_cdf.png", "hit_rate_buckets.png")
+    )
     assert "TTFT p99" in done.stdout
-    assert wait_clean(clean_start) == ([], [])
+    assert wait_clean(out) == ([], [])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
-def test_interrupted_or_killed_run_leaves_nothing(clean_start: set[str], tmp_path: Path, signum: int) -> None:
+def test_interrupted_or_killed_run_leaves_nothing(
+    clean_start: None, tmp_path: Path, signum: int
+) -> None:
+    out = tmp_path / "run"
     process = subprocess.Popen(
-        [*EMULATE, "--out", str(tmp_path / "run"), "--system", "naive", "--requests", "40"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [*EMULATE, "--out", str(out), "--system", "naive", "--requests", "40"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     for line in process.stderr:  # wait until requests are flowing
         if "in flight" in line:
             break
-    assert role_processes(), "the run should have instances by now"
+    assert role_processes(out), "the run should have instances by now"
     os.kill(process.pid, signum)
     process.wait(60)
     if signum == signal.SIGINT:
         assert process.returncode == 130
-    assert wait_clean(clean_start) == ([], [])
+    assert wait_clean(out) == ([], [])
