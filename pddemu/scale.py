@@ -52,7 +52,7 @@ class ScaleModel:
 
     genuine_kv_bytes_per_token: int
     target_kv_bytes_per_token: int
-    token_scale: int = 16
+    token_scale: int = 32
     time_scale: float = 4.0
 
     def __post_init__(self) -> None:

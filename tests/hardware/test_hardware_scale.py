@@ -27,28 +27,28 @@ def default_scale(**changes: object) -> ScaleModel:
 def test_default_factors() -> None:
     scale = default_scale()
     assert GENUINE_KV == 1024  # 2 layers x (K, V) x 2 KV heads x 32 dims x 4 B
-    assert scale.token_scale == 16 and scale.time_scale == 4.0
-    assert scale.byte_scale == pytest.approx(1024 / 16 / 51200)
+    assert scale.token_scale == 32 and scale.time_scale == 4.0
+    assert scale.byte_scale == pytest.approx(1024 / 32 / 51200)
     assert scale.describe() == {
-        "token_scale": 0.0625,
+        "token_scale": 0.03125,
         "time_scale": 4.0,
-        "byte_scale": pytest.approx(0.00125),
+        "byte_scale": pytest.approx(0.000625),
         "genuine_kv_bytes_per_token": 1024,
         "target_kv_bytes_per_token": 51200,
     }
 
 
-def test_default_wan_is_emulated_at_50_mbit() -> None:
+def test_default_wan_is_emulated_at_25_mbit() -> None:
     rate, delay, jitter = default_scale().emulated_link(10e9, 0.020, 0.002)
-    assert rate == pytest.approx(50e6)
+    assert rate == pytest.approx(25e6)
     assert delay == pytest.approx(0.005)
     assert jitter == pytest.approx(0.0005)
 
 
 def test_genuine_tokens_round_up() -> None:
     scale = default_scale()
-    assert [scale.genuine_tokens(m) for m in (0, 1, 15, 16, 17, 65536)] == [0, 1, 1, 1, 2, 4096]
-    assert scale.modelled_tokens(4096) == 65536
+    assert [scale.genuine_tokens(m) for m in (0, 1, 31, 32, 33, 65536)] == [0, 1, 1, 1, 2, 2048]
+    assert scale.modelled_tokens(2048) == 65536
 
 
 @given(
