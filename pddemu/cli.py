@@ -24,9 +24,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a sub-command; a user's mistake (config, trace, arguments) or a machine that cannot
+    host the network gets one line naming the problem, not a traceback."""
+    from netem.rootless import RootlessError
+    from pddemu.config import ConfigError
+    from pddemu.workload.janfeb_config import GeneratorError
+    from pddemu.workload.records import TraceError
+    from pddemu.workload.replay_source import WorkloadError
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, TraceError, WorkloadError, GeneratorError) as error:
+        print(f"pddemu: {error}", file=sys.stderr)
+        return 2
+    except RootlessError as error:
+        print(f"pddemu: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,16 +8,18 @@ check every token against the single-process reference, and write the run's file
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import signal
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
-from netem import rootless
 from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
@@ -41,9 +43,6 @@ from pddemu.replay import replay
 from pddemu.runtime.clock import ModelledClock
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
-from pddemu.workload.janfeb_config import GeneratorError
-from pddemu.workload.records import TraceError
-from pddemu.workload.replay_source import WorkloadError
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 
@@ -54,6 +53,23 @@ class SystemRun:
     records: list[RequestRecord]
     outputs: dict[str, list[int]]
     instances: list[InstanceReport]
+
+
+async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
+    """Run `work`; SIGINT or SIGTERM cancels it at its next await (so its cleanup runs in
+    order, never from inside a callback), then surfaces as KeyboardInterrupt."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
 
 
 async def run_system(
@@ -132,7 +148,10 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
         LinkConfig.symmetric(link), intra=intra_link(config, scale), seed=config.workload.seed
     ) as network:
         for system in systems:
-            runs[system] = uvloop.run(run_system(system, config, network, workload, out))
+            runs[system] = uvloop.run(
+                until_interrupted(run_system(system, config, network, workload, out))
+            )
+            on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
     print("pddemu: checking every token against the single-process reference ...", file=sys.stderr)
     reference = reference_outputs(
         workload,
@@ -225,20 +244,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config, args.set)
-        if args.requests is not None and args.requests < 1:
-            raise ConfigError("--requests must be at least 1")
-        config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
-        workload = workload_of(config)
-    except (ConfigError, TraceError, WorkloadError, GeneratorError) as error:
-        print(f"pddemu: {error}", file=sys.stderr)
-        return 2
-    try:
-        gain_network_privileges()
-    except rootless.RootlessError as error:
-        print(f"pddemu: {error}", file=sys.stderr)
-        return 1
+    config = load_config(args.config, args.set)
+    if args.requests is not None and args.requests < 1:
+        raise ConfigError("--requests must be at least 1")
+    config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
+    workload = workload_of(config)
+    gain_network_privileges()
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)
     try:

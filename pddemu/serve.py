@@ -13,15 +13,13 @@ import argparse
 import asyncio
 import json
 import signal
-import sys
 import time
 from pathlib import Path
 
 import uvloop
 
-from netem import rootless
 from netem.topology import LinkConfig, Network
-from pddemu.config import SYSTEMS, ConfigError, load_config
+from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
 from pddemu.emulated_network import gain_network_privileges, intra_link, scale_model, wan_link
 from pddemu.roles.openai_api import MODEL_NAME
@@ -65,16 +63,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as error:
-        print(f"pddemu: {error}", file=sys.stderr)
-        return 2
-    try:
-        gain_network_privileges()
-    except rootless.RootlessError as error:
-        print(f"pddemu: {error}", file=sys.stderr)
-        return 1
+    config = load_config(args.config)
+    gain_network_privileges()
     scale = scale_model(config)
     with Network(
         LinkConfig.symmetric(wan_link(config, scale)), intra=intra_link(config, scale)
