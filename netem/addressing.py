@@ -1,6 +1,7 @@
 """Addresses of a run, all in 198.18.0.0/15 (reserved for benchmarking, RFC 2544).
 
-Slot k owns 198.18.(8k)/29 for the host side of DC A and 198.19.(8k)/29 for DC B, so parallel
+Slot k owns the /29 at 198.18.0.0 + 8k for the host side of DC A and the one at 198.19.0.0 + 8k
+for DC B, so parallel
 runs never share an address, and the host only ever routes these addresses over the run's own
 veth, never through its default gateway.
 """

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from netem import nsutil
 from netem.nsexec import command_in
 from netem.spec import LinkSpec, LossModel
 from netem.topology import LinkConfig, Network
@@ -32,13 +33,30 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def ping(net: Network, count: int, interval: float) -> list[float]:
-    """Round-trip times (ms) of `count` pings from DC A to DC B."""
-    argv = ["ping", "-n", "-c", str(count), "-i", str(interval), "-W", "2", net.b.addr]
+def ping(
+    net: Network, count: int, interval: float, src: str = "a", dst: str | None = None
+) -> list[float]:
+    """Round-trip times (ms) of `count` pings from host `src` of the run (DC A's a by default)
+    to `dst` (DC B by default); lost pings are simply missing."""
+    argv = ["ping", "-n", "-c", str(count), "-i", str(interval), "-W", "2", dst or net.b.addr]
     out = subprocess.run(
-        command_in(net.a.netns, argv), capture_output=True, text=True, check=False
+        command_in(getattr(net, src).netns, argv), capture_output=True, text=True, check=False
     ).stdout
     return [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
+
+
+def wait_listening(netns: str, port: int, timeout: float = 10.0) -> None:
+    """Until a TCP socket listens on `port` inside `netns` (read from the namespace's own
+    /proc/net/tcp: connecting to check would use up iperf3's one-test server)."""
+    deadline = time.monotonic() + timeout
+    suffix = f":{port:04X}"
+    while time.monotonic() < deadline:
+        with nsutil.inside(netns):
+            table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if any(f[1].endswith(suffix) and f[3] == "0A" for f in (line.split() for line in table)):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on port {port} in {netns} after {timeout:.0f} s")
 
 
 def iperf(
@@ -59,7 +77,7 @@ def iperf(
         stderr=subprocess.DEVNULL,
     )
     try:
-        time.sleep(0.4)
+        wait_listening(server_ns, IPERF_PORT)
         argv = [
             "iperf3",
             "-c",
@@ -74,12 +92,17 @@ def iperf(
         done = subprocess.run(
             command_in(net.a.netns, argv), capture_output=True, text=True, check=False
         )
-        report = json.loads(done.stdout)
+        try:
+            report = json.loads(done.stdout)
+        except ValueError:
+            raise RuntimeError(f"iperf3 gave no report: {done.stderr.strip()[:300]}") from None
         if "error" in report:
             raise RuntimeError(f"iperf3: {report['error']}")
         return report
     finally:
-        server.wait(10)
+        if server.poll() is None:
+            server.kill()
+        server.wait()
 
 
 def receiver_udp(report: dict[str, Any]) -> dict[str, Any]:

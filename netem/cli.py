@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from netem import nsutil
+from netem.addressing import Addresses
 from netem.registry import (
     Registry,
     RunError,
@@ -96,25 +97,28 @@ def _add_link_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--limit", type=_field_type("limit"), help="queue limit, e.g. 5mb (default: >= 1 BDP)"
     )
-    group.add_argument(
+    order = group.add_mutually_exclusive_group()
+    order.add_argument(
         "--reorder", action="store_const", const=True, help="let jitter reorder packets"
+    )
+    order.add_argument(
+        "--no-reorder",
+        dest="reorder",
+        action="store_const",
+        const=False,
+        help="keep packets in order (default)",
     )
 
 
+LINK_OPTIONS = ("rate", "delay", "jitter", "dist", "loss", "limit", "reorder")
+
+
 def _link_changes(args: argparse.Namespace) -> dict[str, Any]:
-    names = {
-        "rate": "rate_bps",
-        "delay": "delay_s",
-        "jitter": "jitter_s",
-        "dist": "jitter_dist",
-        "loss": "loss",
-        "limit": "limit_bytes",
-        "reorder": "reorder",
-    }
+    """The link options given on the command line, as LinkSpec fields."""
     return {
-        field: getattr(args, opt)
-        for opt, field in names.items()
-        if getattr(args, opt, None) is not None
+        FIELD_PARSERS[option][0]: getattr(args, option)
+        for option in LINK_OPTIONS
+        if getattr(args, option, None) is not None
     }
 
 
@@ -204,15 +208,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     wan, intra = _link_specs(args)
     if args.rootless or rootless.needed():
         rootless.enter_user_namespace()
-    from netem.topology import Network
+    from netem.topology import Network, TopologyError
 
     stop = threading.Event()
 
     on_termination(lambda _signum: stop.set())
     kwargs = {"name": args.name} if args.name else {}
-    network = Network(
-        wan, intra, backend=args.backend, tun_device=args.tun_device, seed=args.seed, **kwargs
-    )
+    try:
+        network = Network(
+            wan, intra, backend=args.backend, tun_device=args.tun_device, seed=args.seed, **kwargs
+        )
+    except TopologyError as exc:  # inconsistent arguments (e.g. two MTUs for one link)
+        print(f"netem: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         network.up()
         message = network.ready_message()
@@ -286,15 +294,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     print(f"{'name':<24} {'backend':<10} {'pid':>7} {'state':<6} a / b")
     for r in records:
-        ends = r.endpoints or {}
         state = "up" if r.alive else "stale"
-        from netem.addressing import Addresses
-
         addr = Addresses.for_slot(r.slot)
-        print(
-            f"{r.name:<24} {r.backend:<10} {r.pid:>7} {state:<6} {addr.a} / {addr.b}"
-            + (f" {ends}" if ends else "")
-        )
+        print(f"{r.name:<24} {r.backend:<10} {r.pid:>7} {state:<6} {addr.a} / {addr.b}")
     return 0
 
 
@@ -351,7 +353,9 @@ COMMANDS = {
 def _join_negative_values(argv: list[str]) -> list[str]:
     """`--delay -5ms` would read as a missing value; join it so the range check can speak."""
     out: list[str] = []
-    for item in argv:
+    for position, item in enumerate(argv):
+        if item == "--":  # a command for `netem exec` follows: leave it alone
+            return out + argv[position:]
         if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"-[0-9.]", item):
             out[-1] = f"{out[-1]}={item}"
         else:

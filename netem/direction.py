@@ -28,9 +28,8 @@ class Direction:
         for upstream, downstream in zip(self.chain, self.chain[1:], strict=False):
             upstream.downstream = downstream
         self.spec = spec
-        self.start = start
-        self._step = 0
-        self._cycle = 0
+        self.cycle_start = start  # when the schedule's current pass began
+        self._step = 0  # next step of that pass
 
     def push(self, packet: bytes, now: float) -> None:
         self.gate.push(packet, now)
@@ -53,7 +52,7 @@ class Direction:
         self.loss.model = spec.loss
         self.delay.configure(spec.delay_s, spec.jitter_s, spec.jitter_dist, spec.reorder)
         if spec.schedule != self.spec.schedule:
-            self.start, self._step, self._cycle = now, 0, 0
+            self.cycle_start, self._step = now, 0
         self.spec = spec
 
     def set_up(self, up: bool) -> None:
@@ -80,15 +79,15 @@ class Direction:
         schedule = self.spec.schedule
         if not schedule:
             return math.inf
-        if self._step >= len(schedule):
-            period = self.spec.schedule_period_s
-            if period is None:
-                return math.inf
-            self._step, self._cycle = 0, self._cycle + 1
-        offset = self._cycle * (self.spec.schedule_period_s or 0.0)
-        return self.start + offset + schedule[self._step].at_s
+        if self._step < len(schedule):
+            return self.cycle_start + schedule[self._step].at_s
+        period = self.spec.schedule_period_s
+        return math.inf if period is None else self.cycle_start + period + schedule[0].at_s
 
     def _apply_step(self, at: float) -> None:
+        if self._step >= len(self.spec.schedule):  # a new pass of a repeating schedule
+            self.cycle_start += self.spec.schedule_period_s or 0.0
+            self._step = 0
         step = self.spec.schedule[self._step]
         self._step += 1
         self.apply(replace(self.spec, **step.changes), at)

@@ -2,7 +2,8 @@
 
 Started detached by the controller with the read end of a pipe as stdin. The controller writes
 "done" when it has cleaned up itself; end-of-file without it means the controller is gone, and
-the guardian removes the run from its record (namespaces, processes in them, host link, slot).
+the guardian removes the run from its record (namespaces, processes in them, host link, slot),
+provided the record is still the dead controller's.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from netem.registry import Registry
 
 
 def main(argv: list[str]) -> int:
-    name, root = argv[0], Path(argv[1])
+    name, root, pid, start = argv[0], Path(argv[1]), int(argv[2]), int(argv[3])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C for the controller is not for us
     said = sys.stdin.buffer.read()
     if b"done" in said:
         return 0
-    Registry(root).cleanup(name)
+    # Only the run this controller owned: the name may already belong to a new run.
+    Registry(root).cleanup(name, owner=(pid, start))
     return 0
 
 

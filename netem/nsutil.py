@@ -67,8 +67,3 @@ def write_sysctl(netns: str, key: str, value: str) -> None:
     """Set a network sysctl (e.g. 'net.ipv4.ip_forward') inside a namespace."""
     with inside(netns):
         Path("/proc/sys", *key.split(".")).write_text(value)
-
-
-def read_sysctl(netns: str, key: str) -> str:
-    with inside(netns):
-        return Path("/proc/sys", *key.split(".")).read_text().strip()

@@ -10,15 +10,20 @@ atomic mkdir so that parallel runs never share addresses.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import secrets
 import shutil
 import signal
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
 
 from netem import nsutil
 
@@ -55,7 +60,7 @@ def namespace_name(run: str, host: str) -> str:
     return f"{NAMESPACE_PREFIX}{run}-{host}"
 
 
-def _process_start(pid: int) -> int | None:
+def process_start(pid: int) -> int | None:
     """Start time of a process (to tell a live controller from a reused pid)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -65,7 +70,7 @@ def _process_start(pid: int) -> int | None:
 
 
 def process_alive(pid: int, start: int | None) -> bool:
-    current = _process_start(pid)
+    current = process_start(pid)
     return current is not None and (start is None or current == start)
 
 
@@ -77,16 +82,24 @@ class RunRecord:
     pid_start: int | None
     backend: str = ""
     namespaces: list[str] = field(default_factory=list)
-    host_link: str = ""
+    host_link: str = ""  # recorded once created, so cleanup never removes someone else's
     shaper_pid: int | None = None
+    shaper_start: int | None = None
     control: str = ""
-    endpoints: dict[str, dict[str, str]] = field(default_factory=dict)
-    links: dict[str, dict] = field(default_factory=dict)
+    links: dict[str, dict] = field(default_factory=dict)  # name -> {"a2b", "b2a", "shaper"}
     created: float = field(default_factory=time.time)
 
     @property
     def alive(self) -> bool:
         return process_alive(self.pid, self.pid_start)
+
+
+def run_of_namespace(ns: str) -> str | None:
+    """The run a namespace of ours belongs to (`netem-<run>-<host>`; run names may hold '-')."""
+    if not ns.startswith(NAMESPACE_PREFIX):
+        return None
+    run, _, host = ns[len(NAMESPACE_PREFIX) :].rpartition("-")
+    return run if run and host else None
 
 
 class Registry:
@@ -99,29 +112,42 @@ class Registry:
         return self.runs / name
 
     def claim(self, name: str) -> RunRecord:
-        """Reserve a run name and an address slot for the calling process."""
+        """Reserve a run name and an address slot for the calling process.
+
+        The run's directory appears complete with its record (built under a private name,
+        then renamed into place), so another process never sees a run without an owner.
+        """
         check_name(name)
         self.runs.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.slots.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for _attempt in range(2):
-            try:
-                self.run_dir(name).mkdir()
-                break
-            except FileExistsError:
-                record = self.load(name)
-                if record is not None and record.alive:
-                    raise RunError(
-                        f"run {name!r} is already up (controller pid {record.pid})"
-                    ) from None
-                self.cleanup(name)
-        else:
-            raise RunError(f"run {name!r} could not be claimed")
         slot = self._claim_slot(name)
         record = RunRecord(
-            name=name, slot=slot, pid=os.getpid(), pid_start=_process_start(os.getpid())
+            name=name, slot=slot, pid=os.getpid(), pid_start=process_start(os.getpid())
         )
-        self.save(record)
-        return record
+        staging = self.runs / f".claim-{os.getpid()}-{secrets.token_hex(4)}"
+        staging.mkdir()
+        self._write(staging / "run.json", record)
+        try:
+            for _attempt in range(2):
+                # rename() would replace an empty directory: look first; a run created between
+                # the look and the rename holds its record, so the rename then fails instead.
+                if not self.run_dir(name).exists():
+                    try:
+                        staging.rename(self.run_dir(name))
+                        return record
+                    except OSError as exc:
+                        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                            raise
+                existing = self.load(name)
+                if existing is None or existing.alive:
+                    owner = f" (controller pid {existing.pid})" if existing else ""
+                    raise RunError(f"run {name!r} is already up{owner}") from None
+                self.cleanup(name)
+            raise RunError(f"run {name!r} could not be claimed")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(self.slots / str(slot), ignore_errors=True)
+            raise
 
     def _claim_slot(self, name: str) -> int:
         for slot in range(1, MAX_SLOT + 1):
@@ -133,14 +159,25 @@ class Registry:
             (path / "run").write_text(name)
             return slot
         raise RunError(
-            f"all {MAX_SLOT} address slots are taken: `netem down --all` frees stale ones"
+            f"all {MAX_SLOT} address slots are taken: `netem down --stale` frees stale ones"
         )
 
     def save(self, record: RunRecord) -> None:
-        path = self.run_dir(record.name) / "run.json"
-        tmp = path.with_suffix(".tmp")
+        self._write(self.run_dir(record.name) / "run.json", record)
+
+    @staticmethod
+    def _write(path: Path, record: RunRecord) -> None:
+        """Write through a private temporary file and rename: readers never see half a record."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         tmp.write_text(json.dumps(asdict(record), indent=1))
         tmp.replace(path)
+
+    @contextmanager
+    def locked(self, name: str) -> Iterator[None]:
+        """Serialise read-modify-write of a run's record between processes (`netem set`)."""
+        with open(self.run_dir(name) / "lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     def load(self, name: str) -> RunRecord | None:
         try:
@@ -152,22 +189,39 @@ class Registry:
     def names(self) -> list[str]:
         if not self.runs.is_dir():
             return []
-        return sorted(p.name for p in self.runs.iterdir() if p.is_dir())
+        return sorted(
+            p.name for p in self.runs.iterdir() if p.is_dir() and not p.name.startswith(".")
+        )
 
-    def cleanup(self, name: str) -> list[str]:
-        """Remove everything run `name` made; safe to call twice. Returns what it removed."""
-        removed: list[str] = []
+    def cleanup(self, name: str, owner: tuple[int, int | None] | None = None) -> list[str]:
+        """Remove everything run `name` made; safe to call twice. Returns what it removed.
+
+        With `owner` (pid, start time), only a run that controller owned is touched: a guardian
+        arriving late must not remove a new run that took the name meanwhile. Every step is
+        tried whatever happened to the ones before it.
+        """
         record = self.load(name)
+        if owner is not None and record is not None and (record.pid, record.pid_start) != owner:
+            return []
+        removed: list[str] = []
+        failures: list[str] = []
+
+        def step(what: str, action: Callable[[], bool]) -> None:
+            try:
+                if action():
+                    removed.append(what)
+            except (OSError, NetlinkError) as exc:
+                failures.append(f"{what}: {exc}")
+
+        if record and record.shaper_pid and process_alive(record.shaper_pid, record.shaper_start):
+            step(f"process {record.shaper_pid}", lambda: _kill(record.shaper_pid))
+        if record and record.host_link:
+            step(f"link {record.host_link}", lambda: remove_host_link(record.host_link))
         namespaces = set(record.namespaces if record else [])
-        namespaces |= {ns for ns in list_namespaces() if ns.startswith(namespace_name(name, ""))}
-        if record and record.shaper_pid and _kill(record.shaper_pid):
-            removed.append(f"process {record.shaper_pid}")
+        namespaces |= {ns for ns in list_namespaces() if run_of_namespace(ns) == name}
         for ns in sorted(namespaces):
             removed += [f"process {pid}" for pid in kill_namespace_processes(ns)]
-            if remove_namespace(ns):
-                removed.append(f"netns {ns}")
-        if record and record.host_link and remove_host_link(record.host_link):
-            removed.append(f"link {record.host_link}")
+            step(f"netns {ns}", lambda ns=ns: remove_namespace(ns))
         if record:
             shutil.rmtree(self.slots / str(record.slot), ignore_errors=True)
         else:
@@ -175,16 +229,15 @@ class Registry:
                 if slot.read_text() == name:
                     shutil.rmtree(slot.parent, ignore_errors=True)
         shutil.rmtree(self.run_dir(name), ignore_errors=True)
+        if failures:
+            raise RunError(f"cleanup of run {name!r} incomplete: {'; '.join(failures)}")
         return removed
 
     def orphans(self) -> tuple[list[str], list[str]]:
         """Namespaces and host links that look like ours but belong to no recorded run."""
         live = set(self.names())
         namespaces = [
-            ns
-            for ns in list_namespaces()
-            if ns.startswith(NAMESPACE_PREFIX)
-            and ns[len(NAMESPACE_PREFIX) :].rsplit("-", 1)[0] not in live
+            ns for ns in list_namespaces() if (run := run_of_namespace(ns)) and run not in live
         ]
         with IPRoute() as ipr:
             links = [
@@ -193,7 +246,17 @@ class Registry:
                 if str(link.get("ifname", "")).startswith(HOST_LINK_PREFIX)
             ]
         recorded = {r.host_link for r in (self.load(n) for n in live) if r}
-        return namespaces, [link for link in links if link not in recorded]
+        claimed = {str(slot) for slot in self._slot_numbers()}
+        return namespaces, [
+            link
+            for link in links
+            if link not in recorded and link[len(HOST_LINK_PREFIX) :] not in claimed
+        ]
+
+    def _slot_numbers(self) -> list[int]:
+        if not self.slots.is_dir():
+            return []
+        return [int(p.name) for p in self.slots.iterdir() if p.name.isdigit()]
 
 
 def list_namespaces() -> list[str]:
@@ -245,5 +308,10 @@ def remove_host_link(ifname: str) -> bool:
         found = ipr.link_lookup(ifname=ifname)
         if not found:
             return False
-        ipr.link("del", index=found[0])
+        try:
+            ipr.link("del", index=found[0])
+        except NetlinkError as exc:
+            if exc.code == errno.ENODEV:  # gone with its namespace meanwhile
+                return False
+            raise
         return True

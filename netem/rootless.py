@@ -49,7 +49,7 @@ def enter_user_namespace() -> None:
             f"cannot mount a private /run: {os.strerror(err)} ({errno.errorcode.get(err)})"
         )
     nsutil.NETNS_DIR.mkdir(parents=True, exist_ok=True)
-    from pyroute2 import IPRoute  # imported late: it may start threads
+    from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")

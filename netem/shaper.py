@@ -30,6 +30,7 @@ from netem.tun import DEFAULT_TUN_DEVICE, open_tun
 PR_SET_PDEATHSIG = 1
 PR_SET_TIMERSLACK = 29
 READ_BATCH = 256
+CONTROL_REPLY_TIMEOUT_S = 1.0
 # A sleeping select() wakes some 100-200 us after the time asked (measured here); packets due
 # within this margin leave at the wake-up before their time rather than one wake-up late, so
 # delays centre on the configured value without a CPU-burning spin. A packet's scheduled exit
@@ -132,19 +133,21 @@ class Shaper:
         conn, buffer = self.clients[fd]
         try:
             data = conn.recv(65536)
+            if not data:
+                raise ConnectionResetError("client closed")
+            buffer += data
+            while b"\n" in buffer:
+                line, _, rest = bytes(buffer).partition(b"\n")
+                buffer[:] = rest
+                conn.setblocking(True)
+                conn.settimeout(CONTROL_REPLY_TIMEOUT_S)
+                conn.sendall(json.dumps(self._handle(line)).encode() + b"\n")
+                conn.setblocking(False)
         except BlockingIOError:
             return
-        if not data:
+        except OSError:  # a client that hung up or stalled is dropped; the link goes on
             del self.clients[fd]
             conn.close()
-            return
-        buffer += data
-        while b"\n" in buffer:
-            line, _, rest = bytes(buffer).partition(b"\n")
-            buffer[:] = rest
-            conn.setblocking(True)
-            conn.sendall(json.dumps(self._handle(line)).encode() + b"\n")
-            conn.setblocking(False)
 
     def _handle(self, line: bytes) -> dict[str, Any]:
         try:
@@ -200,11 +203,14 @@ def _prctl(option: int, value: int) -> None:
 
 def main() -> int:
     parent = os.getppid()
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    _prctl(PR_SET_TIMERSLACK, 1000)  # wake within ~1 us of the asked time, not 50 us
-    if os.getppid() != parent:  # the parent died before the death signal was armed
-        return 1
     config = json.loads(sys.stdin.readline())
+    if config.get("die_with_parent", True):
+        # The signal follows the thread that started us: armed only when that thread is the
+        # controller's main one (otherwise the guardian's cleanup stops us).
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the death signal was armed
+            return 1
+    _prctl(PR_SET_TIMERSLACK, 1000)  # wake within ~1 us of the asked time, not 50 us
     try:
         shaper = Shaper(config)
     except OSError as exc:

@@ -120,10 +120,14 @@ class LinkSpec:
         self.loss.validate()
         last = -1.0
         for step in self.schedule:
+            if not (math.isfinite(step.at_s) and step.at_s >= 0):
+                raise SpecError(f"schedule times must be finite and not negative, got {step.at_s}")
             if step.at_s <= last:
                 raise SpecError(f"schedule times must increase: {step.at_s} s after {last} s")
             last = step.at_s
             replace(self, schedule=(), schedule_period_s=None, **step.changes).validate()
+        if self.schedule_period_s is not None and not math.isfinite(self.schedule_period_s):
+            raise SpecError(f"schedule period must be finite, got {self.schedule_period_s}")
         if self.schedule_period_s is not None and (
             not self.schedule or self.schedule_period_s <= last
         ):

@@ -32,7 +32,14 @@ from pyroute2 import IPRoute, netns
 
 from netem import control, kernel, nsutil
 from netem.addressing import Addresses
-from netem.registry import HOST_LINK_PREFIX, Registry, RunError, RunRecord, namespace_name
+from netem.registry import (
+    HOST_LINK_PREFIX,
+    Registry,
+    RunError,
+    RunRecord,
+    namespace_name,
+    process_start,
+)
 from netem.spec import LinkSpec, LossModel, changes_from_dict
 from netem.tun import DEFAULT_TUN_DEVICE
 
@@ -100,6 +107,7 @@ class Network:
         if self.wan.a2b.mtu != self.wan.b2a.mtu:
             raise TopologyError("both directions of the WAN must have the same mtu")
         self.record: RunRecord | None = None
+        self._tun_links: set[str] = set()
         self.shaper: subprocess.Popen | None = None
         self.backend_reason = ""
         self._guardian: subprocess.Popen | None = None
@@ -199,6 +207,14 @@ class Network:
     def _resolve_backend(self) -> str:
         if self.backend == "userspace":
             return "userspace"
+        links = [self.wan] + ([self.intra] if self.intra is not None else [])
+        if any(spec.schedule for config in links for spec in (config.a2b, config.b2a)):
+            if self.backend == "kernel":
+                raise TopologyError(
+                    "the kernel backend cannot follow a schedule: use --backend userspace"
+                )
+            self.backend_reason = "a schedule needs the userspace shaper"
+            return "userspace"
         available, why = kernel.probe(namespace_name(self.name, "probe"))
         if available:
             return "kernel"
@@ -213,36 +229,38 @@ class Network:
         hosts = ("a", "a2", "b")
         record.backend = backend
         record.namespaces = [namespace_name(self.name, h) for h in hosts]
-        record.host_link = f"{HOST_LINK_PREFIX}{record.slot}"
-        record.links = {"wan": {"a2b": self.wan.a2b.to_dict(), "b2a": self.wan.b2a.to_dict()}}
+        intra_shaped = self.intra is not None and self.intra.shaped
+        record.links = {"wan": self._link_record(self.wan, shaper=backend == "userspace")}
         if self.intra is not None:
-            record.links["intra"] = {
-                "a2b": self.intra.a2b.to_dict(),
-                "b2a": self.intra.b2a.to_dict(),
-            }
+            record.links["intra"] = self._link_record(
+                self.intra, shaper=intra_shaped and backend == "userspace"
+            )
         self.registry.save(record)  # before creating anything, so a crash can be cleaned up
         for ns in record.namespaces:
             netns.create(ns)
             self._prepare_namespace(ns, forward=ns == self.a.netns)
         addr = self.addresses
+        host_link = f"{HOST_LINK_PREFIX}{record.slot}"
         with IPRoute() as ipr:
             ipr.link(
                 "add",
-                ifname=record.host_link,
+                ifname=host_link,
                 kind="veth",
                 peer={"ifname": "host", "net_ns_fd": self.a.netns},
             )
+        record.host_link = host_link  # only now: cleanup must never remove a link it did not make
+        self.registry.save(record)
 
         shaped_links = []
         if backend == "userspace":
             shaped_links.append(self._tun_link("wan", self.a.netns, self.b.netns, self.wan))
         else:
             self._veth_link("wan", self.a.netns, self.b.netns)
-        intra_shaped = self.intra is not None and self.intra.shaped
         if intra_shaped and backend == "userspace":
             shaped_links.append(self._tun_link("intra", self.a.netns, self.a2.netns, self.intra))
         else:
             self._veth_link("intra", self.a.netns, self.a2.netns)
+        self._tun_links = {link["name"] for link in shaped_links}
         if shaped_links:
             self._start_shaper(shaped_links)
         if backend == "kernel":
@@ -289,6 +307,11 @@ class Network:
                     flags=RTNH_F_ONLINK,
                 )
         self.registry.save(record)
+
+    @staticmethod
+    def _link_record(config: LinkConfig, shaper: bool) -> dict[str, Any]:
+        """What `netem set`/`link` need: both specs, and whether the shaper serves the link."""
+        return {"a2b": config.a2b.to_dict(), "b2a": config.b2a.to_dict(), "shaper": shaper}
 
     def _prepare_namespace(self, ns: str, forward: bool) -> None:
         settings = {
@@ -337,6 +360,7 @@ class Network:
             start_new_session=True,
         )
         record.shaper_pid = self.shaper.pid
+        record.shaper_start = process_start(self.shaper.pid)
         self.registry.save(record)
         assert self.shaper.stdin and self.shaper.stdout
         self.shaper.stdin.write(json.dumps(config) + "\n")
@@ -360,7 +384,8 @@ class Network:
                 if not found:
                     raise TopologyError(f"interface {ifname} missing in {ns}")
                 index = found[0]
-                ipr.link("set", index=index, state="up", mtu=mtu, txqlen=TUN_TX_QUEUE)
+                queue = {"txqlen": TUN_TX_QUEUE} if ifname in self._tun_links else {}
+                ipr.link("set", index=index, state="up", mtu=mtu, **queue)
                 for dst, gateway in routes:
                     if gateway is None:
                         ipr.route("add", dst=dst, oif=index, prefsrc=address)
@@ -379,8 +404,9 @@ class Network:
     def _start_guardian(self) -> None:
         """A detached process that cleans the run up if this process dies without doing so."""
         read_end, write_end = os.pipe()
+        owner = [str(os.getpid()), str(process_start(os.getpid()))]
         self._guardian = subprocess.Popen(
-            [sys.executable, "-m", "netem.guardian", self.name, str(self.registry.root)],
+            [sys.executable, "-m", "netem.guardian", self.name, str(self.registry.root), *owner],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -429,62 +455,88 @@ def _directions(direction: str) -> list[str]:
     return [direction]
 
 
+def _link_entry(record: RunRecord, link: str) -> dict[str, Any]:
+    if link not in record.links:
+        raise TopologyError(
+            f"run {record.name} has no link {link!r}; it has {', '.join(record.links)}"
+        )
+    return record.links[link]
+
+
+def _kernel_spec(entry: dict[str, Any], direction: str) -> LinkSpec:
+    """The netem qdisc for a direction: its spec, losing everything while the link is down."""
+    spec = LinkSpec.from_dict(entry[direction])
+    if direction in entry.get("down", []):
+        spec = spec.with_changes(loss=LossModel("bernoulli", 1.0))
+    return spec
+
+
 def apply_change(
     registry: Registry, name: str, link: str, direction: str, changes: dict[str, Any]
 ) -> dict[str, LinkSpec]:
     """Live change of a run's link, from any process (the CLI's `netem set` uses it too)."""
-    record = _run_record(registry, name)
-    if link not in record.links:
-        raise TopologyError(f"run {name} has no link {link!r}; it has {', '.join(record.links)}")
-    changes = changes_from_dict(changes)
-    new = {
-        d: LinkSpec.from_dict(record.links[link][d]).with_changes(**changes)
-        for d in _directions(direction)
-    }
-    encoded = {k: (asdict(v) if isinstance(v, LossModel) else v) for k, v in changes.items()}
-    if record.backend == "userspace" and record.control and _is_shaped(record, link):
-        control.request(
-            record.control, {"op": "set", "link": link, "direction": direction, "changes": encoded}
-        )
-    elif record.backend == "kernel":
+    with registry.locked(name):
+        record = _run_record(registry, name)
+        entry = _link_entry(record, link)
+        changes = changes_from_dict(changes)
+        new = {
+            d: LinkSpec.from_dict(entry[d]).with_changes(**changes) for d in _directions(direction)
+        }
         for d, spec in new.items():
-            kernel.apply_netem(_sender_namespace(record, link, d), link, spec, replace=True)
-    else:
-        raise TopologyError(
-            f"link {link!r} of run {name} is an unshaped veth; give it a spec at `up`"
-        )
-    for d, spec in new.items():
-        record.links[link][d] = spec.to_dict()
-    registry.save(record)
-    return new
+            entry[d] = spec.to_dict()
+        if _is_shaped(record, link):
+            encoded = {
+                k: (asdict(v) if isinstance(v, LossModel) else v) for k, v in changes.items()
+            }
+            control.request(
+                record.control,
+                {"op": "set", "link": link, "direction": direction, "changes": encoded},
+            )
+        elif record.backend == "kernel":
+            for d in new:
+                kernel.apply_netem(
+                    _sender_namespace(record, link, d), link, _kernel_spec(entry, d), replace=True
+                )
+        else:
+            raise TopologyError(
+                f"link {link!r} of run {name} is an unshaped veth; give it a spec at `up`"
+            )
+        registry.save(record)
+        return new
 
 
 def apply_state(registry: Registry, name: str, link: str, direction: str, up: bool) -> None:
-    record = _run_record(registry, name)
-    if record.backend == "userspace" and record.control and _is_shaped(record, link):
-        control.request(
-            record.control, {"op": "updown", "link": link, "direction": direction, "up": up}
-        )
-        return
-    if record.backend == "kernel":
-        # Down = netem drops everything: routes stay in place, as with a cut fibre.
-        for d in _directions(direction):
-            spec = LinkSpec.from_dict(record.links[link][d])
-            if not up:
-                spec = spec.with_changes(loss=LossModel("bernoulli", 1.0))
-            kernel.apply_netem(_sender_namespace(record, link, d), link, spec, replace=True)
-        return
-    raise TopologyError(f"link {link!r} of run {name} is an unshaped veth and cannot be switched")
+    """Take a link's direction(s) down (everything sent is lost) or bring them back up.
+
+    Userspace: the shaper's gate drops arrivals and everything queued. Kernel: netem drops every
+    new packet (routes stay, as with a cut fibre) until `up`, and keeps doing so across `set`;
+    packets already inside netem's queue still leave.
+    """
+    with registry.locked(name):
+        record = _run_record(registry, name)
+        entry = _link_entry(record, link)
+        if _is_shaped(record, link):
+            control.request(
+                record.control, {"op": "updown", "link": link, "direction": direction, "up": up}
+            )
+        elif record.backend == "kernel":
+            down = set(entry.get("down", []))
+            down = down - set(_directions(direction)) if up else down | set(_directions(direction))
+            entry["down"] = sorted(down)
+            for d in _directions(direction):
+                kernel.apply_netem(
+                    _sender_namespace(record, link, d), link, _kernel_spec(entry, d), replace=True
+                )
+        else:
+            raise TopologyError(
+                f"link {link!r} of run {name} is an unshaped veth and cannot be switched"
+            )
+        registry.save(record)
 
 
 def _is_shaped(record: RunRecord, link: str) -> bool:
-    return (
-        link == "wan"
-        or LinkConfig(
-            LinkSpec.from_dict(record.links[link]["a2b"]),
-            LinkSpec.from_dict(record.links[link]["b2a"]),
-        ).shaped
-    )
+    """Whether the userspace shaper serves this link (decided when the run was built)."""
+    return bool(record.links[link].get("shaper"))
 
 
 def _sender_namespace(record: RunRecord, link: str, direction: str) -> str:

@@ -1,4 +1,4 @@
-"""Parsing of rates, durations, sizes and percentages written the way tc writes them.
+"""Parsing of rates, durations, sizes and percentages, in tc's syntax for rates and times.
 
 Every parser raises `UnitError` naming the text and what was expected, so the CLI can print one
 line and exit 2. A bare number is refused for rates, durations and sizes (an unit-less "20"
@@ -27,6 +27,8 @@ _RATE_UNITS = {
     "tbps": 8e12,
 }
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6, "ns": 1e-9}
+# Sizes are explicit: kb/mb/gb are powers of 1000 and kib/mib/gib powers of 1024 (tc reads
+# "kb" as 1024 bytes; an explicit unit leaves no doubt).
 _SIZE_UNITS = {
     "b": 1,
     "kb": 1000,
@@ -93,11 +95,3 @@ def parse_percent(text: str) -> float:
     if value > 100:
         raise UnitError(f"percentage {text!r} is over 100%")
     return value / 100.0
-
-
-def format_rate(bps: float) -> str:
-    """Shortest exact-enough tc-style rendering of a rate, for reports."""
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:g}{unit}"
-    return f"{bps:g}bit"

@@ -87,5 +87,6 @@ class DelayLine(Element):
         dropped = len(self.fifo) + len(self.heap)
         self.fifo.clear()
         self.heap.clear()
+        self.last_release = -math.inf  # nothing left to wait behind
         self.dropped += dropped
         return dropped

@@ -39,10 +39,8 @@ class RateQueue(Element):
             self.max_queued_bytes = self.queued_bytes
 
     def next_time(self) -> float:
-        if not self.queue:
+        if not self.queue:  # an unlimited link holds nothing
             return math.inf
-        if self.rate_bps is None:
-            return self.queue[0][1]
         packet, at = self.queue[0]
         start = at if at > self.busy_until else self.busy_until
         return start + len(packet) * 8.0 / self.rate_bps
@@ -61,7 +59,8 @@ class RateQueue(Element):
             downstream.push(packet, finish)  # type: ignore[union-attr]
 
     def set_rate(self, rate_bps: float | None, now: float) -> None:
-        """Change the rate; packets queued while the link was unlimited leave at once."""
+        """Change the rate. Queued packets leave at the new rate, or at once when the link
+        becomes unlimited."""
         if rate_bps is None and self.queue:
             self.rate_bps = rate_bps
             while self.queue:

@@ -170,6 +170,40 @@ def test_live_change_from_another_process(run_name: str) -> None:
             [*NETEM, "link", "--name", run_name, "down"], capture_output=True, text=True
         )
         assert down.returncode == 0, down.stderr
+        lost = subprocess.run(
+            [
+                *NETEM,
+                "exec",
+                "--name",
+                run_name,
+                "--host",
+                "a",
+                "--",
+                "ping",
+                "-n",
+                "-c",
+                "2",
+                "-i",
+                "0.1",
+                "-W",
+                "1",
+                ready["b"]["addr"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert lost.returncode != 0 and " 0 received" in lost.stdout
+        missing = subprocess.run(
+            [*NETEM, "link", "--name", run_name, "--link", "intra", "down"],
+            capture_output=True,
+            text=True,
+        )
+        assert (
+            missing.returncode == 1
+            and missing.stderr.count("\n") == 1
+            and "no link 'intra'" in missing.stderr
+        )
     finally:
         process.terminate()
         process.wait(15)

@@ -182,3 +182,14 @@ def test_schedule_steps_apply_at_their_time_and_repeat() -> None:
         ((_, leave),) = direction.release(at + 0.2)
         delays.append(round(leave - at, 6))
     assert delays == [0.01, 0.05, 0.01, 0.05]
+
+
+def test_a_cleared_delay_line_leaves_nothing_to_wait_behind() -> None:
+    line = DelayLine(10.0, 0.0, "uniform", reorder=False, rng=random.Random(1))
+    sink = chain(line)
+    line.push(b"old", 0.0)
+    line.clear()
+    line.configure(0.01, 0.0, "uniform", False)
+    line.push(b"new", 1.0)
+    line.release(1.02)
+    assert sink.take() == [(b"new", pytest.approx(1.01))]

@@ -85,12 +85,6 @@ def test_fast_links_use_64_bit_rate() -> None:
     assert options.get_attr("TCA_NETEM_RATE64") == int(100e9 / 8)
 
 
-def test_probe_reports_why_not() -> None:
-    require_namespaces()
-    available, why = kernel.probe(f"netem-probe-{uuid.uuid4().hex[:8]}")
-    assert available or "sch_netem" in why or "netem" in why
-
-
 def test_kernel_backend_delays_packets() -> None:
     require_namespaces()
     available, why = kernel.probe(f"netem-probe-{uuid.uuid4().hex[:8]}")

@@ -115,6 +115,9 @@ def test_schedule_file(tmp_path) -> None:
     ("text", "needle"),
     [
         ("0 rate=1mbit\n0 rate=2mbit\n", "must increase"),
+        ("nan rate=1mbit\n", "finite"),
+        ("-1 rate=1mbit\n", "not negative"),
+        ("0 rate=1mbit\ninf repeat\n", "finite"),
         ("0 rate=fast\n", ":1: rate"),
         ("zero rate=1mbit\n", ":1:"),
         ("0 rate=1mbit\n5 repeat\n6 rate=1mbit\n", "nothing may follow"),
