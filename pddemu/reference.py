@@ -26,8 +26,6 @@ def reference_outputs(
     for request in requests:
         prompt = [int(x) for x in request.prompt_ids]
         hit, node, handles = store.match(prompt)
-        hit = min(hit, len(prompt) - 1)
-        hit -= hit % PAGE_TOKENS
         kv = KV.empty(model_config, capacity=len(prompt) + int(request.genuine_output_tokens))
         prefix = store.assemble(handles, hit)
         if prefix is not None:

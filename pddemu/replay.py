@@ -85,7 +85,7 @@ async def replay(
             await clock.sleep_until(start_s + request.arrival_s)
             tasks.append(
                 asyncio.ensure_future(
-                    _one(session, frontend_url, request, system, progress, result)
+                    _one(session, frontend_url, request, system, progress, result, clock.now())
                 )
             )
             progress.show()
@@ -103,6 +103,7 @@ async def _one(
     system: str,
     progress: Progress,
     result: ReplayResult,
+    sent_at: float,
 ) -> None:
     progress.in_flight += 1
     record: RequestRecord | None = None
@@ -130,7 +131,7 @@ async def _one(
         record = RequestRecord(
             request_id=request.request_id,
             system=system,
-            arrival_s=0.0,
+            arrival_s=sent_at,
             input_tokens=int(request.input_tokens),
             expected_output_tokens=int(request.output_tokens),
             state="failed",

@@ -34,7 +34,7 @@ class RequestRecord:
     handoff_mode: str | None = None  # one_shot | catch_up, when a handoff happened
     handoff_payload: str | None = None  # extend | kv_delta
     handoff_position: int | None = None  # modelled output position where MD took over
-    handoff_stall_s: float | None = None  # longest token gap around the handoff
+    handoff_stall_s: float | None = None  # gap between the relay's last token and MD's first
     handoff_rounds: int = 0  # catch-up parts sent (1 for one-shot)
     rld_tokens: int = 0  # modelled output tokens the user got from the relay decode
     md_tokens: int = 0  # ... from the main decode (or the baseline's decode instance)
@@ -47,7 +47,7 @@ class RequestRecord:
     anomaly_filtered: bool = False
     token_mismatch: bool = False  # the user's tokens differ from the single-process reference
     duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
-    gap_tokens: int = 0  # positions never delivered (must stay 0)
+    gap_tokens: int = 0  # positions received but never delivered, a missing one ahead (must be 0)
 
     @property
     def ttft_s(self) -> float | None:

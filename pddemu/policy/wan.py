@@ -3,10 +3,11 @@
 predicted = correction x (one-way delay + (bytes already in flight + increment) / capacity)
 
 The in-flight bytes stand for the queueing the increment meets (TCP flows share the link, so
-what is in flight delays everyone); `capacity` starts at the configured modelled rate and the
-correction factor is an exponentially weighted mean of measured / predicted over completed
-transfers, so jitter, loss and TCP's own inefficiency feed back into the next decision: "the
-link's current measured goodput".
+what is in flight delays everyone); `capacity` is the configured modelled rate, and the
+correction factor is an exponentially weighted mean of measured / uncorrected predicted time
+over completed transfers (measured at MD, from the first to the last KV byte, so P's queueing
+and MD's admission do not count), so jitter, loss and TCP's own inefficiency feed back into
+the next decision: "the link's current measured goodput".
 """
 
 from __future__ import annotations
@@ -24,31 +25,34 @@ class WanEstimator:
     smoothing: float = 0.2
     correction: float = 1.0
     in_flight_bytes: float = 0.0
-    _open: dict[str, tuple[float, float, float]] = field(
-        default_factory=dict
-    )  # rid -> (bytes, start, predicted)
+    _open: dict[str, tuple[float, float]] = field(default_factory=dict)  # rid -> (bytes, raw)
 
-    def predict(self, increment_bytes: float) -> float:
-        """Modelled seconds for `increment_bytes` (modelled) to arrive, if sent now."""
-        raw = (
+    def raw(self, increment_bytes: float) -> float:
+        """The uncorrected prediction: delay plus everything in flight and the increment at
+        the configured rate."""
+        return (
             self.one_way_delay_s
             + 8.0 * (self.in_flight_bytes + increment_bytes) / self.capacity_bps
         )
-        return self.correction * raw
 
-    def started(self, rid: str, increment_bytes: float, now: float) -> None:
-        self._open[rid] = (increment_bytes, now, self.predict(increment_bytes))
+    def predict(self, increment_bytes: float) -> float:
+        """Modelled seconds for `increment_bytes` (modelled) to arrive, if sent now."""
+        return self.correction * self.raw(increment_bytes)
+
+    def started(self, rid: str, increment_bytes: float) -> None:
+        self._open[rid] = (increment_bytes, self.raw(increment_bytes))
         self.in_flight_bytes += increment_bytes
 
-    def arrived(self, rid: str, now: float) -> None:
+    def arrived(self, rid: str, transfer_s: float) -> None:
+        """The transfer took `transfer_s` on the WAN (MD's first to last KV byte, so P's
+        queueing and MD's admission are not counted)."""
         opened = self._open.pop(rid, None)
         if opened is None:
             return
-        size, start, predicted = opened
+        size, raw = opened
         self.in_flight_bytes = max(0.0, self.in_flight_bytes - size)
-        if predicted > 0 and now > start:
-            ratio = (now - start) / (predicted / self.correction)
-            ratio = min(MAX_CORRECTION, max(MIN_CORRECTION, ratio))
+        if raw > 0 and transfer_s > 0:
+            ratio = min(MAX_CORRECTION, max(MIN_CORRECTION, transfer_s / raw))
             self.correction += self.smoothing * (ratio - self.correction)
 
     def forget(self, rid: str) -> None:

@@ -149,6 +149,7 @@ class Instance:
         channel.peer = str(hello.body.get("from", "?"))
         channel.purpose = str(hello.body.get("purpose", "?"))
         await channel.serve(self._dispatch)
+        self.channel_closed(channel)
 
     async def _dispatch(self, item: Envelope | Message, channel: Channel) -> None:
         try:
@@ -198,7 +199,19 @@ class Instance:
         channel = await self.peer(name)
         return await channel.send(Control(kind, body), *attachments)
 
-    def record_step(self, started: float, duration: float, lag: float) -> None:
+    async def finish_step(self, started: float, duration: float, genuine_wall_s: float) -> float:
+        """Wait until the step's modelled end and record it; returns that end.
+
+        Its lag is how far the emulation fell behind the model: a late wake-up, or genuine
+        work that took longer (in modelled time) than the step it stands for.
+        """
+        end = started + duration
+        late = await self.clock.sleep_until(end)
+        genuine = genuine_wall_s * self.config.scale.time_scale
         self.steps += 1
         self.busy_s += duration
-        self.lag_samples_s.append(lag)
+        self.lag_samples_s.append(max(late, genuine - duration, 0.0))
+        return end
+
+    def channel_closed(self, channel: Channel) -> None:
+        """A peer's connection ended (subclasses forget what was in flight on it)."""

@@ -20,6 +20,8 @@ steps between decode steps.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -33,7 +35,9 @@ from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import KVChunk
 from pddemu.wire.tensors import kv_tensor
+from pddemu.workload.expansion import output_group_start
 
+log = logging.getLogger("pddemu.decode")
 BACK_TO_BACK_S = (
     0.05  # modelled: a step starting this soon after the last one continues its timeline
 )
@@ -78,7 +82,8 @@ class DecodeInstance(Instance):
         self.memory = asyncio.Condition()
         self.kv_reserved = 0  # modelled tokens of KV held by the requests here
         self.admission_waits = 0
-        self.last_end = -1.0
+        self.last_end = -math.inf
+        self.receiving: dict[str, dict[str, Any]] = {}  # KV transfers in progress, by request
 
     async def start(self) -> None:
         self.spawn(self.loop(), "decode loop")
@@ -88,7 +93,7 @@ class DecodeInstance(Instance):
     def group_start(self, index: int) -> int:
         """Modelled output position where genuine output `index` begins (the first output is
         P's single modelled token; every later one stands for `token_scale` tokens)."""
-        return 0 if index == 0 else 1 + (index - 1) * self.config.scale.token_scale
+        return output_group_start(index, self.config.scale.token_scale)
 
     def group_end(self, request: DecodeRequest, index: int) -> int:
         return min(request.total, self.group_start(index + 1))
@@ -99,21 +104,39 @@ class DecodeInstance(Instance):
     # -- the loop -------------------------------------------------------------------------
 
     async def loop(self) -> None:
+        """Steps until the process ends. A step that fails takes down only its requests (they
+        leave this instance and fail at the frontend), never the loop."""
         while True:
             await self.work.wait()
             if self.side_steps:
-                await self._side_step(self.side_steps.popleft())
+                step = self.side_steps.popleft()
+                if step.request.rid not in self.requests:  # released while it waited
+                    continue
+                await self._guarded(self._side_step(step), [step.request])
                 continue
             batch = [r for r in self.requests.values() if r.decoding and not r.finished]
             batch = batch[: self.config.decode.max_batch]
             if not batch:
                 self.work.clear()
+                self.last_end = -math.inf  # idle: the next step starts when its work arrives
                 continue
-            await self._decode_step(batch)
+            await self._guarded(self._decode_step(batch), batch)
 
-    def _start_time(self) -> float:
+    async def _guarded(self, step: Awaitable[None], requests: list[DecodeRequest]) -> None:
+        try:
+            await step
+        except Exception as error:  # noqa: BLE001 - contain it to the requests of the step
+            self.errors.append(f"step for {[r.rid for r in requests]}: {error!r}")
+            log.exception("%s: step failed; dropping %s", self.name, [r.rid for r in requests])
+            for request in requests:
+                await self.drop(request)
+
+    def _start_time(self, ready_at: float = -math.inf) -> float:
+        """A step starts when the previous one ended (back to back), or now after idling, and
+        never before its work existed."""
         now = self.clock.now()
-        return self.last_end if 0 <= now - self.last_end < BACK_TO_BACK_S else now
+        start = self.last_end if 0 <= now - self.last_end < BACK_TO_BACK_S else now
+        return max(start, ready_at)
 
     async def _decode_step(self, batch: list[DecodeRequest]) -> None:
         started = self._start_time()
@@ -126,12 +149,9 @@ class DecodeInstance(Instance):
             for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
                 request.kv.append(kv)
                 request.outputs.append(greedy(logits[i]))
-        genuine_s = (time.monotonic() - wall) * self.config.scale.time_scale
+        genuine = time.monotonic() - wall
         duration = self.cost.decode_step([self.modelled_context(r) for r in batch])
-        end = started + duration
-        late = await self.clock.sleep_until(end)
-        self.last_end = end
-        self.record_step(started, duration, max(late, genuine_s - duration, 0.0))
+        end = self.last_end = await self.finish_step(started, duration, genuine)
         for request in batch:
             if not request.decoding:  # stopped during the step (handed over)
                 continue
@@ -143,14 +163,11 @@ class DecodeInstance(Instance):
                 await request.on_step(request)
 
     async def _side_step(self, step: SideStep) -> None:
-        started = self._start_time()
+        started = self._start_time(step.ready_at)
         wall = time.monotonic()
         duration = step.run()
-        genuine_s = (time.monotonic() - wall) * self.config.scale.time_scale
-        late = await self.clock.sleep_until(started + duration)
-        self.last_end = started + duration
-        self.record_step(started, duration, max(late, genuine_s - duration, 0.0))
-        await step.then(started + duration)
+        self.last_end = await self.finish_step(started, duration, time.monotonic() - wall)
+        await step.then(self.last_end)
 
     def add_side_step(self, step: SideStep) -> None:
         self.side_steps.append(step)
@@ -230,11 +247,6 @@ class DecodeInstance(Instance):
 
     # -- KV arriving from P ---------------------------------------------------------------
 
-    def receiving(self) -> dict[str, dict[str, Any]]:
-        if not hasattr(self, "_receiving"):
-            self._receiving: dict[str, dict[str, Any]] = {}
-        return self._receiving
-
     async def on_kv_begin(self, message: Envelope) -> None:
         body = message.body
         prompt_len = int(body["prompt_tokens"])
@@ -243,10 +255,15 @@ class DecodeInstance(Instance):
         prefix = self.prefix_for(body["rid"], int(body["offset"]))
         if prefix is not None:
             kv.append(prefix)
-        self.receiving()[body["rid"]] = {"kv": kv, "body": body, "bytes": 0}
+        self.receiving[body["rid"]] = {
+            "kv": kv,
+            "body": body,
+            "bytes": 0,
+            "channel": message.channel,
+        }
 
     async def on_kv_chunk(self, chunk: KVChunk, channel: Any) -> None:
-        state = self.receiving().get(chunk.request_id)
+        state = self.receiving.get(chunk.request_id)
         if state is None:
             raise ValueError(f"KV chunk for {chunk.request_id} without kv_begin")
         if chunk.token_start != state["kv"].tokens:
@@ -256,10 +273,11 @@ class DecodeInstance(Instance):
             )
         state["kv"].append(KV(kv_tensor(chunk)))
         state["bytes"] += chunk.nbytes
+        state["body"].setdefault("first_chunk_at", self.clock.now())
 
     async def on_kv_end(self, message: Envelope) -> None:
         rid = message.body["rid"]
-        state = self.receiving().pop(rid, None)
+        state = self.receiving.pop(rid, None)
         if state is None:
             raise ValueError(f"kv_end for {rid} without kv_begin")
         body = state["body"]
@@ -267,9 +285,30 @@ class DecodeInstance(Instance):
             raise ValueError(
                 f"{rid}: KV has {state['kv'].tokens} tokens, prompt has {body['prompt_tokens']}"
             )
+        body.setdefault("first_chunk_at", self.clock.now())
+        body["ended_at"] = self.clock.now()
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
+        # Admission may wait for memory: not on this connection, which P reuses for its next
+        # transfer here.
+        self.spawn(
+            self._admit(request, int(message.body["first_token"]), body, state["bytes"]),
+            f"admission of {rid}",
+        )
+
+    async def _admit(
+        self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
+    ) -> None:
         await self.reserve_memory(request)
-        await self.kv_arrived(request, int(message.body["first_token"]), body, state["bytes"])
+        await self.kv_arrived(request, first_token, begin, genuine_bytes)
+
+    def channel_closed(self, channel: Any) -> None:
+        """A transfer cut off mid-way (P cancelled it, or died): forget what arrived of it."""
+        for rid in [rid for rid, state in self.receiving.items() if state["channel"] is channel]:
+            del self.receiving[rid]
+            self.transfer_cut(rid)
+
+    def transfer_cut(self, rid: str) -> None:
+        """A request's KV will not arrive (subclasses forget what they kept for it)."""
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:
         """KV of the first `offset` prompt tokens, which this instance already holds."""
@@ -310,3 +349,4 @@ class SideStep:
     request: DecodeRequest
     run: Callable[[], float]  # does the genuine work, returns the modelled duration
     then: Callable[[float], Awaitable[None]]  # called with the step's modelled end time
+    ready_at: float = -math.inf  # modelled time its input arrived

@@ -31,6 +31,7 @@ from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
+from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
 
 DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
 WAN_DECODE = {"pdd": True, "naive": True, "indc": False}
@@ -58,6 +59,7 @@ class Flight:
     )  # destinations whose transfer P has not reported
     transfers_reported: asyncio.Event = field(default_factory=asyncio.Event)
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # the record is final
+    loaded: list[str] = field(default_factory=list)  # instances whose load counts this request
 
     @property
     def output_ids(self) -> list[int]:
@@ -126,8 +128,7 @@ class Frontend(Instance):
         input_tokens, output_tokens = int(body["input_tokens"]), int(body["output_tokens"])
         if input_tokens < 1 or output_tokens < 1:
             raise ValueError("input_tokens and output_tokens must be at least 1")
-        scale = self.config.scale.token_scale
-        genuine_output = 1 + -(-(output_tokens - 1) // scale)
+        genuine_output = genuine_output_length(output_tokens, self.config.scale.token_scale)
         record = RequestRecord(
             request_id=rid,
             system=self.system,
@@ -194,7 +195,7 @@ class Frontend(Instance):
         loop = asyncio.get_running_loop()
         flight.replies = {"p_hit": loop.create_future(), "matched": loop.create_future()}
         prompt = TokenIds.from_ints(rid, 0, flight.prompt)
-        self.load[flight.p] += 1
+        self.add_load(flight, flight.p)
         await asyncio.gather(
             self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt),
             self.tell(flight.decode, "match", {"rid": rid}, prompt),
@@ -217,17 +218,17 @@ class Frontend(Instance):
             flight.rld = self.pick_least_loaded(self.rld_names)
             meta["rld"] = flight.rld
             destinations.append({"name": flight.rld, "offset": 0, "meta": meta})
-            self.load[flight.rld] += 1
+            self.add_load(flight, flight.rld)
         if pipeline != "RLD-only":
             record.md_hit_tokens = min(md_hit * scale, record.input_tokens)
             destinations.append({"name": flight.decode, "offset": md_hit, "meta": meta})
-            self.load[flight.decode] += 1
+            self.add_load(flight, flight.decode)
             if WAN_DECODE[self.system]:
-                self.wan.started(rid, increment * self.target_kv_bytes, self.clock.now())
+                self.wan.started(rid, increment * self.target_kv_bytes)
         else:
             record.anomaly_filtered = True
             record.wan_bytes_cancelled = increment * self.target_kv_bytes
-            await self.tell(flight.decode, "release", {"rid": rid})
+            await self.tell(flight.decode, "release", {"rid": rid, "kv_expected": False})
         flight.transfers = {d["name"] for d in destinations}
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         await flight.done.wait()
@@ -264,16 +265,35 @@ class Frontend(Instance):
     def pick_least_loaded(self, names: list[str]) -> str:
         return min(names, key=lambda name: (self.load[name], name))
 
+    def add_load(self, flight: Flight, name: str) -> None:
+        self.load[name] += 1
+        flight.loaded.append(name)
+
     async def settle(self, flight: Flight) -> None:
-        """Release what other instances hold for a request that is over."""
+        """Release what other instances hold for a request that is over: a failed one
+        everywhere; one the relay finished before MD took over, on MD (whose KV transfer still
+        completes, so its DRC stays aligned with P's cache)."""
         rid = flight.record.request_id
-        for name in {flight.p, flight.decode, flight.rld} - {""}:
-            self.load[name] = max(0, self.load[name] - 1)
-        if flight.record.state == "failed" and flight.p:
+        for name in flight.loaded:
+            self.load[name] -= 1
+        failed = flight.record.state == "failed"
+        routed_to_md = flight.record.pipeline not in ("", "RLD-only")
+        if failed and flight.p:
             await self._quietly(self.tell(flight.p, "cancel", {"rid": rid}))
-        if flight.decode and not flight.md_took_over and flight.record.pipeline != "RLD-only":
-            await self._quietly(self.tell(flight.decode, "release", {"rid": rid}))
-        self.wan.forget(rid)
+        if failed and flight.rld:
+            await self._quietly(self.tell(flight.rld, "release", {"rid": rid, "kv_expected": True}))
+        if (
+            flight.decode
+            and (failed or not flight.md_took_over)
+            and flight.record.pipeline != "RLD-only"
+        ):
+            await self._quietly(
+                self.tell(
+                    flight.decode,
+                    "release",
+                    {"rid": rid, "kv_expected": routed_to_md and not failed},
+                )
+            )
 
     async def _quietly(self, coroutine: Any) -> None:
         try:
@@ -313,16 +333,24 @@ class Frontend(Instance):
         destination = message.body["destination"]
         if destination == flight.decode and WAN_DECODE[self.system]:
             self.add_wan_bytes(flight, int(message.body["bytes"]))
+            if message.body["cancelled"]:
+                self.wan.forget(flight.record.request_id)
         flight.transfers.discard(destination)
         if not flight.transfers:
             flight.transfers_reported.set()
 
-    def add_wan_bytes(self, flight: Flight, genuine_bytes: int) -> None:
+    def add_wan_bytes(
+        self, flight: Flight, genuine_bytes: int, modelled_bytes: float | None = None
+    ) -> None:
+        """KV bytes scale by the byte scale; other payloads say what they stand for."""
         flight.record.wan_bytes_genuine += genuine_bytes
-        flight.record.wan_bytes += int(self.scale.modelled_bytes(genuine_bytes))
+        if modelled_bytes is None:
+            modelled_bytes = self.scale.modelled_bytes(genuine_bytes)
+        flight.record.wan_bytes += int(modelled_bytes)
 
     async def on_kv_arrived(self, message: Envelope) -> None:
-        self.wan.arrived(message.body["rid"], float(message.body["at"]))
+        body = message.body
+        self.wan.arrived(body["rid"], float(body["at"]) - float(body["first_chunk_at"]))
 
     async def on_handoff_sent(self, message: Envelope) -> None:
         flight = self.flights.get(message.body["rid"])
@@ -332,7 +360,20 @@ class Frontend(Instance):
         record.handoff_mode = message.body["mode"]
         record.handoff_payload = "extend" if message.body["payload"] == "extend" else "kv_delta"
         record.handoff_rounds = int(message.body["rounds"])
-        self.add_wan_bytes(flight, int(message.body["bytes"]))
+        # A genuine id stands for token_scale modelled ids (4 bytes each); KV scales by bytes;
+        # the frames' own headers are the same size in both worlds.
+        sent, kv, ids = (
+            int(message.body["bytes"]),
+            int(message.body["kv_bytes"]),
+            int(message.body["ids"]),
+        )
+        id_bytes = 4 * ids
+        modelled = (
+            (sent - kv - id_bytes)
+            + self.scale.modelled_bytes(kv)
+            + id_bytes * self.config.scale.token_scale
+        )
+        self.add_wan_bytes(flight, sent, modelled)
 
     async def on_tokens(self, message: Envelope) -> None:
         """A group of modelled tokens from RLD, MD or D: positions `first`.. with their times.
@@ -377,16 +418,10 @@ class Frontend(Instance):
                 record.handoff_stall_s = time - record.token_times_s[-1]
         record.token_times_s.append(time)
         flight.delivered += 1
-        index = self.genuine_index(position)
-        if position == self.group_start(index):
+        scale = self.config.scale.token_scale
+        index = output_index(position, scale)
+        if position == output_group_start(index, scale):
             flight.stream.put_nowait({"index": index, "id": flight.ids[index]})
-
-    def genuine_index(self, position: int) -> int:
-        """Which genuine output stands for modelled output `position`."""
-        return 0 if position == 0 else 1 + (position - 1) // self.config.scale.token_scale
-
-    def group_start(self, index: int) -> int:
-        return 0 if index == 0 else 1 + (index - 1) * self.config.scale.token_scale
 
     def stats(self) -> dict[str, Any]:
         return {

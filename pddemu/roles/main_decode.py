@@ -53,20 +53,19 @@ class MainDecodeInstance(DecodeInstance):
         length, node, handles = (
             self.store.match(prompt) if self.config.policy.drc else (0, None, [])
         )
-        length = min(length, len(prompt) - 1)
-        length -= length % self.page_tokens
         self.matches[rid] = Pinned(prompt, length, node, handles)
         await message.channel.control("matched", {"rid": rid, "hit": length, "instance": self.name})
 
     async def on_release(self, message: Envelope) -> None:
-        """The request ended elsewhere (relay-only, finished on the relay, or failed)."""
+        """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,
+        and, if its KV is still on its way, drop that when it comes (keeping it in the DRC)."""
         rid = message.body["rid"]
         self._unpin_match(rid)
         request = self.requests.get(rid)
-        if request is not None and not request.streaming:
+        if request is not None:
             await self.drop(request)
             self._release_held(rid)
-        elif request is None:
+        elif message.body.get("kv_expected"):
             self.released.add(rid)
 
     def _unpin_match(self, rid: str) -> None:
@@ -79,6 +78,11 @@ class MainDecodeInstance(DecodeInstance):
         if node is not None:
             self.store.release(node)
         self.known.pop(rid, None)
+        self.predicted.pop(rid, None)
+
+    def transfer_cut(self, rid: str) -> None:
+        self.released.discard(rid)
+        self._unpin_match(rid)
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:
         if offset == 0:
@@ -109,7 +113,8 @@ class MainDecodeInstance(DecodeInstance):
                 "rid": rid,
                 "bytes": genuine_bytes,
                 "offset": begin["offset"],
-                "at": self.clock.now(),
+                "at": begin["ended_at"],
+                "first_chunk_at": begin["first_chunk_at"],
             },
         )
         if rid in self.released:
@@ -130,9 +135,9 @@ class MainDecodeInstance(DecodeInstance):
         body = message.body
         rid = body["rid"]
         request = self.requests.get(rid)
-        if request is None:
-            raise ValueError(f"handoff for {rid}, which is not waiting here")
-        known = self.known[rid]
+        known = self.known.get(rid)
+        if request is None or known is None:  # released meanwhile: the relay finished it
+            return
         if int(body["start"]) != len(known):
             raise ValueError(
                 f"{rid}: handoff part starts at output {body['start']}, MD has {len(known)}"
@@ -143,13 +148,16 @@ class MainDecodeInstance(DecodeInstance):
         else:
             chunks = message.kv_chunks()
             run = lambda: self._append(request, chunks, [int(x) for x in body["ids"]])  # noqa: E731
-        self.add_side_step(SideStep(request, run, lambda at: self._after_part(request, body, at)))
+        ready = self.clock.now()
+        self.add_side_step(
+            SideStep(request, run, lambda at: self._after_part(request, body, at), ready)
+        )
 
     def _extend(self, request: DecodeRequest, ids: list[int]) -> float:
         """Recompute the KV of the eager outputs in one forward pass (Extend-Decode)."""
         if not ids:
             return 0.0
-        known = self.known[request.rid]
+        known = self.known[request.rid]  # present: the loop skips released requests
         self._check_predicted(request.rid, ids[0])
         context = int(request.meta["input_tokens"]) + self.group_start(len(known))
         kv, logits = self.model.extend(ids, request.kv)
@@ -187,7 +195,9 @@ class MainDecodeInstance(DecodeInstance):
 
     async def _after_part(self, request: DecodeRequest, body: dict[str, Any], at: float) -> None:
         rid = request.rid
-        known = self.known[rid]
+        known = self.known.get(rid)
+        if known is None:  # released during the step
+            return
         if not body["final"]:
             await self.tell(request.meta["rld"], "caught_up", {"rid": rid, "upto": len(known)})
             return

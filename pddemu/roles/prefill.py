@@ -77,10 +77,6 @@ class PrefillInstance(Instance):
         rid = message.body["rid"]
         prompt = message.token_ids()
         hit, node, handles = self.store.match(prompt)
-        hit = min(
-            hit, len(prompt) - 1
-        )  # always compute the last token: its logits give the first output
-        hit -= hit % self.page_tokens
         job = PrefillJob(rid, prompt, message.body, message.channel, hit=hit, node=node)
         job.kv = KV.empty(self.model_config, capacity=len(prompt))
         prefix = self.store.assemble(handles, hit)
@@ -114,6 +110,10 @@ class PrefillInstance(Instance):
         for destination in job.destinations:
             if destination.task is not None:
                 destination.task.cancel()
+        if job in self.queue and job.scheduled == job.progress.tokens:  # no chunk in a step now
+            self.queue.remove(job)
+            self.store.release(job.node)
+            self.jobs.pop(job.rid, None)
         self._forget_if_done(job)
 
     # -- the prefill loop -----------------------------------------------------------------
@@ -143,15 +143,14 @@ class PrefillInstance(Instance):
                 )
                 job.kv.append(kv)
                 job.last_logits = logits
-            genuine_s = (time.monotonic() - wall) * self.config.scale.time_scale
+            genuine = time.monotonic() - wall
             duration = self.cost.prefill_step(
                 [
                     (self.modelled_span(job, begin, end), self.modelled_span(job, 0, begin))
                     for job, begin, end in batch
                 ]
             )
-            late = await self.clock.sleep_until(started + duration)
-            self.record_step(started, duration, max(late, genuine_s - duration, 0.0))
+            await self.finish_step(started, duration, genuine)
             for job, _begin, end in batch:
                 self.prefill_tokens += self.modelled_span(job, _begin, end)
                 if end == len(job.prompt):
@@ -202,12 +201,12 @@ class PrefillInstance(Instance):
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
             await channel.control("kv_end", {"rid": job.rid, "first_token": job.first_token})
-        except asyncio.CancelledError:
-            channel.close()  # the receiver sees the transfer end unfinished and drops it
-            await self._report(job, destination, started, cancelled=True)
-            raise
         except BaseException:
+            # Cancelled, or the connection failed: the receiver sees the transfer end unfinished
+            # and forgets it; the frontend hears that it will not complete.
             channel.close()
+            await self._report(job, destination, started, cancelled=True)
+            self._forget_if_done(job)
             raise
         self.pool.release(destination.name, channel)
         await self._report(job, destination, started, cancelled=False)
@@ -226,6 +225,8 @@ class PrefillInstance(Instance):
     async def _report(
         self, job: PrefillJob, destination: Destination, started: float, cancelled: bool
     ) -> None:
+        if job.frontend.closed:
+            return
         await job.frontend.control(
             "transfer_done",
             {

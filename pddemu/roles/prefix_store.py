@@ -22,9 +22,11 @@ class PrefixKVStore:
         self.cache = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=capacity_tokens))
 
     def match(self, tokens: Sequence[int] | np.ndarray) -> tuple[int, RadixNode, list]:
-        """Cached prefix length (whole pages) of `tokens`, pinned until `release`."""
+        """The usable cached prefix of a prompt, pinned until `release`: whole pages, and never
+        the whole prompt (its last token must be computed: its logits give the first output)."""
         found = self.cache.match(np.asarray(tokens, dtype=np.int64), pin=True)
-        return found.length, found.node, found.handles
+        usable = min(found.length, len(tokens) - 1)
+        return usable - usable % self.page_tokens, found.node, found.handles
 
     def assemble(self, handles: list, length: int) -> KV | None:
         """The KV of the first `length` tokens of a match, from the pages' views."""

@@ -46,12 +46,21 @@ class RelayInstance(DecodeInstance):
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.handoffs: dict[str, Handoff] = {}
+        self.md_ready_early: set[str] = set()  # MD was ready before this relay had the request
+        self.released: set[str] = set()  # ended while their KV was on its way here
 
     async def kv_arrived(
         self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
     ) -> None:
+        if request.rid in self.released:
+            self.released.discard(request.rid)
+            await self.release_memory(request)
+            return
         request.on_step = self.after_step
         await self.start_stream(request, first_token)
+        if request.rid in self.md_ready_early and not request.finished:
+            self.md_ready_early.discard(request.rid)
+            self.handoffs[request.rid] = Handoff(self.choose_mode())
 
     def choose_mode(self) -> str:
         policy = self.config.policy
@@ -66,10 +75,24 @@ class RelayInstance(DecodeInstance):
 
     async def on_md_ready(self, message: Envelope) -> None:
         """MD holds the prompt KV: start the handoff (after the current step)."""
-        request = self.requests.get(message.body["rid"])
-        if request is None or request.finished:
+        rid = message.body["rid"]
+        request = self.requests.get(rid)
+        if request is None:  # still waiting for memory here, or already gone
+            self.md_ready_early.add(rid)
             return
-        self.handoffs[request.rid] = Handoff(self.choose_mode())
+        if not request.finished:
+            self.handoffs[rid] = Handoff(self.choose_mode())
+
+    async def on_release(self, message: Envelope) -> None:
+        """The request failed at the frontend: stop working on it."""
+        rid = message.body["rid"]
+        self.handoffs.pop(rid, None)
+        self.md_ready_early.discard(rid)
+        request = self.requests.get(rid)
+        if request is not None:
+            await self.drop(request)
+        elif message.body.get("kv_expected"):
+            self.released.add(rid)
 
     async def on_caught_up(self, message: Envelope) -> None:
         handoff = self.handoffs.get(message.body["rid"])
@@ -134,6 +157,7 @@ class RelayInstance(DecodeInstance):
         handoff.final_sent = final
         sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
         handoff.bytes += sent
+        kv_bytes = sum(a.nbytes for a in attachments if not isinstance(a, TokenIds))
         await self.tell(
             request.meta["frontend"],
             "handoff_sent",
@@ -141,7 +165,9 @@ class RelayInstance(DecodeInstance):
                 "rid": request.rid,
                 "mode": handoff.mode,
                 "rounds": handoff.rounds,
-                "bytes": sent,
+                "bytes": sent,  # genuine bytes on the WAN: framing + ids or KV
+                "kv_bytes": kv_bytes,  # of which KV
+                "ids": len(ids),  # genuine ids (each stands for token_scale modelled ones)
                 "final": final,
                 "payload": payload,
             },

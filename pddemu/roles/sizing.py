@@ -27,8 +27,3 @@ def kv_copy_time(cost: CostModel, modelled_tokens: int) -> float:
     bytes over the chip's host/peer interconnect."""
     size = modelled_tokens * cost.target.kv_bytes_per_token
     return cost.instance.step_overhead_s + size / cost.instance.achievable_interconnect_bw
-
-
-def genuine(config: Config, modelled_tokens: int) -> int:
-    """Genuine tokens standing for `modelled_tokens` (rounded up)."""
-    return -(-modelled_tokens // config.scale.token_scale)

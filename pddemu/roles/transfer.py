@@ -31,12 +31,6 @@ class TransferPool:
         if not channel.closed:
             self._idle[destination].append(channel)
 
-    def close(self) -> None:
-        for channels in self._idle.values():
-            for channel in channels:
-                channel.close()
-        self._idle.clear()
-
 
 class Progress:
     """How far a request's KV has been computed, for senders streaming it as it grows."""

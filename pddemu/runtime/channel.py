@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pddemu.wire import Control, KVChunk, Message, TokenIds, read_message, write_message
+from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size, read_message
 from pddemu.wire.errors import EndOfStream
 
 HELLO = "hello"
@@ -67,13 +67,18 @@ class Channel:
         return channel
 
     async def send(self, control: Control | Message, *attachments: Message) -> int:
+        """Send a message with its attachments. All frames are handed to the transport before
+        the first wait, so a sender cancelled while waiting never leaves half a group on a
+        shared connection."""
         if attachments:
             assert isinstance(control, Control)
             control = Control(control.kind, {**control.body, "attach": len(attachments)})
+        buffers = [buffer for message in (control, *attachments) for buffer in encode(message)]
         async with self._lock:
-            sent = await write_message(self.writer, control)
-            for message in attachments:
-                sent += await write_message(self.writer, message)
+            for buffer in buffers:
+                self.writer.write(buffer)
+            await self.writer.drain()
+        sent = frame_size(buffers)
         self.bytes_sent += sent
         return sent
 

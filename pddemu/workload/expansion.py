@@ -57,6 +57,16 @@ def genuine_output_length(output_tokens: int, token_scale: int) -> int:
     return 1 + -(-(output_tokens - 1) // token_scale)
 
 
+def output_group_start(index: int, token_scale: int) -> int:
+    """Modelled output position where genuine output `index` begins."""
+    return 0 if index == 0 else 1 + (index - 1) * token_scale
+
+
+def output_index(position: int, token_scale: int) -> int:
+    """Which genuine output stands for modelled output `position`."""
+    return 0 if position == 0 else 1 + (position - 1) // token_scale
+
+
 def expand_prompt(
     block_ids: np.ndarray | None,
     block_tokens: int | None,

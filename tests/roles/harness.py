@@ -19,6 +19,7 @@ from pddemu.emulated_network import scale_model, wan_link
 from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
 from pddemu.runtime.clock import ModelledClock
+from pddemu.workload.expansion import genuine_output_length
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def make_request(
     prompt: list[int],
     scale: int = 16,
 ) -> Request:
-    genuine_output = 1 + -(-(output_tokens - 1) // scale)
+    genuine_output = genuine_output_length(output_tokens, scale)
     return Request(rid, arrival, input_tokens, output_tokens, session, prompt, genuine_output)
 
 

@@ -121,10 +121,14 @@ def test_interrupted_or_killed_run_leaves_nothing(
         stderr=subprocess.PIPE,
         text=True,
     )
+    seen = []
     for line in process.stderr:  # wait until requests are flowing
+        seen.append(line)
         if "in flight" in line:
             break
-    assert role_processes(out), "the run should have instances by now"
+    assert role_processes(out), (
+        f"the run should have instances by now; it said: {''.join(seen)[-2000:]}"
+    )
     os.kill(process.pid, signum)
     process.wait(60)
     if signum == signal.SIGINT:

@@ -97,7 +97,12 @@ def test_every_mechanism_happens(runs) -> None:
     records, _, _ = runs["pdd"]
     pipelines = {r.pipeline for r in records}
     assert {"P-MD", "P-RLD-MD", "RLD-only"} <= pipelines
-    modes = {(r.handoff_mode, r.handoff_payload) for r in records if r.handoff_mode}
+    # completed handoffs only: MD took over (streamed tokens) at a position
+    modes = {
+        (r.handoff_mode, r.handoff_payload)
+        for r in records
+        if r.handoff_mode and r.md_tokens and r.handoff_position
+    }
     assert {
         ("one_shot", "extend"),
         ("catch_up", "kv_delta"),
