@@ -6,7 +6,8 @@ Real runs of the emulator (namespaces, shaper, processes): every request goes P-
 handed over in one shot; its prompt is sized so that MD's copy of the KV arrives after about 100
 eager tokens, and requests overlap so their transfers queue on the WAN. The figure per handoff
 is the stall the user sees: the gap between the relay's last token and MD's first
-(`handoff_stall_s`), over the handoffs with 60-140 eager tokens.
+(`handoff_stall_s`), over the handoffs with 50-200 eager tokens. The figures are reported
+beside the paper's, not checked against them: docs/validation.md discusses the comparison.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ OVERRIDES = [
 PROMPT_TOKENS = 16384
 OUTPUT_TOKENS = 400
 ARRIVAL_RATE = 0.3  # modelled requests per second: transfers overlap on the WAN
-EAGER_WINDOW = (60, 140)
+EAGER_WINDOW = (50, 200)
 
 
 def workload(config: Config, count: int, seed: int) -> list[WorkloadRequest]:
@@ -111,11 +112,4 @@ def run(quick: bool) -> dict[str, Any]:
                 "std_ms": statistics.pstdev(measured) if len(measured) > 1 else None,
                 "wall_s": round(time.time() - started, 1),
             }
-    kv, ext = results["kv_delta"], results["extend"]
-    if kv["handoffs"] > 1 and ext["handoffs"] > 1:
-        results["targets"] = {
-            # the report's qualitative finding: recomputation is steadier than shipping KV
-            "extend_std_below_kv_delta_std": ext["std_ms"] < kv["std_ms"],
-            "extend_max_below_kv_delta_max": ext["max_ms"] < kv["max_ms"],
-        }
     return results
