@@ -85,6 +85,7 @@ class WorkloadConfig:
     requests: int | None = 100
     seed: int = 0
     arrival_rate: float | None = 0.5  # modelled requests per second; None: trace timestamps
+    # (in TOML and --set: requests = "all", arrival_rate = "trace")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,30 @@ _LINK_PARSERS = {
 }
 
 
+def _all_or_count(value: Any) -> int | None:
+    if value == "all":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be a count of at least 1 or \"all\", got {value!r}")
+    return value
+
+
+def _trace_or_rate(value: Any) -> float | None:
+    if value == "trace":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValueError(
+            f"must be a positive rate in requests per second or \"trace\", got {value!r}"
+        )
+    return float(value)
+
+
+_WORKLOAD_PARSERS = {
+    "requests": ("requests", _all_or_count),
+    "arrival_rate": ("arrival_rate", _trace_or_rate),
+}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a TOML config (the default one when `path` is None), apply `section.key=value`
     overrides (values in TOML syntax; a bare word is a string), and check every value."""
@@ -290,7 +315,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         decode=_section(data.get("decode", {}), DecodeConfig, f"{source}: [decode]"),
         policy=_section(data.get("policy", {}), PolicyConfig, f"{source}: [policy]"),
         slo=_section(data.get("slo", {}), SLOConfig, f"{source}: [slo]"),
-        workload=_section(data.get("workload", {}), WorkloadConfig, f"{source}: [workload]"),
+        workload=_section(
+            data.get("workload", {}), WorkloadConfig, f"{source}: [workload]", _WORKLOAD_PARSERS
+        ),
         request_timeout_s=float(data.get("request_timeout_s", Config.request_timeout_s)),
         cache_page_tokens=int(data.get("cache_page_tokens", Config.cache_page_tokens)),
         source=source,
