@@ -93,6 +93,10 @@ async def replay(
             await asyncio.wait(tasks, timeout=PROGRESS_EVERY_S)
             progress.show()
     progress.show(final=True)
+    recorded = sorted(record.request_id for record in result.records)
+    if recorded != sorted(request.request_id for request in workload):
+        raise RuntimeError(f"replay of {system}: the records do not match the workload's requests")
+    result.records.sort(key=lambda record: (record.arrival_s, record.request_id))
     return result
 
 
@@ -127,7 +131,7 @@ async def _one(
                     result.outputs[request.request_id] = item["output_ids"]
         if record is None:
             raise RuntimeError("the frontend closed the stream without the request's record")
-    except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as error:
+    except Exception as error:  # any failure ends the request in a record, never in a lost task
         record = RequestRecord(
             request_id=request.request_id,
             system=system,
@@ -135,7 +139,7 @@ async def _one(
             input_tokens=int(request.input_tokens),
             expected_output_tokens=int(request.output_tokens),
             state="failed",
-            failure_reason=f"replayer: {error}",
+            failure_reason=f"replayer: {type(error).__name__}: {error}",
         )
     result.records.append(record)
     progress.in_flight -= 1
