@@ -128,6 +128,9 @@ class Frontend(Instance):
         input_tokens, output_tokens = int(body["input_tokens"]), int(body["output_tokens"])
         if input_tokens < 1 or output_tokens < 1:
             raise ValueError("input_tokens and output_tokens must be at least 1")
+        session = body.get("session")
+        if session is not None and not isinstance(session, str):
+            raise ValueError("session must be a string")
         genuine_output = genuine_output_length(output_tokens, self.config.scale.token_scale)
         record = RequestRecord(
             request_id=rid,
@@ -136,7 +139,7 @@ class Frontend(Instance):
             input_tokens=input_tokens,
             expected_output_tokens=output_tokens,
         )
-        flight = Flight(record, prompt, genuine_output, body.get("session"))
+        flight = Flight(record, prompt, genuine_output, session)
         self.flights[rid] = flight
         return flight
 
@@ -307,11 +310,7 @@ class Frontend(Instance):
         record.output_tokens = len(times)
         record.first_token_s = times[0] if times else None
         record.finish_s = times[-1] if times and record.state == "completed" else None
-        record.gap_tokens = (
-            max(0, record.expected_output_tokens - flight.delivered)
-            if record.state == "completed"
-            else 0
-        )
+        record.gap_tokens = len(flight.pending)  # held back behind a position that never came
 
     # -- messages from the instances ------------------------------------------------------
 
