@@ -2,7 +2,9 @@
 (streamed as server-sent events, or whole), /v1/models. Standard clients and benchmark tools
 can then drive the emulated system; each response's last chunk carries the emulator's record of
 the request (`pddemu`), which clients ignore (its WAN bytes leave out a transfer still in flight
-when the stream ends; `pddemu emulate` waits for those).
+when the stream ends; `pddemu emulate` waits for those). With `stream_options.include_usage` a
+last chunk carries the token counts, as benchmark clients expect. A request the emulator fails
+ends as an OpenAI error: status 500 when whole, an `error` event when streamed.
 
 Decoding is greedy (the model's weights are random, sampling parameters would change nothing
 worth measuring); `temperature`, `top_p` and the like are accepted and ignored. Prompts are
@@ -37,14 +39,17 @@ class RequestError(Exception):
         self.code = code
 
 
+def _error_body(
+    message: str, status: int, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def error_response(
     message: str, status: int, param: str | None = None, code: str | None = None
 ) -> web.Response:
-    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
-        status, "invalid_request_error"
-    )
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return web.json_response(body, status=status)
+    return web.json_response(_error_body(message, status, param, code), status=status)
 
 
 class OpenAIFrontDoor:
@@ -78,11 +83,15 @@ class OpenAIFrontDoor:
             body = await self._body(request)
             prompt = self._chat_prompt(body) if chat else self._prompt(body)
             max_tokens = self._max_tokens(body, chat)
-            stream = body.get("stream", False)
+            stream = _given(body, "stream", False)
             if not isinstance(stream, bool):
                 raise RequestError("'stream' must be a boolean", "stream")
-            if body.get("n", 1) != 1:
+            include_usage = self._include_usage(body, stream)
+            if _given(body, "n", 1) != 1:
                 raise RequestError("only n=1 is supported", "n")
+            session = _given(body, "user", None)
+            if session is not None and not isinstance(session, str):
+                raise RequestError("'user' must be a string", "user")
         except RequestError as error:
             return error_response(str(error), error.status, error.param, error.code)
         scale = self.frontend.config.scale.token_scale
@@ -95,15 +104,32 @@ class OpenAIFrontDoor:
                     "prompt_ids": ids,
                     "input_tokens": len(ids) * scale,
                     "output_tokens": max_tokens,
-                    "session": body.get("user"),
+                    "session": session,
                 }
             )
         except ValueError as error:
             return error_response(str(error), 400)
         self.frontend.spawn(self.frontend.serve_flight(flight), f"request {rid}")
         if stream:
-            return await self._stream(request, flight, rid, chat)
+            return await self._stream(request, flight, rid, chat, include_usage)
         return await self._whole(flight, rid, chat)
+
+    def _include_usage(self, body: dict[str, Any], stream: bool) -> bool:
+        options = _given(body, "stream_options", None)
+        if options is None:
+            return False
+        if not stream:
+            raise RequestError(
+                "'stream_options' is only allowed with stream: true", "stream_options"
+            )
+        if not isinstance(options, dict) or not isinstance(
+            options.get("include_usage", False), bool
+        ):
+            raise RequestError(
+                "'stream_options' must be an object with a boolean 'include_usage'",
+                "stream_options",
+            )
+        return bool(options.get("include_usage", False))
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -144,7 +170,10 @@ class OpenAIFrontDoor:
                 )
             content = message.get("content")
             if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "".join(
+                    self._text_part(part, f"messages[{i}].content[{j}]")
+                    for j, part in enumerate(content)
+                )
             if not isinstance(content, str):
                 raise RequestError(
                     f"messages[{i}].content must be a string", f"messages[{i}].content"
@@ -152,9 +181,19 @@ class OpenAIFrontDoor:
             lines.append(f"{message['role']}: {content}")
         return "\n".join(lines) + "\nassistant:"
 
+    def _text_part(self, part: Any, where: str) -> str:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise RequestError(
+                f"{where} must be a text part (images and audio are not supported)", where
+            )
+        if not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}.text must be a string", f"{where}.text")
+        return part["text"]
+
     def _max_tokens(self, body: dict[str, Any], chat: bool) -> int:
-        key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-        value = body.get(key, 16 if not chat else 64)
+        chosen = chat and _given(body, "max_completion_tokens", None) is not None
+        key = "max_completion_tokens" if chosen else "max_tokens"
+        value = _given(body, key, 16 if not chat else 64)
         if (
             isinstance(value, bool)
             or not isinstance(value, int)
@@ -184,7 +223,7 @@ class OpenAIFrontDoor:
         }
 
     async def _stream(
-        self, request: web.Request, flight: Any, rid: str, chat: bool
+        self, request: web.Request, flight: Any, rid: str, chat: bool, include_usage: bool
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -192,13 +231,22 @@ class OpenAIFrontDoor:
         await response.prepare(request)
         decoder = self.tokenizer.stream_decoder()
         first = True
+        sent = 0
         while (item := await flight.stream.get()) is not None:
             chunk = self._chunk(rid, chat, decoder.push([item["id"]]), None, first)
             first = False
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        last = self._chunk(rid, chat, decoder.finish(), self._finish_reason(flight))
-        last["pddemu"] = flight.record.to_dict()
-        await response.write(f"data: {json.dumps(last)}\n\n".encode())
+            sent += 1
+            await _send_event(response, chunk, include_usage)
+        record = flight.record.to_dict()
+        if flight.record.state != "completed":
+            failure = _error_body(f"the request failed: {flight.record.failure_reason}", 500)
+            await _send_event(response, {**failure, "pddemu": record}, False)
+        else:
+            last = self._chunk(rid, chat, decoder.finish(), "length")
+            await _send_event(response, {**last, "pddemu": record}, include_usage)
+            if include_usage:
+                usage = {**last, "choices": [], "usage": _usage(len(flight.prompt), sent)}
+                await _send_event(response, usage, False)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -207,8 +255,12 @@ class OpenAIFrontDoor:
         ids = []
         while (item := await flight.stream.get()) is not None:
             ids.append(item["id"])
+        record = flight.record
+        if record.state != "completed":
+            failure = _error_body(f"the request failed: {record.failure_reason}", 500)
+            return web.json_response({**failure, "pddemu": record.to_dict()}, status=500)
         text = self.tokenizer.decode(ids)
-        finish = self._finish_reason(flight)
+        finish = "length"
         if chat:
             choice = {
                 "index": 0,
@@ -219,12 +271,7 @@ class OpenAIFrontDoor:
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
             kind = "text_completion"
-        record = flight.record
-        usage = {
-            "prompt_tokens": len(flight.prompt),
-            "completion_tokens": len(ids),
-            "total_tokens": len(flight.prompt) + len(ids),
-        }
+        usage = _usage(len(flight.prompt), len(ids))
         return web.json_response(
             {
                 "id": rid,
@@ -237,5 +284,25 @@ class OpenAIFrontDoor:
             }
         )
 
-    def _finish_reason(self, flight: Any) -> str:
-        return "length" if flight.record.state == "completed" else "error"
+
+def _given(body: dict[str, Any], key: str, default: Any) -> Any:
+    """A field's value, with JSON null meaning "not given" (as OpenAI's API treats it)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def _send_event(
+    response: web.StreamResponse, data: dict[str, Any], usage_field: bool
+) -> None:
+    """One server-sent event; with include_usage every chunk says `usage: null` until the last."""
+    if usage_field:
+        data = {**data, "usage": None}
+    await response.write(f"data: {json.dumps(data)}\n\n".encode())

@@ -1,0 +1,154 @@
+"""The OpenAI front door over loopback HTTP, with the frontend's flights played in-process: usage
+for benchmark clients, failed requests as OpenAI errors, and bodies OpenAI accepts or refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+
+from pddemu.model import VOCAB_SIZE, ByteTokenizer
+from pddemu.roles.frontend import Flight, Frontend
+from tests.roles.frontend_fakes import OUTPUT, frontend, tokens
+
+Play = Callable[[Frontend, Flight], Awaitable[None]]
+
+
+async def answer(fe: Frontend, flight: Flight) -> None:
+    for index in range(flight.genuine_output):
+        await fe.on_tokens(tokens(flight.record.request_id, index, "MD"))
+
+
+async def crash(_fe: Frontend, _flight: Flight) -> None:
+    raise RuntimeError("P0 went away")
+
+
+async def with_front_door(play: Play, client: Callable[[str], Awaitable[Any]]) -> Any:
+    """Serve the front door on an ephemeral loopback port, flights played by `play`."""
+    fe = frontend()
+    fe.run_flight = lambda flight: play(fe, flight)
+    app = web.Application()
+    fe.add_routes(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        return await client(f"http://127.0.0.1:{port}/v1")
+    finally:
+        await runner.cleanup()
+
+
+def test_include_usage_ends_the_stream_with_the_token_counts() -> None:
+    async def client(url: str) -> list[Any]:
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused")
+        stream = await api.completions.create(
+            model="pddemu",
+            prompt="abc",
+            max_tokens=OUTPUT,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        return [chunk async for chunk in stream]
+
+    chunks = asyncio.run(with_front_door(answer, client))
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 3  # genuine tokens: the text the client got
+    assert chunks[-1].usage.prompt_tokens == len(ByteTokenizer(VOCAB_SIZE).encode("abc"))
+
+
+def test_a_failed_request_is_an_openai_error_whole_or_streamed() -> None:
+    async def client(url: str) -> tuple[int, dict]:
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.APIError, match="P0 went away"):
+            stream = await api.completions.create(
+                model="pddemu", prompt="abc", max_tokens=OUTPUT, stream=True
+            )
+            async for _chunk in stream:
+                pass
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "pddemu", "prompt": "abc", "max_tokens": OUTPUT}
+            async with session.post(f"{url}/completions", json=body) as reply:
+                return reply.status, await reply.json()
+
+    status, body = asyncio.run(with_front_door(crash, client))
+    assert status == 500
+    assert body["error"]["type"] == "server_error" and "P0 went away" in body["error"]["message"]
+    assert body["pddemu"]["state"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("completions", {"prompt": "x", "max_tokens": None, "n": None, "user": None}, 200, None),
+        (
+            "chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "max_completion_tokens": None,
+                "max_tokens": 4,
+            },
+            200,
+            None,
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
+            200,
+            None,
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            400,
+            "messages[0].content[0].text",
+        ),
+        (
+            "chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ]
+            },
+            400,
+            "messages[0].content[0]",
+        ),
+        ("completions", {"prompt": "x", "user": 123}, 400, "user"),
+        (
+            "completions",
+            {"prompt": "x", "stream_options": {"include_usage": True}},
+            400,
+            "stream_options",
+        ),
+        (
+            "completions",
+            {"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}},
+            400,
+            "stream_options",
+        ),
+    ],
+)
+def test_bodies_openai_accepts_pass_and_others_name_the_field(
+    path: str, body: dict, status: int, param: str | None
+) -> None:
+    async def client(url: str) -> tuple[int, dict]:
+        async with aiohttp.ClientSession() as session:
+            sent = {"model": "pddemu", **body}
+            async with session.post(f"{url}/{path}", data=json.dumps(sent)) as reply:
+                return reply.status, await reply.json()
+
+    code, reply = asyncio.run(with_front_door(answer, client))
+    assert code == status, reply
+    if status == 400:
+        assert reply["error"]["param"] == param and reply["error"]["message"]
+    else:
+        assert reply["usage"]["completion_tokens"] >= 1
