@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     host the network gets one line naming the problem, not a traceback."""
     from netem.rootless import RootlessError
     from pddemu.config import ConfigError
+    from pddemu.hardware.errors import HardwareError
+    from pddemu.metrics.errors import MetricsError
+    from pddemu.scale import ScaleError
+    from pddemu.workload.arrivals import ArrivalError
+    from pddemu.workload.expansion import ExpansionError
     from pddemu.workload.janfeb_config import GeneratorError
     from pddemu.workload.records import TraceError
     from pddemu.workload.replay_source import WorkloadError
@@ -36,9 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, TraceError, WorkloadError, GeneratorError) as error:
+    except (
+        ConfigError,
+        TraceError,
+        WorkloadError,
+        GeneratorError,
+        ExpansionError,
+        ArrivalError,
+        ScaleError,
+        HardwareError,
+    ) as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 2
+    except MetricsError as error:
+        print(f"pddemu: the results could not be written: {error}", file=sys.stderr)
+        return 1
     except RootlessError as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 1

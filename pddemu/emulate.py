@@ -3,6 +3,10 @@ check every token against the single-process reference, and write the run's file
 
     pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all]
                    [--trace NAME|PATH] [--requests N] [--seed S]
+
+Exit status: 0 when every delivered stream equals the reference (failed requests, such as
+timeouts under overload, are results and are reported), 3 when a stream differs from it (an
+emulator defect), 2 for bad input, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -121,6 +125,8 @@ def instance_reports(
         )
     return reports
 
+TOKEN_MISMATCH_EXIT = 3  # a delivered stream differs from the single-process reference
+
 
 def workload_of(config: Config) -> list[Any]:
     return load_workload(
@@ -212,7 +218,7 @@ def write_outputs(
             f"pddemu: {failed} failed requests, {mismatches} token mismatches (see requests.csv)",
             file=sys.stderr,
         )
-    return 0
+    return TOKEN_MISMATCH_EXIT if mismatches else 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
