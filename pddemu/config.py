@@ -214,16 +214,20 @@ def _all_or_count(value: Any) -> int | None:
     if value == "all":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"must be a count of at least 1 or \"all\", got {value!r}")
+        raise ValueError(f'must be a count of at least 1 or "all", got {value!r}')
     return value
 
 
 def _trace_or_rate(value: Any) -> float | None:
     if value == "trace":
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < float("inf")
+    ):
         raise ValueError(
-            f"must be a positive rate in requests per second or \"trace\", got {value!r}"
+            f'must be a positive rate in requests per second or "trace", got {value!r}'
         )
     return float(value)
 

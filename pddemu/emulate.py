@@ -125,6 +125,7 @@ def instance_reports(
         )
     return reports
 
+
 TOKEN_MISMATCH_EXIT = 3  # a delivered stream differs from the single-process reference
 
 
