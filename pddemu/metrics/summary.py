@@ -99,6 +99,7 @@ def summarize(
         "percentile_method": PERCENTILE_METHOD,
         "duration_s": duration,
         "good_requests": good,
+        "slo_attainment": good / len(records) if records else None,
         "goodput_rps": goodput,
         "throughput_rps": _rate(len(completed), duration),
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},

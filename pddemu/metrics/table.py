@@ -105,6 +105,7 @@ ROWS: tuple[TableRow, ...] = (
     _metric("TPOT p99", "tpot_s.p99", seconds),
     _metric("ITL p99", "itl_s.p99", seconds),
     _metric("E2EL p50", "e2el_s.p50", seconds),
+    _metric("requests within SLO", "slo_attainment", percent),
     _metric("goodput (req/s within SLO)", "goodput_rps", number, compare=True),
     _joined(
         "pipelines P-MD / P-RLD-MD / RLD-only / P-D",

@@ -175,6 +175,7 @@ def test_text_table_puts_systems_side_by_side_with_relative_changes() -> None:
         "-",
         f"{(0.5 / (2 / 2.45) - 1) * 100:+.1f}%",
     ]
+    assert table_row(text, "requests within SLO") == ["60.0%", "0.0%", "100.0%"]
     assert table_row(text, "pipelines P-MD / P-RLD-MD / RLD-only / P-D") == [
         "2",
         "/",

@@ -105,6 +105,7 @@ def test_requests_goodput_cost_and_bcr() -> None:
     }
     assert s["duration_s"] == pytest.approx(6.0)
     assert s["good_requests"] == 3  # r2 misses the TTFT target
+    assert s["slo_attainment"] == pytest.approx(3 / 5)  # r4 failed: counted, not good
     assert s["goodput_rps"] == pytest.approx(0.5)
     assert s["throughput_rps"] == pytest.approx(4 / 6)
     assert s["slo"] == {"ttft_s": 1.5, "tpot_s": 0.5}
