@@ -68,12 +68,6 @@ class RequestRecord:
             return None
         return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1)
 
-    @property
-    def itls_s(self) -> list[float]:
-        """Gaps between consecutive streamed tokens."""
-        times = self.token_times_s
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
