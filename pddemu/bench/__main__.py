@@ -2,7 +2,8 @@
 
 A benchmark module is any module here with a `run(quick: bool) -> dict` function; its result
 goes to `<out>/<module>.json`. Targets are checked inside the result (`"targets": {...: bool}`)
-so a reader sees measured figure and verdict side by side.
+so a reader sees measured figure and verdict side by side. A module that fails writes its error
+there instead (target `ran` missed), and the others still run.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in args.only]
     failed = []
     for name in names:
-        module = importlib.import_module(f"pddemu.bench.{name}")
         print(f"bench {name} ...", file=sys.stderr, flush=True)
         started = time.time()
-        result = module.run(quick=args.quick)
+        try:
+            result = importlib.import_module(f"pddemu.bench.{name}").run(quick=args.quick)
+        except Exception as error:  # noqa: BLE001 - one broken benchmark must not hide the rest
+            result = {"error": f"{type(error).__name__}: {error}", "targets": {"ran": False}}
         result.setdefault(
             "machine",
             {
