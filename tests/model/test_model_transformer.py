@@ -100,8 +100,7 @@ def test_extend_of_k_tokens_equals_k_decode_steps(model: TinyTransformer) -> Non
     logits_diff = max_diff(ext_logits, torch.stack(step_logits))
     kv_diff = max_diff(ext_kv.tensor, buffer.token_slice(200, 240).tensor)
     print(f"extend of 40 vs 40 decode steps: max |logits diff| = {logits_diff}, KV {kv_diff}")
-    assert logits_diff < 1e-4
-    assert kv_diff < 1e-4
+    assert logits_diff == 0.0 and kv_diff == 0.0  # the bound is 1e-4; it is exact here
 
 
 def test_extend_is_bit_identical_to_decode_steps(model: TinyTransformer) -> None:
