@@ -27,7 +27,7 @@ class Limits:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Limits.{field.name} must be a positive int, got {value!r}")
 
 

@@ -179,9 +179,12 @@ class TokenIds:
 
     @classmethod
     def from_ints(cls, request_id: str, first_position: int, ids: Iterable[int]) -> TokenIds:
-        """Build a batch from Python ints (ids must fit in int32)."""
+        """Build a batch from integers (ids must fit in int32); a float or a string is refused,
+        never truncated or parsed."""
         try:
-            array = np.asarray(list(ids), dtype=_TOKEN_DTYPE)
+            array = np.asarray([operator.index(i) for i in ids], dtype=_TOKEN_DTYPE)
+        except TypeError as error:
+            raise BadTokenIds(f"ids must be integers: {error}") from None
         except OverflowError as error:
             raise BadTokenIds(f"ids must fit in int32: {error}") from None
         return cls(request_id, first_position, array)

@@ -302,6 +302,16 @@ def test_token_ids_construction_checks() -> None:
         TokenIds("r", 0, np.arange(3))
     with pytest.raises(BadField, match="first_position = 4294967296 is outside"):
         TokenIds.from_ints("r", 1 << 32, [1])
+    for not_integers in ([1.7, 2.2], ["5"], [None]):
+        with pytest.raises(BadTokenIds, match="ids must be integers"):
+            TokenIds.from_ints("r", 0, not_integers)
+    assert TokenIds.from_ints("r", 0, np.array([3, 4])).ids.tolist() == [3, 4]
+
+
+@pytest.mark.parametrize("cap", [True, 0, -1, 1.5])
+def test_limits_must_be_positive_ints(cap: object) -> None:
+    with pytest.raises(ValueError, match="Limits.max_frame_bytes must be a positive int"):
+        Limits(max_frame_bytes=cap)
 
 
 @pytest.mark.parametrize(
