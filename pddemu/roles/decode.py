@@ -262,6 +262,21 @@ class DecodeInstance(Instance):
             "channel": message.channel,
         }
 
+    def received_kv(self, chunk: KVChunk) -> KV:
+        """A chunk's KV, once it is known to be every layer of this model's KV for its tokens
+        (a well-formed frame from a differently configured sender is a protocol error)."""
+        config = self.model_config
+        expected = (0, config.n_layers, config.n_kv_heads, config.head_dim, config.torch_dtype)
+        tensor = kv_tensor(chunk)
+        found = (chunk.layer_start, chunk.layer_end, tensor.shape[2], tensor.shape[4], tensor.dtype)
+        if found != expected:
+            raise ValueError(
+                f"KV chunk of {chunk.request_id}: layers [{found[0]}, {found[1]}), "
+                f"{found[2]} heads of {found[3]}, {found[4]}; this model's KV is layers "
+                f"[0, {expected[1]}), {expected[2]} heads of {expected[3]}, {expected[4]}"
+            )
+        return KV(tensor)
+
     async def on_kv_chunk(self, chunk: KVChunk, channel: Any) -> None:
         state = self.receiving.get(chunk.request_id)
         if state is None:
@@ -271,7 +286,7 @@ class DecodeInstance(Instance):
                 f"KV chunk of {chunk.request_id} starts at {chunk.token_start}, "
                 f"expected {state['kv'].tokens}"
             )
-        state["kv"].append(KV(kv_tensor(chunk)))
+        state["kv"].append(self.received_kv(chunk))
         state["bytes"] += chunk.nbytes
         state["body"].setdefault("first_chunk_at", self.clock.now())
 

@@ -18,7 +18,6 @@ from pddemu.roles.decode import DecodeInstance, DecodeRequest, SideStep
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.sizing import kv_copy_time
 from pddemu.runtime.channel import Envelope
-from pddemu.wire.tensors import kv_tensor
 
 
 @dataclass
@@ -179,7 +178,7 @@ class MainDecodeInstance(DecodeInstance):
             return 0.0
         known = self.known[request.rid]
         for chunk in chunks:
-            request.kv.append(KV(kv_tensor(chunk)))
+            request.kv.append(self.received_kv(chunk))
         known.extend(ids)
         return kv_copy_time(
             self.cost, self.group_start(len(known)) - self.group_start(len(known) - len(ids))

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
-from pddemu.config import config_to_json, load_config
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.relay import RelayInstance
-from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
+from tests.roles.in_process import instance
 
 META = {
     "input_tokens": 40 * 32,
@@ -23,22 +21,6 @@ META = {
     "rld": "RLD0",
     "md": "MD0",
 }
-
-
-def instance(cls: type, role: str) -> Any:
-    me = Address(f"{role}0", role, "127.0.0.1", 1, 2)
-    spec = InstanceSpec(
-        me, "pdd", "", {me.name: me}, config_to_json(load_config()), time.monotonic()
-    )
-    made = cls(spec)
-    made.told = []
-
-    async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
-        made.told.append((name, kind, body))
-        return 0
-
-    made.tell = tell
-    return made
 
 
 def prompt_request(made: Any, rid: str) -> DecodeRequest:

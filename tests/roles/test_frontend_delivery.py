@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.roles.frontend_fakes import OUTPUT, SCALE, admit, frontend, tokens
+from tests.roles.in_process import OUTPUT, SCALE, admit, frontend, tokens
 
 
 def test_positions_behind_a_missing_one_are_held_and_counted_as_a_gap() -> None:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from pddemu.model import VOCAB_SIZE, ByteTokenizer
 from pddemu.roles.frontend import Flight, Frontend
-from tests.roles.frontend_fakes import OUTPUT, frontend, tokens
+from tests.roles.in_process import OUTPUT, frontend, tokens
 
 Play = Callable[[Frontend, Flight], Awaitable[None]]
 

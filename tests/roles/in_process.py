@@ -1,8 +1,10 @@
-"""A frontend instance driven in-process, and the token messages RLD and MD would send it."""
+"""Instances driven in-process (no network: what they `tell` is recorded), and the token
+messages RLD and MD would send a frontend."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from pddemu.config import config_to_json, load_config
 from pddemu.roles.frontend import Flight, Frontend
@@ -14,12 +16,24 @@ SCALE = load_config().scale.token_scale
 OUTPUT = 1 + 2 * SCALE  # genuine outputs 0 (position 0), 1 and 2 (SCALE positions each)
 
 
-def frontend() -> Frontend:
-    me = Address("FE0", "FE", "127.0.0.1", 1, 2)
+def instance(cls: type, role: str) -> Any:
+    me = Address(f"{role}0", role, "127.0.0.1", 1, 2)
     spec = InstanceSpec(
         me, "pdd", "", {me.name: me}, config_to_json(load_config()), time.monotonic()
     )
-    return Frontend(spec)
+    made = cls(spec)
+    made.told = []
+
+    async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+        made.told.append((name, kind, body))
+        return 0
+
+    made.tell = tell
+    return made
+
+
+def frontend() -> Frontend:
+    return instance(Frontend, "FE")
 
 
 def tokens(rid: str, index: int, role: str) -> Envelope:
