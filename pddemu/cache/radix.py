@@ -146,10 +146,6 @@ class RadixCache:
         return self._pinned
 
     @property
-    def evictable_size(self) -> int:
-        return self._size - self._pinned
-
-    @property
     def num_pages(self) -> int:
         return self._pages
 

@@ -78,11 +78,6 @@ class KV:
         return cls._concat(parts, _TOKEN_AXIS, "tokens")
 
     @classmethod
-    def concat_layers(cls, parts: Sequence[KV]) -> KV:
-        """A new KV stacking layer ranges of the same tokens (reassembles wire chunks)."""
-        return cls._concat(parts, 0, "layers")
-
-    @classmethod
     def _concat(cls, parts: Sequence[KV], axis: int, what: str) -> KV:
         if not parts:
             raise KVError(f"concat of {what} needs at least one KV")

@@ -80,17 +80,10 @@ def test_bad_layer_range_raises() -> None:
         random_kv(2).layer_slice(1, 3)
 
 
-def test_concat_tokens_and_layers_reassemble_chunks() -> None:
+def test_concat_reassembles_token_chunks() -> None:
     kv = random_kv(30)
     token_chunks = [kv.token_slice(0, 7), kv.token_slice(7, 30)]
     assert torch.equal(KV.concat(token_chunks).tensor, kv.tensor)
-    grid = [
-        KV.concat_layers(
-            [kv.layer_slice(0, 1).token_slice(a, b), kv.layer_slice(1, 2).token_slice(a, b)]
-        )
-        for a, b in ((0, 10), (10, 30))
-    ]
-    assert torch.equal(KV.concat(grid).tensor, kv.tensor)
 
 
 def test_concat_mismatch_raises() -> None:
