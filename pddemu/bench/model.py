@@ -229,9 +229,10 @@ def _stream_agreement(model: TinyTransformer, n_prompts: int, new_tokens: int, s
 
     reference: prefill (one chunk) then decode one request at a time.
     batched:   prefill in random chunk sizes, decode in random batches of 1..32 requests.
-    handoff:   prefill (chunk 64) -> KV copied through bytes to relay and main decode; the relay
-               decodes h eager tokens (random h, batched); the main decode recomputes their KV
-               with one extend, then decodes the rest in random batches.
+    relay:     prefill (chunk 64) -> KV copied through bytes to the relay, which decodes h
+               eager tokens (random h, batched): compared up to h.
+    handoff:   the main decode takes P's KV (copied through bytes) and the relay's h tokens,
+               recomputes their KV with one extend, then decodes the rest in random batches.
     """
     rng = random.Random(seed)
     prompts = _prompts(n_prompts, seed)
@@ -277,14 +278,15 @@ def _stream_agreement(model: TinyTransformer, n_prompts: int, new_tokens: int, s
         "max_abs_logit_diff": 0.0,
         "paths_seconds": round(paths_s, 2),
     }
-    for name, streams in (("batched", batched), ("handoff", handoff)):
+    # The relay's streams stop at their handoff point: each is compared as a prefix.
+    for name, streams in (("batched", batched), ("relay", relay), ("handoff", handoff)):
         mismatches = sum(
             a != b
             for ref, s in zip(reference, streams, strict=True)
-            for a, b in zip(ref.tokens, s.tokens, strict=True)
+            for a, b in zip(ref.tokens[: len(s.tokens)], s.tokens, strict=True)
         )
         diff = max(
-            float((torch.stack(ref.logits) - torch.stack(s.logits)).abs().max())
+            float((torch.stack(ref.logits[: len(s.logits)]) - torch.stack(s.logits)).abs().max())
             for ref, s in zip(reference, streams, strict=True)
         )
         result[name] = {"token_mismatches": mismatches, "max_abs_logit_diff": diff}
