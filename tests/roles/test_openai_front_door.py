@@ -15,6 +15,7 @@ from aiohttp import web
 
 from pddemu.model import VOCAB_SIZE, ByteTokenizer
 from pddemu.roles.frontend import Flight, Frontend
+from pddemu.roles.openai_api import MAX_PROMPT_TOKENS
 from tests.roles.in_process import OUTPUT, frontend, tokens
 
 Play = Callable[[Frontend, Flight], Awaitable[None]]
@@ -123,6 +124,7 @@ def test_a_failed_request_is_an_openai_error_whole_or_streamed() -> None:
             "messages[0].content[0]",
         ),
         ("completions", {"prompt": "x", "user": 123}, 400, "user"),
+        ("completions", {"prompt": "x" * MAX_PROMPT_TOKENS}, 400, "prompt"),
         (
             "completions",
             {"prompt": "x", "stream_options": {"include_usage": True}},
