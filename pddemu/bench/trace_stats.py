@@ -13,7 +13,6 @@ Two measurements:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,26 +32,37 @@ TARGET_SECONDS = 60.0
 TARGET_RSS_BYTES = 4 * 2**30
 
 
+# The child reads its own high-water mark: wait4's ru_maxrss would also count the pages it
+# shared with this (large) process between fork and exec.
+_CLI_WITH_PEAK = """
+import sys
+from pddemu.cli import main
+status = main(sys.argv[2:])
+with open("/proc/self/status") as proc_status:
+    peak_kib = next(line.split()[1] for line in proc_status if line.startswith("VmHWM:"))
+with open(sys.argv[1], "w") as report:
+    report.write(peak_kib)
+sys.exit(status)
+"""
+
+
 def _run_cli(path: Path, cache_tokens: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Wall time and the child's own peak RSS (from wait4; Linux reports KiB), and its output."""
-    command = [sys.executable, "-m", "pddemu.cli", "trace", "stats", str(path), "--json"]
+    """Wall time, the child's own peak RSS (VmHWM) and its output."""
+    arguments = ["trace", "stats", str(path), "--json"]
     if cache_tokens is not None:
-        command += ["--cache-tokens", str(cache_tokens)]
-    with tempfile.TemporaryFile() as errors:
+        arguments += ["--cache-tokens", str(cache_tokens)]
+    with tempfile.TemporaryDirectory() as scratch:
+        peak_file = Path(scratch) / "peak_kib"
+        command = [sys.executable, "-c", _CLI_WITH_PEAK, str(peak_file), *arguments]
         started = time.perf_counter()
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors)
-        assert child.stdout is not None
-        out = child.stdout.read()
-        child.stdout.close()
-        _, status, usage = os.wait4(child.pid, 0)
+        done = subprocess.run(command, capture_output=True, check=False)
         wall_s = time.perf_counter() - started
-        child.returncode = os.waitstatus_to_exitcode(status)
-        if child.returncode != 0:
-            errors.seek(0)
-            message = errors.read().decode(errors="replace")
-            raise RuntimeError(f"{' '.join(command)} failed: {message}")
-    measured = {"wall_s": round(wall_s, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
-    return measured, json.loads(out)
+        if done.returncode != 0:
+            message = done.stderr.decode(errors="replace")
+            raise RuntimeError(f"pddemu {' '.join(arguments)} failed: {message}")
+        peak_kib = int(peak_file.read_text())
+    measured = {"wall_s": round(wall_s, 2), "peak_rss_mib": round(peak_kib / 1024, 1)}
+    return measured, json.loads(done.stdout)
 
 
 def _cache_share(path: Path) -> dict[str, Any]:
