@@ -206,8 +206,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from netem import rootless
 
     wan, intra = _link_specs(args)
-    if args.rootless or rootless.needed():
-        rootless.enter_user_namespace()
+    rootless.ensure_network_privileges(force=args.rootless)
     from netem.topology import Network, TopologyError
 
     stop = threading.Event()

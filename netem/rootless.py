@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import threading
 from pathlib import Path
 
 from netem import nsutil
@@ -25,8 +24,11 @@ class RootlessError(RuntimeError):
 
 
 def enter_user_namespace() -> None:
-    if threading.active_count() > 1:
-        raise RootlessError("a user namespace must be entered before any thread starts")
+    threads = len(os.listdir("/proc/self/task"))  # native ones too (BLAS, torch), not just Python's
+    if threads > 1:
+        raise RootlessError(
+            f"a user namespace must be entered before any thread starts ({threads} are running)"
+        )
     uid, gid = os.geteuid(), os.getegid()
     try:
         nsutil.unshare(nsutil.CLONE_NEWUSER | nsutil.CLONE_NEWNS | nsutil.CLONE_NEWNET)
@@ -58,3 +60,13 @@ def enter_user_namespace() -> None:
 def needed() -> bool:
     """Whether this process lacks the privileges to make namespaces itself."""
     return os.geteuid() != 0
+
+
+def ensure_network_privileges(force: bool = False) -> None:
+    """Root, or root of a private user namespace (always one when `force`: the non-root path,
+    taken as root); RootlessError naming the fix where the kernel refuses."""
+    if force or needed():
+        try:
+            enter_user_namespace()
+        except RootlessError as error:
+            raise RootlessError(f"not root, and {error}" if needed() else str(error)) from None

@@ -13,6 +13,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("emulate", "pddemu.emulate"),
     ("serve", "pddemu.serve"),
 ]
+NETWORK_COMMANDS = ("emulate", "serve")  # they make namespaces: root, or a user namespace
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a sub-command; a user's mistake (config, trace, arguments) or a machine that cannot
     host the network gets one line naming the problem, not a traceback."""
-    from netem.rootless import RootlessError
+    from netem.rootless import RootlessError, ensure_network_privileges
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in NETWORK_COMMANDS:
+            # A user namespace can only be entered by a single-threaded process: before the
+            # imports below start numpy's and torch's thread pools.
+            ensure_network_privileges(force="--rootless" in argv)
+    except RootlessError as error:
+        print(f"pddemu: {error}", file=sys.stderr)
+        return 1
+    from netem.registry import RunError
+    from netem.topology import TopologyError
     from pddemu.config import ConfigError
     from pddemu.hardware.errors import HardwareError
     from pddemu.metrics.errors import MetricsError
@@ -56,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     except MetricsError as error:
         print(f"pddemu: the results could not be written: {error}", file=sys.stderr)
         return 1
-    except RootlessError as error:
-        print(f"pddemu: {error}", file=sys.stderr)
+    except (TopologyError, RunError) as error:
+        print(f"pddemu: the emulated network could not be set up: {error}", file=sys.stderr)
         return 1
 
 

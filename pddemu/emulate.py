@@ -29,7 +29,7 @@ from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulated_network import gain_network_privileges, intra_link, scale_model, wan_link
+from pddemu.emulated_network import add_rootless_option, intra_link, scale_model, wan_link
 from pddemu.hardware import load_chip
 from pddemu.metrics import (
     SLO,
@@ -247,6 +247,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value, e.g. --set policy.handoff_mode=one-shot (repeatable)",
     )
+    add_rootless_option(parser)
     parser.set_defaults(func=run_cli)
 
 
@@ -256,7 +257,6 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ConfigError("--requests must be at least 1")
     config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
     workload = workload_of(config)
-    gain_network_privileges()
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)
     try:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from netem import rootless
+import argparse
+
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig
 from pddemu.config import Config
@@ -17,6 +18,15 @@ def scale_model(config: Config) -> ScaleModel:
         target_kv_bytes_per_token=load_target(config.target).kv_bytes_per_token,
         token_scale=config.scale.token_scale,
         time_scale=config.scale.time_scale,
+    )
+
+
+def add_rootless_option(parser: argparse.ArgumentParser) -> None:
+    """`--rootless` (acted on by `pddemu.cli.main` before anything else runs)."""
+    parser.add_argument(
+        "--rootless",
+        action="store_true",
+        help="run in a private user namespace even as root (the path a non-root user takes)",
     )
 
 
@@ -44,13 +54,3 @@ def intra_link(config: Config, scale: ScaleModel) -> LinkConfig | None:
     return LinkConfig.symmetric(
         LinkSpec(rate_bps=rate if intra.rate_bps else None, delay_s=delay, jitter_s=jitter)
     )
-
-
-def gain_network_privileges() -> None:
-    """Namespaces need root: without it, move into a private user namespace (RootlessError,
-    naming the fix, where the kernel refuses)."""
-    if rootless.needed():
-        try:
-            rootless.enter_user_namespace()
-        except rootless.RootlessError as error:
-            raise rootless.RootlessError(f"not root, and {error}") from None

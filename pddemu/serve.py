@@ -21,7 +21,7 @@ import uvloop
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulated_network import gain_network_privileges, intra_link, scale_model, wan_link
+from pddemu.emulated_network import add_rootless_option, intra_link, scale_model, wan_link
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
@@ -59,12 +59,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--run-dir", type=Path, default=Path("runs/serve"), help="logs and instance specs"
     )
+    add_rootless_option(parser)
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    gain_network_privileges()
     scale = scale_model(config)
     with Network(
         LinkConfig.symmetric(wan_link(config, scale)), intra=intra_link(config, scale)

@@ -24,7 +24,7 @@ import uvloop
 from netem.topology import LinkConfig, Network
 from pddemu.config import Config, load_config
 from pddemu.emulate import run_system
-from pddemu.emulated_network import gain_network_privileges, scale_model, wan_link
+from pddemu.emulated_network import scale_model, wan_link
 from pddemu.workload.replay_source import WorkloadRequest
 
 PAPER = {
@@ -84,7 +84,6 @@ def stalls(
 
 
 def run(quick: bool) -> dict[str, Any]:
-    gain_network_privileges()
     base = load_config(None, OVERRIDES)
     requests = workload(base, 12 if quick else 40, seed=0)
     results: dict[str, Any] = {

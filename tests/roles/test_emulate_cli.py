@@ -134,3 +134,21 @@ def test_interrupted_or_killed_run_leaves_nothing(
     if signum == signal.SIGINT:
         assert process.returncode == 130
     assert wait_clean(out) == ([], [])
+
+
+def test_rootless_run_lives_in_a_user_namespace(clean_start: None, tmp_path: Path) -> None:
+    """The path a non-root user takes, as root with --rootless: the run's namespaces are made
+    inside a private user namespace, so the host never sees them."""
+    before = set(list_namespaces())
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [*EMULATE, "--rootless", "--out", str(out), "--system", "pdd", "--requests", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    pdd = json.loads((out / "summary.json").read_text())["systems"]["pdd"]
+    assert pdd["requests"]["completed"] == 2 and pdd["token_mismatches"] == 0
+    assert set(list_namespaces()) <= before
+    assert role_processes(out) == []
