@@ -93,6 +93,7 @@ def summarize(
         "system": system,
         "requests": _request_counts(records),
         "ttft_s": describe([r.ttft_s for r in completed]),
+        "ttft_s_by_hit": _ttft_by_hit(completed),
         "tpot_s": describe([r.tpot_s for r in completed if r.tpot_s is not None]),
         "itl_s": describe(pooled_itls(completed)),
         "e2el_s": describe([r.e2el_s for r in completed]),
@@ -222,6 +223,22 @@ def _hit_rates(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "bucket_labels": hit_bucket_labels(),
         "p_side_buckets": p_side["buckets"],
         "md_side_buckets": md_side["buckets"],
+    }
+
+
+TTFT_HIT_GROUPS = {"0-90%": (0,), "90-95%": (1,), "95-100%": (2, 3, 4, 5, 6)}  # bucket indices
+
+
+def _ttft_by_hit(completed: Sequence[RequestRecord]) -> dict[str, Any]:
+    """TTFT of completed requests grouped by their P-side hit rate (the workload's own hit,
+    known in every system): PDD's point is that the few low-hit requests make the tail."""
+    inputs = np.asarray([r.input_tokens for r in completed], dtype=np.int64)
+    hits = np.asarray([r.p_hit_tokens for r in completed], dtype=np.int64)
+    buckets = hit_buckets(hits, inputs) if completed else np.empty(0, dtype=np.int64)
+    ttfts = np.asarray([r.ttft_s for r in completed], dtype=np.float64)
+    return {
+        group: describe(ttfts[np.isin(buckets, indices)])
+        for group, indices in TTFT_HIT_GROUPS.items()
     }
 
 

@@ -101,6 +101,8 @@ ROWS: tuple[TableRow, ...] = (
     _metric("TTFT p50", "ttft_s.p50", seconds, compare=True),
     _metric("TTFT p90", "ttft_s.p90", seconds, compare=True),
     _metric("TTFT p99", "ttft_s.p99", seconds, compare=True),
+    _metric("TTFT p90, hit < 90%", "ttft_s_by_hit.0-90%.p90", seconds),
+    _metric("TTFT p90, hit >= 95%", "ttft_s_by_hit.95-100%.p90", seconds),
     _metric("TPOT p50", "tpot_s.p50", seconds),
     _metric("TPOT p99", "tpot_s.p99", seconds),
     _metric("ITL p99", "itl_s.p99", seconds),

@@ -114,6 +114,18 @@ def test_requests_goodput_cost_and_bcr() -> None:
     assert s["bcr"] == pytest.approx(0.5 / 27)
 
 
+def test_ttft_grouped_by_the_requests_hit_rate() -> None:
+    by_hit = pdd_summary()["ttft_s_by_hit"]
+    # P-side hits of 100 input tokens: r2 0 (TTFT 2.0), r1 90 (1.0), r3 99 (0.5), r5 95 (1.0);
+    # r4 failed and has no TTFT. 90 % is the lower edge of 90-95 %, 95 % of 95-100 %.
+    assert list(by_hit) == ["0-90%", "90-95%", "95-100%"]
+    assert (by_hit["0-90%"]["count"], by_hit["0-90%"]["p50"]) == (1, pytest.approx(2.0))
+    assert (by_hit["90-95%"]["count"], by_hit["90-95%"]["p50"]) == (1, pytest.approx(1.0))
+    assert by_hit["95-100%"]["count"] == 2
+    assert by_hit["95-100%"]["mean"] == pytest.approx(0.75)
+    assert by_hit["95-100%"]["max"] == pytest.approx(1.0)
+
+
 def test_tpot_target_decides_goodput() -> None:
     tight = summarize(
         "pdd",
