@@ -248,11 +248,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    source = str(path)
+    source = _shown(path)
     for override in overrides or []:
         apply_override(data, override)
         source += f" + {override}"
     return config_from_dict(data, source)
+
+
+def _shown(path: Path) -> str:
+    """A path as reports show it: relative to the project for its own configs, so that a
+    run's files do not depend on where the project was checked out."""
+    resolved = path.resolve()
+    project = DEFAULT_CONFIG.parent.parent
+    return str(resolved.relative_to(project)) if resolved.is_relative_to(project) else str(path)
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:

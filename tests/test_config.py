@@ -41,3 +41,11 @@ def test_arrival_rate_trace_keeps_the_trace_timestamps() -> None:
 def test_bad_workload_values_are_named(override: str, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         load_config(overrides=[override])
+
+
+def test_the_projects_own_configs_are_named_relative_to_it() -> None:
+    """A run's summary.json names its config the same wherever the project is checked out."""
+    assert load_config().source == "configs/default.toml"
+    assert load_config(overrides=["workload.seed=1"]).source == (
+        "configs/default.toml + workload.seed=1"
+    )
