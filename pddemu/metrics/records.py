@@ -47,7 +47,8 @@ class RequestRecord:
     anomaly_filtered: bool = False
     token_mismatch: bool = False  # the user's tokens differ from the single-process reference
     duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
-    gap_tokens: int = 0  # positions received but never delivered, a missing one ahead (must be 0)
+    gap_tokens: int = 0  # positions received but held back behind a missing one when the request
+    # ended (a failed request's diagnosis; a completed request has none)
 
     @property
     def ttft_s(self) -> float | None:

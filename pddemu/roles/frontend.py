@@ -60,6 +60,7 @@ class Flight:
     transfers_reported: asyncio.Event = field(default_factory=asyncio.Event)
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # the record is final
     loaded: list[str] = field(default_factory=list)  # instances whose load counts this request
+    recorded: bool = False  # the record is written: tokens arriving later are not the user's
 
     @property
     def output_ids(self) -> list[int]:
@@ -305,6 +306,7 @@ class Frontend(Instance):
             self.errors.append(f"cleanup: {error!r}")
 
     def finish_record(self, flight: Flight) -> None:
+        flight.recorded = True
         record = flight.record
         times = record.token_times_s
         record.output_tokens = len(times)
@@ -382,7 +384,7 @@ class Frontend(Instance):
         """
         body = message.body
         flight = self.flights.get(body["rid"])
-        if flight is None:
+        if flight is None or flight.recorded:  # a failed request's stream is already closed
             return
         index, token, first = int(body["index"]), int(body["id"]), int(body["first"])
         known = flight.ids.setdefault(index, token)

@@ -43,3 +43,18 @@ def test_overlapping_copies_are_dropped_and_the_stream_completes_in_order() -> N
     duplicates, gap, times, done, handoff_at = asyncio.run(scenario())
     assert (duplicates, gap, done, handoff_at) == (SCALE, 0, True, 1 + SCALE)
     assert len(times) == OUTPUT and times == sorted(times)
+
+
+def test_tokens_after_the_record_is_written_leave_it_alone() -> None:
+    async def scenario() -> tuple[int, int, int]:
+        fe = frontend()
+        flight = admit(fe, "r3")
+        await fe.on_tokens(tokens("r3", 0, "RLD"))
+        fe.fail(flight, "test: timed out")
+        fe.finish_record(flight)
+        await fe.on_tokens(tokens("r3", 1, "RLD"))  # late: the transfer wait is still running
+        record = flight.record
+        return record.output_tokens, len(record.token_times_s), record.gap_tokens
+
+    output_tokens, times, gap = asyncio.run(scenario())
+    assert output_tokens == times == 1 and gap == 0
