@@ -13,7 +13,10 @@ _COMMANDS: list[tuple[str, str]] = [
     ("emulate", "pddemu.emulate"),
     ("serve", "pddemu.serve"),
 ]
-NETWORK_COMMANDS = ("emulate", "serve")  # they make namespaces: root, or a user namespace
+SERVE_NEEDS_ROOT = (
+    "pddemu serve needs root: without it the emulated network would live in a private user "
+    "namespace that no client on this host can reach; run it as root (e.g. with sudo)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,14 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a sub-command; a user's mistake (config, trace, arguments) or a machine that cannot
     host the network gets one line naming the problem, not a traceback."""
-    from netem.rootless import RootlessError, ensure_network_privileges
+    from netem.rootless import RootlessError, ensure_network_privileges, needed
 
     argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and not {"-h", "--help"} & set(argv) else None
     try:
-        if argv and argv[0] in NETWORK_COMMANDS:
+        if command == "emulate":
             # A user namespace can only be entered by a single-threaded process: before the
             # imports below start numpy's and torch's thread pools.
             ensure_network_privileges(force="--rootless" in argv)
+        elif command == "serve" and needed():
+            raise RootlessError(SERVE_NEEDS_ROOT)
     except RootlessError as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 1
@@ -71,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (TopologyError, RunError) as error:
         print(f"pddemu: the emulated network could not be set up: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        if error.filename is None:  # not about a path the user gave: a defect, keep the trace
+            raise
+        print(f"pddemu: {error.filename}: {error.strerror}", file=sys.stderr)
         return 1
 
 

@@ -5,8 +5,9 @@ check every token against the single-process reference, and write the run's file
                    [--trace NAME|PATH] [--requests N] [--seed S]
 
 Exit status: 0 when every delivered stream equals the reference (failed requests, such as
-timeouts under overload, are results and are reported), 3 when a stream differs from it (an
-emulator defect), 2 for bad input, 130 when interrupted.
+timeouts under overload, are results and are reported), 3 when a stream differs from it or the
+replayer could not read the frontend's answer (an emulator defect), 2 for bad input, 1 when the
+network cannot be set up or the results cannot be written, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class SystemRun:
     records: list[RequestRecord]
     outputs: dict[str, list[int]]
     instances: list[InstanceReport]
+    protocol_errors: int = 0  # frontend answers the replayer could not read
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -95,7 +97,11 @@ async def run_system(
         for error in instance["errors"]:
             print(f"[{system}] {name}: {error}", file=sys.stderr)
     return SystemRun(
-        system, result.records, result.outputs, instance_reports(config, deployment, stats)
+        system,
+        result.records,
+        result.outputs,
+        instance_reports(config, deployment, stats),
+        result.protocol_errors,
     )
 
 
@@ -126,7 +132,7 @@ def instance_reports(
     return reports
 
 
-TOKEN_MISMATCH_EXIT = 3  # a delivered stream differs from the single-process reference
+DEFECT_EXIT = 3  # a stream differs from the reference, or an answer could not be read
 
 
 def workload_of(config: Config) -> list[Any]:
@@ -199,6 +205,7 @@ def write_outputs(
         "trace": config.workload.trace,
         "requests": config.workload.requests,
         "seed": config.workload.seed,
+        "arrival_rate": config.workload.arrival_rate or "trace",
         "wan_modelled": {
             "rate_bps": config.wan.rate_bps,
             "delay_s": config.wan.delay_s,
@@ -214,17 +221,20 @@ def write_outputs(
     )
     failed = sum(s["requests"]["failed"] for s in summaries.values())
     mismatches = sum(s["token_mismatches"] for s in summaries.values())
+    protocol_errors = sum(run.protocol_errors for run in runs.values())
     if failed or mismatches:
         print(
-            f"pddemu: {failed} failed requests, {mismatches} token mismatches (see requests.csv)",
+            f"pddemu: {failed} failed requests ({protocol_errors} of them answers the replayer "
+            f"could not read), {mismatches} token mismatches (see requests.csv)",
             file=sys.stderr,
         )
-    return TOKEN_MISMATCH_EXIT if mismatches else 0
+    return DEFECT_EXIT if mismatches or protocol_errors else 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "emulate",
+        allow_abbrev=False,  # `--rootless` is acted on before parsing, by its full name
         help="replay a workload through pdd, naive and indc",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

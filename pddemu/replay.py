@@ -34,6 +34,7 @@ class Replayable(Protocol):
 class ReplayResult:
     records: list[RequestRecord]
     outputs: dict[str, list[int]] = field(default_factory=dict)
+    protocol_errors: int = 0  # answers the replayer could not read: an emulator defect
 
 
 @dataclass
@@ -132,6 +133,9 @@ async def _one(
         if record is None:
             raise RuntimeError("the frontend closed the stream without the request's record")
     except Exception as error:  # any failure ends the request in a record, never in a lost task
+        lost_connection = isinstance(error, TimeoutError | aiohttp.ClientError)
+        result.protocol_errors += not lost_connection
+        kind = "" if lost_connection else "protocol error: "
         record = RequestRecord(
             request_id=request.request_id,
             system=system,
@@ -139,7 +143,7 @@ async def _one(
             input_tokens=int(request.input_tokens),
             expected_output_tokens=int(request.output_tokens),
             state="failed",
-            failure_reason=f"replayer: {type(error).__name__}: {error}",
+            failure_reason=f"replayer: {kind}{type(error).__name__}: {error}",
         )
     result.records.append(record)
     progress.in_flight -= 1

@@ -4,7 +4,8 @@
 
 Prints one JSON line when ready: {"ready": true, "base_url": "http://198.18.x.y:PORT/v1", ...};
 point any OpenAI client or benchmark tool at base_url (model "pddemu"). Runs until SIGINT or
-SIGTERM, then removes everything it made.
+SIGTERM, then removes everything it made. Needs root: the host's clients must reach the
+emulated datacenter, which a private user namespace (`pddemu emulate`'s way without root) hides.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import uvloop
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulated_network import add_rootless_option, intra_link, scale_model, wan_link
+from pddemu.emulated_network import intra_link, scale_model, wan_link
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
@@ -59,7 +60,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--run-dir", type=Path, default=Path("runs/serve"), help="logs and instance specs"
     )
-    add_rootless_option(parser)
     parser.set_defaults(func=run_cli)
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import pddemu.bench.__main__ as bench_main
 import pddemu.bench.costmodel
+from netem.rootless import RootlessError
 from pddemu.bench.__main__ import main
 
 
@@ -25,3 +27,17 @@ def test_a_failing_benchmark_is_recorded_and_the_rest_run(
     assert failed["targets"] == {"ran": False}
     wire = json.loads((tmp_path / "wire.json").read_text())  # runs after the failed one
     assert "error" not in wire and wire["targets"]
+
+
+def test_without_network_privileges_only_the_network_benchmarks_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused() -> None:
+        raise RootlessError("not root, and user namespaces are refused here")
+
+    monkeypatch.setattr(bench_main, "ensure_network_privileges", refused)
+    status = main(["--only", "handoff", "--only", "costmodel", "--quick", "--out", str(tmp_path)])
+    assert status == 1
+    handoff = json.loads((tmp_path / "handoff.json").read_text())
+    assert handoff["error"] == "RootlessError: not root, and user namespaces are refused here"
+    assert "error" not in json.loads((tmp_path / "costmodel.json").read_text())

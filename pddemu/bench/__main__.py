@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pddemu.bench as bench_pkg
-from netem.rootless import ensure_network_privileges
+from netem.rootless import RootlessError, ensure_network_privileges
 
 NETWORK_BENCHMARKS = ("handoff",)  # they make namespaces: root, or a user namespace
 
@@ -38,13 +38,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown benchmark(s): {', '.join(sorted(unknown))}; have {', '.join(names)}"
             )
         names = [n for n in names if n in args.only]
+    no_network = None
     if set(names) & set(NETWORK_BENCHMARKS):
-        ensure_network_privileges()  # while this process has one thread (see netem.rootless)
+        try:
+            ensure_network_privileges()  # while this process has one thread (see netem.rootless)
+        except RootlessError as error:
+            no_network = error
     failed = []
     for name in names:
         print(f"bench {name} ...", file=sys.stderr, flush=True)
         started = time.time()
         try:
+            if no_network is not None and name in NETWORK_BENCHMARKS:
+                raise no_network
             result = importlib.import_module(f"pddemu.bench.{name}").run(quick=args.quick)
         except Exception as error:  # noqa: BLE001 - one broken benchmark must not hide the rest
             result = {"error": f"{type(error).__name__}: {error}", "targets": {"ran": False}}

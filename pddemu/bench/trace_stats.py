@@ -1,9 +1,9 @@
 """`pddemu trace stats` on the full WEKA agentic trace: wall time, peak memory, cache share.
 
 Two measurements:
-- the command itself, `python -m pddemu.cli trace stats WEKA --json`, as a child process, with an
-  infinite cache and with `--cache-tokens 10000000`: wall time (interpreter start included) and
-  the child's peak RSS from `wait4`; targets: under 60 s and under 4 GiB each;
+- the command itself, `pddemu trace stats WEKA --json` (the CLI's `main`) in a child process,
+  with an infinite cache and with `--cache-tokens 10000000`: wall time (interpreter start
+  included) and the child's own peak RSS (VmHWM); targets: under 60 s and under 4 GiB each;
 - in this process, one pass of the reader feeding both prefix-hit counters, timing the radix
   cache's part (`match` + `insert`) apart from reading and parsing, to show where time goes.
 

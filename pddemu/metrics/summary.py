@@ -230,8 +230,8 @@ TTFT_HIT_GROUPS = {"0-90%": (0,), "90-95%": (1,), "95-100%": (2, 3, 4, 5, 6)}  #
 
 
 def _ttft_by_hit(completed: Sequence[RequestRecord]) -> dict[str, Any]:
-    """TTFT of completed requests grouped by their P-side hit rate (the workload's own hit,
-    known in every system): PDD's point is that the few low-hit requests make the tail."""
+    """TTFT of completed requests grouped by their P-side hit rate (P's measured prefix-cache
+    hit, known in every system): PDD's point is that the few low-hit requests make the tail."""
     inputs = np.asarray([r.input_tokens for r in completed], dtype=np.int64)
     hits = np.asarray([r.p_hit_tokens for r in completed], dtype=np.int64)
     buckets = hit_buckets(hits, inputs) if completed else np.empty(0, dtype=np.int64)

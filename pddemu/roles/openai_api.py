@@ -131,14 +131,15 @@ class OpenAIFrontDoor:
             raise RequestError(
                 "'stream_options' is only allowed with stream: true", "stream_options"
             )
-        if not isinstance(options, dict) or not isinstance(
-            options.get("include_usage", False), bool
-        ):
+        include_usage = (
+            _given(options, "include_usage", False) if isinstance(options, dict) else None
+        )
+        if not isinstance(include_usage, bool):
             raise RequestError(
                 "'stream_options' must be an object with a boolean 'include_usage'",
                 "stream_options",
             )
-        return bool(options.get("include_usage", False))
+        return include_usage
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -177,7 +178,7 @@ class OpenAIFrontDoor:
                 raise RequestError(
                     f"messages[{i}] must be an object with a 'role'", f"messages[{i}]"
                 )
-            content = message.get("content")
+            content = _given(message, "content", "")  # an assistant turn may have none
             if isinstance(content, list):
                 content = "".join(
                     self._text_part(part, f"messages[{i}].content[{j}]")
@@ -267,7 +268,11 @@ class OpenAIFrontDoor:
         record = flight.record
         if record.state != "completed":
             failure = _error_body(f"the request failed: {record.failure_reason}", 500)
-            return web.json_response({**failure, "pddemu": record.to_dict()}, status=500)
+            return web.json_response(
+                {**failure, "pddemu": record.to_dict()},
+                status=500,
+                headers={"x-should-retry": "false"},  # a retry would add load to an overload
+            )
         text = self.tokenizer.decode(ids)
         finish = "length"
         if chat:

@@ -137,18 +137,27 @@ def test_interrupted_or_killed_run_leaves_nothing(
 
 
 def test_rootless_run_lives_in_a_user_namespace(clean_start: None, tmp_path: Path) -> None:
-    """The path a non-root user takes, as root with --rootless: the run's namespaces are made
-    inside a private user namespace, so the host never sees them."""
-    before = set(list_namespaces())
+    """The path a non-root user takes, as root with --rootless: the instances run in a private
+    user namespace, and the run's network namespaces never appear on the host."""
     out = tmp_path / "run"
-    done = subprocess.run(
+    process = subprocess.Popen(
         [*EMULATE, "--rootless", "--out", str(out), "--system", "pdd", "--requests", "2"],
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    seen = []
+    for line in process.stderr:  # requests are flowing: every instance is up
+        seen.append(line)
+        if "in flight" in line:
+            break
+    instances = role_processes(out)
+    assert instances, f"no instance processes; the run said: {''.join(seen)[-2000:]}"
+    own = os.readlink("/proc/self/ns/user")
+    assert all(os.readlink(f"/proc/{pid}/ns/user") != own for pid in instances)
+    assert not run_namespaces(out) & set(list_namespaces())
+    seen += process.stderr.readlines()
+    assert process.wait(600) == 0, "".join(seen)[-3000:]
     pdd = json.loads((out / "summary.json").read_text())["systems"]["pdd"]
     assert pdd["requests"]["completed"] == 2 and pdd["token_mismatches"] == 0
-    assert set(list_namespaces()) <= before
     assert role_processes(out) == []

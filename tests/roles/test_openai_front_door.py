@@ -68,23 +68,58 @@ def test_include_usage_ends_the_stream_with_the_token_counts() -> None:
 
 
 def test_a_failed_request_is_an_openai_error_whole_or_streamed() -> None:
+    flights = []
+
+    async def crash_counted(fe: Frontend, flight: Flight) -> None:
+        flights.append(flight.record.request_id)
+        await crash(fe, flight)
+
     async def client(url: str) -> tuple[int, dict]:
-        api = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused")  # default: retries on 5xx
         with pytest.raises(openai.APIError, match="P0 went away"):
             stream = await api.completions.create(
                 model="pddemu", prompt="abc", max_tokens=OUTPUT, stream=True
             )
             async for _chunk in stream:
                 pass
+        with pytest.raises(openai.InternalServerError, match="P0 went away"):
+            await api.completions.create(model="pddemu", prompt="abc", max_tokens=OUTPUT)
         async with aiohttp.ClientSession() as session:
             body = {"model": "pddemu", "prompt": "abc", "max_tokens": OUTPUT}
             async with session.post(f"{url}/completions", json=body) as reply:
                 return reply.status, await reply.json()
 
-    status, body = asyncio.run(with_front_door(crash, client))
+    status, body = asyncio.run(with_front_door(crash_counted, client))
+    assert len(flights) == 3  # one each: the client did not retry the failed whole request
     assert status == 500
     assert body["error"]["type"] == "server_error" and "P0 went away" in body["error"]["message"]
     assert body["pddemu"]["state"] == "failed"
+
+
+def test_null_stream_options_and_an_assistant_turn_without_content_are_accepted() -> None:
+    async def client(url: str) -> tuple[int, str, int]:
+        async with aiohttp.ClientSession() as session:
+            body = {
+                "model": "pddemu",
+                "prompt": "x",
+                "stream": True,
+                "stream_options": {"include_usage": None},
+            }
+            async with session.post(f"{url}/completions", json=body) as reply:
+                streamed = reply.status, await reply.text()
+            messages = [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None},
+                {"role": "user", "content": "again"},
+            ]
+            body = {"model": "pddemu", "messages": messages, "max_tokens": 4}
+            async with session.post(f"{url}/chat/completions", json=body) as reply:
+                return (*streamed, reply.status)
+
+    stream_status, events, chat_status = asyncio.run(with_front_door(answer, client))
+    assert stream_status == 200 and events.endswith("data: [DONE]\n\n")
+    assert '"usage"' not in events  # include_usage null is its default, false
+    assert chat_status == 200
 
 
 @pytest.mark.parametrize(

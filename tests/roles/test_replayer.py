@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass
 
@@ -84,3 +85,15 @@ def test_every_request_ends_in_a_record_whatever_the_frontend_answers(frontend_u
     assert "TypeError" in by_id["r-extra-key"].failure_reason
     assert "KeyError" in by_id["r-no-ids"].failure_reason
     assert "503" in by_id["r-status"].failure_reason
+    assert result.protocol_errors == 5  # every failure here is the frontend's answer, not a timeout
+
+
+def test_an_unreachable_frontend_is_a_failure_but_not_a_protocol_error() -> None:
+    with socket.socket() as probe:  # a port nothing listens on any more
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clock = ModelledClock(time.monotonic(), 1.0)
+    result = asyncio.run(replay(f"http://127.0.0.1:{port}", [Request("r", 0.0)], clock, "pdd", 0))
+    (record,) = result.records
+    assert record.state == "failed" and "ClientConnectorError" in record.failure_reason
+    assert result.protocol_errors == 0

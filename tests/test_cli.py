@@ -1,0 +1,35 @@
+"""`pddemu`'s entry: privileges are settled before anything else, and only when needed."""
+
+from __future__ import annotations
+
+import pytest
+
+import netem.rootless
+from pddemu.cli import main
+
+
+def refuse(force: bool = False) -> None:
+    raise AssertionError("must not enter a user namespace here")
+
+
+def test_help_never_enters_a_user_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(netem.rootless, "ensure_network_privileges", refuse)
+    with pytest.raises(SystemExit) as done:
+        main(["emulate", "--help"])
+    assert done.value.code == 0
+
+
+def test_serve_without_root_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(netem.rootless, "needed", lambda: True)
+    assert main(["serve"]) == 1
+    assert "pddemu serve needs root" in capsys.readouterr().err
+
+
+def test_an_abbreviated_rootless_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--rootless` is acted on by its full name before parsing; an abbreviation must not pass
+    silently as root while the run stays on the host."""
+    with pytest.raises(SystemExit) as done:
+        main(["emulate", "--rootl", "--out", "unused"])
+    assert done.value.code == 2 and "--rootl" in capsys.readouterr().err
