@@ -30,7 +30,7 @@ from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulated_network import add_rootless_option, intra_link, scale_model, wan_link
+from pddemu.emulated_network import intra_link, scale_model, wan_link
 from pddemu.hardware import load_chip
 from pddemu.metrics import (
     SLO,
@@ -257,7 +257,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value, e.g. --set policy.handoff_mode=one-shot (repeatable)",
     )
-    add_rootless_option(parser)
+    parser.add_argument(  # acted on by pddemu.cli.main, before anything starts a thread
+        "--rootless",
+        action="store_true",
+        help="run in a private user namespace even as root (the path a non-root user takes)",
+    )
     parser.set_defaults(func=run_cli)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig
 from pddemu.config import Config
@@ -18,15 +16,6 @@ def scale_model(config: Config) -> ScaleModel:
         target_kv_bytes_per_token=load_target(config.target).kv_bytes_per_token,
         token_scale=config.scale.token_scale,
         time_scale=config.scale.time_scale,
-    )
-
-
-def add_rootless_option(parser: argparse.ArgumentParser) -> None:
-    """`--rootless` (acted on by `pddemu.cli.main` before anything else runs)."""
-    parser.add_argument(
-        "--rootless",
-        action="store_true",
-        help="run in a private user namespace even as root (the path a non-root user takes)",
     )
 
 
