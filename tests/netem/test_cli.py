@@ -16,6 +16,17 @@ from netem.registry import Registry, list_namespaces
 NETEM = [sys.executable, "-m", "netem.cli"]
 
 
+def ping_from_a(run_name: str, address: str, *options: str) -> subprocess.CompletedProcess:
+    """Two pings from DC A to `address`, through `netem exec` (what a user would type)."""
+    command = ["ping", "-n", "-c", "2", "-i", "0.1", *options, address]
+    return subprocess.run(
+        [*NETEM, "exec", "--name", run_name, "--host", "a", "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -144,55 +155,13 @@ def test_live_change_from_another_process(run_name: str) -> None:
         )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["a2b"]["delay_s"] == pytest.approx(0.03)
-        out = subprocess.run(
-            [
-                *NETEM,
-                "exec",
-                "--name",
-                run_name,
-                "--host",
-                "a",
-                "--",
-                "ping",
-                "-n",
-                "-c",
-                "2",
-                "-i",
-                "0.1",
-                ready["b"]["addr"],
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
+        out = ping_from_a(run_name, ready["b"]["addr"]).stdout
         assert "time=3" in out  # 30 + 5 ms
         down = subprocess.run(
             [*NETEM, "link", "--name", run_name, "down"], capture_output=True, text=True
         )
         assert down.returncode == 0, down.stderr
-        lost = subprocess.run(
-            [
-                *NETEM,
-                "exec",
-                "--name",
-                run_name,
-                "--host",
-                "a",
-                "--",
-                "ping",
-                "-n",
-                "-c",
-                "2",
-                "-i",
-                "0.1",
-                "-W",
-                "1",
-                ready["b"]["addr"],
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        lost = ping_from_a(run_name, ready["b"]["addr"], "-W", "1")
         assert lost.returncode != 0 and " 0 received" in lost.stdout
         missing = subprocess.run(
             [*NETEM, "link", "--name", run_name, "--link", "intra", "down"],
