@@ -12,6 +12,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("trace", "pddemu.workload.cli"),
     ("emulate", "pddemu.emulate"),
     ("serve", "pddemu.serve"),
+    ("config", "pddemu.config_docs"),
 ]
 SERVE_NEEDS_ROOT = (
     "pddemu serve needs root: without it the emulated network would live in a private user "

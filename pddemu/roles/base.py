@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 import traceback
-from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
@@ -121,7 +120,7 @@ class Instance:
             self.config = self.config.with_policy(**(await request.json()))
         except (ValueError, TypeError) as error:
             return web.json_response({"error": str(error)}, status=400)
-        return web.json_response({"policy": asdict(self.config.policy)})
+        return web.json_response({"policy": self.config.policy.model_dump()})
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -9,7 +9,7 @@ ends as an OpenAI error: status 500 when whole, an `error` event when streamed.
 Decoding is greedy (the model's weights are random, sampling parameters would change nothing
 worth measuring); `temperature`, `top_p` and the like are accepted and ignored. Prompts are
 byte-tokenized; with a token scale above 1 each genuine token stands for several modelled ones
-(`pddemu serve` uses token scale 1); a prompt over `MAX_PROMPT_TOKENS` is refused with
+(`pddemu serve` uses token scale 1); a prompt over `[serve] max_prompt_tokens` is refused with
 OpenAI's `context_length_exceeded` rather than risking the machine's memory.
 """
 
@@ -26,7 +26,6 @@ from pddemu.model import ByteTokenizer
 
 MODEL_NAME = "pddemu"
 MAX_TOKENS_LIMIT = 65536
-MAX_PROMPT_TOKENS = 16384  # genuine tokens; a 16K-token prefill takes about 0.4 GiB here
 
 
 class RequestError(Exception):
@@ -98,9 +97,10 @@ class OpenAIFrontDoor:
             return error_response(str(error), error.status, error.param, error.code)
         scale = self.frontend.config.scale.token_scale
         ids = self.tokenizer.encode(prompt)
-        if len(ids) > MAX_PROMPT_TOKENS:
+        limit = self.frontend.config.serve.max_prompt_tokens
+        if len(ids) > limit:
             return error_response(
-                f"the prompt is {len(ids)} tokens; this server takes at most {MAX_PROMPT_TOKENS}",
+                f"the prompt is {len(ids)} tokens; this server takes at most {limit}",
                 400,
                 "messages" if chat else "prompt",
                 "context_length_exceeded",

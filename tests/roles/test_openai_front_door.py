@@ -13,9 +13,9 @@ import openai
 import pytest
 from aiohttp import web
 
+from pddemu.config import ServeConfig
 from pddemu.model import VOCAB_SIZE, ByteTokenizer
 from pddemu.roles.frontend import Flight, Frontend
-from pddemu.roles.openai_api import MAX_PROMPT_TOKENS
 from tests.roles.in_process import OUTPUT, frontend, tokens
 
 Play = Callable[[Frontend, Flight], Awaitable[None]]
@@ -159,7 +159,7 @@ def test_null_stream_options_and_an_assistant_turn_without_content_are_accepted(
             "messages[0].content[0]",
         ),
         ("completions", {"prompt": "x", "user": 123}, 400, "user"),
-        ("completions", {"prompt": "x" * MAX_PROMPT_TOKENS}, 400, "prompt"),
+        ("completions", {"prompt": "x" * ServeConfig().max_prompt_tokens}, 400, "prompt"),
         (
             "completions",
             {"prompt": "x", "stream_options": {"include_usage": True}},
