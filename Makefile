@@ -4,10 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT ?= runs/latest
+# AIPerf, the benchmark client the serve tests drive, in a venv of its own (its dependencies
+# must not touch the project's torch). Pinned: its export layout is what pddemu export writes.
+AIPERF_VERSION := 0.13.0
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
 
-.PHONY: install emulate test bench bench-netem lint clean
+.PHONY: install aiperf emulate test bench bench-netem lint docs clean
 
 install: $(STAMP)
+
+aiperf: $(AIPERF_STAMP)
+
+$(AIPERF_STAMP):
+	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install -q aiperf==$(AIPERF_VERSION)
+	touch $(AIPERF_STAMP)
 
 $(STAMP): pyproject.toml scripts/install-system-deps
 	./scripts/install-system-deps
@@ -19,7 +31,7 @@ $(STAMP): pyproject.toml scripts/install-system-deps
 emulate: install
 	$(BIN)/pddemu emulate --system all --out $(OUT)
 
-test: install
+test: install aiperf
 	$(BIN)/python -m pytest
 
 bench: install
@@ -31,5 +43,8 @@ bench-netem: install
 lint: install
 	$(BIN)/ruff check netem pddemu tests
 
+docs: install  # the pages generated from code
+	$(BIN)/pddemu config docs --out docs/config.md
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(AIPERF_VENV) *.egg-info .pytest_cache

@@ -13,11 +13,8 @@ _COMMANDS: list[tuple[str, str]] = [
     ("emulate", "pddemu.emulate"),
     ("serve", "pddemu.serve"),
     ("config", "pddemu.config_docs"),
+    ("tokenizer", "pddemu.hf_tokenizer"),
 ]
-SERVE_NEEDS_ROOT = (
-    "pddemu serve needs root: without it the emulated network would live in a private user "
-    "namespace that no client on this host can reach; run it as root (e.g. with sudo)"
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,18 +28,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a sub-command; a user's mistake (config, trace, arguments) or a machine that cannot
     host the network gets one line naming the problem, not a traceback."""
-    from netem.rootless import RootlessError, ensure_network_privileges, needed
+    from netem.rootless import RootlessError, ensure_network_privileges
+    from pddemu.host_proxy import ListenError, listen, listen_arguments
 
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and not {"-h", "--help"} & set(argv) else None
+    listener = None
     try:
-        if command == "emulate":
+        if command == "serve":
+            # The host-side socket is made in the host's namespace, before a private one
+            # may be entered below: it stays reachable from the host.
+            listener = listen(*listen_arguments(argv[1:]))
+        if command in ("emulate", "serve"):
             # A user namespace can only be entered by a single-threaded process: before the
             # imports below start numpy's and torch's thread pools.
             ensure_network_privileges(force="--rootless" in argv)
-        elif command == "serve" and needed():
-            raise RootlessError(SERVE_NEEDS_ROOT)
-    except RootlessError as error:
+    except (RootlessError, ListenError) as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 1
     from netem.registry import RunError
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.listener = listener
     try:
         return int(args.func(args) or 0)
     except (

@@ -1,11 +1,17 @@
-"""`pddemu serve`: bring up one emulated system and expose its frontend's OpenAI-compatible API.
+"""`pddemu serve`: bring up one emulated system and expose its OpenAI-compatible API on the host.
 
-    pddemu serve [--config configs/serve.toml] [--system pdd|naive|indc]
+    pddemu serve [--host 127.0.0.1] [--port 8000] [--config configs/serve.toml]
+                 [--system pdd|naive|indc] [--rootless]
 
-Prints one JSON line when ready: {"ready": true, "base_url": "http://198.18.x.y:PORT/v1", ...};
-point any OpenAI client or benchmark tool at base_url (model "pddemu"). Runs until SIGINT or
-SIGTERM, then removes everything it made. Needs root: the host's clients must reach the
-emulated datacenter, which a private user namespace (`pddemu emulate`'s way without root) hides.
+Prints one JSON line when ready:
+  {"ready": true, "url": "http://127.0.0.1:8000", "base_url": "http://127.0.0.1:8000/v1",
+   "model": "pddemu", "tokenizer": ".../pddemu/tokenizer", ...}
+`base_url` is for OpenAI clients (they append /completions); `url` is for benchmark tools that
+append the whole path themselves (AIPerf's --url, vllm bench serve's --base-url); `tokenizer` is
+the model's tokenizer as a Hugging Face directory (their --tokenizer). Only /v1/... and /health
+are served on the host. Runs until SIGINT or SIGTERM, then removes everything it made. Without
+root it runs in a private user namespace, as `pddemu emulate` does; the host port stays
+reachable.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import asyncio
 import json
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -23,20 +30,27 @@ from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
 from pddemu.emulated_network import intra_link, scale_model, wan_link
+from pddemu.hf_tokenizer import shipped_directory
+from pddemu.host_proxy import DEFAULT_HOST, DEFAULT_PORT, HostProxy, listen, server_url
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
 
 
-async def serve(deployment: Deployment, stop: asyncio.Event) -> None:
-    await deployment.start()
+async def serve(deployment: Deployment, stop: asyncio.Event, listener: socket.socket) -> None:
+    proxy = HostProxy(deployment.frontend_url)
     try:
+        await deployment.start()
+        await proxy.start(listener)
+        url = server_url(listener)
         print(
             json.dumps(
                 {
                     "ready": True,
-                    "base_url": deployment.frontend_url + "/v1",
+                    "url": url,
+                    "base_url": url + "/v1",
                     "model": MODEL_NAME,
+                    "tokenizer": str(shipped_directory()),
                     "system": deployment.system,
                     "netns": deployment.network.a.netns,
                 }
@@ -45,25 +59,50 @@ async def serve(deployment: Deployment, stop: asyncio.Event) -> None:
         )
         await stop.wait()
     finally:
+        await proxy.stop()
         await deployment.stop()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
+        allow_abbrev=False,  # `--rootless` is acted on before parsing, by its full name
         help="an OpenAI-compatible endpoint on an emulated system",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", type=Path, default=SERVE_CONFIG)
-    parser.add_argument("--system", choices=SYSTEMS, default="pdd")
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port to listen on (default {DEFAULT_PORT}; 0: any free port, printed when ready)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=SERVE_CONFIG,
+        help="TOML scenario (default: configs/serve.toml, real time and genuine tokens 1:1)",
+    )
+    parser.add_argument(
+        "--system", choices=SYSTEMS, default="pdd", help="the system to serve (default pdd)"
+    )
     parser.add_argument(
         "--run-dir", type=Path, default=Path("runs/serve"), help="logs and instance specs"
+    )
+    parser.add_argument(  # acted on by pddemu.cli.main, before anything starts a thread
+        "--rootless",
+        action="store_true",
+        help="run in a private user namespace even as root (the path a non-root user takes)",
     )
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    # pddemu.cli.main made the socket before entering a private namespace, if it did
+    listener = getattr(args, "listener", None) or listen(args.host, args.port)
     config = load_config(args.config)
     scale = scale_model(config)
     with Network(
@@ -75,7 +114,8 @@ def run_cli(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signum, stop.set)
         deployment = Deployment(args.system, config, network, args.run_dir, time.monotonic())
         try:
-            loop.run_until_complete(serve(deployment, stop))
+            loop.run_until_complete(serve(deployment, stop, listener))
         finally:
             loop.close()
+            listener.close()
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 import netem.rootless
@@ -19,12 +21,17 @@ def test_help_never_enters_a_user_namespace(monkeypatch: pytest.MonkeyPatch) -> 
     assert done.value.code == 0
 
 
-def test_serve_without_root_says_why(
+def test_serve_on_a_busy_port_says_so_before_anything_starts(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(netem.rootless, "needed", lambda: True)
-    assert main(["serve"]) == 1
-    assert "pddemu serve needs root" in capsys.readouterr().err
+    monkeypatch.setattr(netem.rootless, "ensure_network_privileges", refuse)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
 
 
 def test_an_abbreviated_rootless_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

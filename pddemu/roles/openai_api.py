@@ -4,7 +4,9 @@ can then drive the emulated system; each response's last chunk carries the emula
 the request (`pddemu`), which clients ignore (its WAN bytes leave out a transfer still in flight
 when the stream ends; `pddemu emulate` waits for those). With `stream_options.include_usage` a
 last chunk carries the token counts, as benchmark clients expect. A request the emulator fails
-ends as an OpenAI error: status 500 when whole, an `error` event when streamed.
+ends as an OpenAI error: status 500 when whole; when streamed, an `error` event and a cut
+connection (`_fail_stream`). A completion's prompt may be token ids (`prompt: [int, ...]`), taken
+as they are.
 
 Decoding is greedy (the model's weights are random, sampling parameters would change nothing
 worth measuring); `temperature`, `top_p` and the like are accepted and ignored. Prompts are
@@ -68,7 +70,13 @@ class OpenAIFrontDoor:
             {
                 "object": "list",
                 "data": [
-                    {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "pddemu"},
+                    {
+                        "id": MODEL_NAME,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "pddemu",
+                        "root": MODEL_NAME,  # vLLM's benchmark reads it
+                    },
                 ],
             }
         )
@@ -82,7 +90,7 @@ class OpenAIFrontDoor:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await self._body(request)
-            prompt = self._chat_prompt(body) if chat else self._prompt(body)
+            ids = self._chat_prompt_ids(body) if chat else self._prompt_ids(body)
             max_tokens = self._max_tokens(body, chat)
             stream = _given(body, "stream", False)
             if not isinstance(stream, bool):
@@ -96,7 +104,6 @@ class OpenAIFrontDoor:
         except RequestError as error:
             return error_response(str(error), error.status, error.param, error.code)
         scale = self.frontend.config.scale.token_scale
-        ids = self.tokenizer.encode(prompt)
         limit = self.frontend.config.serve.max_prompt_tokens
         if len(ids) > limit:
             return error_response(
@@ -160,13 +167,25 @@ class OpenAIFrontDoor:
             )
         return body
 
-    def _prompt(self, body: dict[str, Any]) -> str:
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        """A text prompt's tokens (BOS first), or a token-id prompt's ids as given."""
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, list) and prompt and all(_is_int(i) for i in prompt):
+            if not all(0 <= i < self.tokenizer.vocab_size for i in prompt):
+                raise RequestError(
+                    f"token ids must be in [0, {self.tokenizer.vocab_size})", "prompt"
+                )
+            return list(prompt)
         if not isinstance(prompt, str) or not prompt:
-            raise RequestError("'prompt' must be a non-empty string", "prompt")
-        return prompt
+            raise RequestError(
+                "'prompt' must be a non-empty string or array of token ids", "prompt"
+            )
+        return self.tokenizer.encode(prompt)
+
+    def _chat_prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        return self.tokenizer.encode(self._chat_prompt(body))
 
     def _chat_prompt(self, body: dict[str, Any]) -> str:
         messages = body.get("messages")
@@ -249,14 +268,13 @@ class OpenAIFrontDoor:
             await _send_event(response, chunk, include_usage)
         record = flight.record.to_dict()
         if flight.record.state != "completed":
-            failure = _error_body(f"the request failed: {flight.record.failure_reason}", 500)
-            await _send_event(response, {**failure, "pddemu": record}, False)
-        else:
-            last = self._chunk(rid, chat, decoder.finish(), "length")
-            await _send_event(response, {**last, "pddemu": record}, include_usage)
-            if include_usage:
-                usage = {**last, "choices": [], "usage": _usage(len(flight.prompt), sent)}
-                await _send_event(response, usage, False)
+            await _fail_stream(request, response, flight.record.failure_reason, record)
+            return response
+        last = self._chunk(rid, chat, decoder.finish(), "length")
+        await _send_event(response, {**last, "pddemu": record}, include_usage)
+        if include_usage:
+            usage = {**last, "choices": [], "usage": _usage(len(flight.prompt), sent)}
+            await _send_event(response, usage, False)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -299,6 +317,10 @@ class OpenAIFrontDoor:
         )
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _given(body: dict[str, Any], key: str, default: Any) -> Any:
     """A field's value, with JSON null meaning "not given" (as OpenAI's API treats it)."""
     value = body.get(key)
@@ -311,6 +333,21 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+async def _fail_stream(
+    request: web.Request, response: web.StreamResponse, reason: str | None, record: dict[str, Any]
+) -> None:
+    """End a stream that failed midway so every client counts a failure: an SSE `error` event
+    (the `openai` client raises it; AIPerf reads `event: error` and its comment), then the
+    connection cut before the chunked body's end (vLLM's benchmark and any HTTP client see an
+    incomplete response rather than a clean end)."""
+    message = f"the request failed: {reason}"
+    data = json.dumps({**_error_body(message, 500), "pddemu": record})
+    comment = message.replace("\n", " ").replace("\r", " ")
+    await response.write(f"event: error\n: {comment}\ndata: {data}\n\n".encode())
+    if request.transport is not None:
+        request.transport.close()
 
 
 async def _send_event(

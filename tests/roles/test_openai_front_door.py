@@ -189,3 +189,56 @@ def test_bodies_openai_accepts_pass_and_others_name_the_field(
         assert reply["error"]["param"] == param and reply["error"]["message"]
     else:
         assert reply["usage"]["completion_tokens"] >= 1
+
+
+async def half_then_crash(fe: Frontend, flight: Flight) -> None:
+    await fe.on_tokens(tokens(flight.record.request_id, 0, "MD"))
+    raise RuntimeError("MD0 went away")
+
+
+def test_a_stream_failing_midway_is_an_error_event_and_an_incomplete_response() -> None:
+    """What vLLM's benchmark (aiohttp, success unless an exception) and AIPerf (`event: error`)
+    both count as a failed request, after a first token they already counted."""
+
+    async def client(url: str) -> tuple[bytes, BaseException | None]:
+        body = {"model": "pddemu", "prompt": "abc", "max_tokens": OUTPUT, "stream": True}
+        received = b""
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/completions", json=body) as reply:
+                assert reply.status == 200
+                try:
+                    async for chunk in reply.content.iter_any():
+                        received += chunk
+                except aiohttp.ClientPayloadError as cut:
+                    return received, cut
+        return received, None
+
+    received, cut = asyncio.run(with_front_door(half_then_crash, client))
+    assert cut is not None, "the stream ended cleanly: a benchmark client would count a success"
+    events = received.decode().split("\n\n")
+    assert events[0].startswith("data: ") and json.loads(events[0][6:])["choices"]
+    error = next(e for e in events if e.startswith("event: error"))
+    lines = error.split("\n")
+    assert lines[1].startswith(": the request failed") and "MD0 went away" in lines[1]
+    assert json.loads(lines[2].removeprefix("data: "))["error"]["type"] == "server_error"
+    assert "[DONE]" not in received.decode()
+
+
+def test_token_id_prompts_are_taken_as_they_are() -> None:
+    async def client(url: str) -> tuple[Any, int, dict]:
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused")
+        reply = await api.completions.create(
+            model="pddemu", prompt=[72, 105, 33, 257], max_tokens=OUTPUT
+        )
+        async with aiohttp.ClientSession() as session:
+            body = {
+                "model": "pddemu",
+                "prompt": [1, frontend().model_config.vocab_size],
+                "max_tokens": 2,
+            }
+            async with session.post(f"{url}/completions", json=body) as refused:
+                return reply, refused.status, await refused.json()
+
+    reply, status, body = asyncio.run(with_front_door(answer, client))
+    assert reply.usage.prompt_tokens == 4  # no BOS added to ids the client chose
+    assert status == 400 and body["error"]["param"] == "prompt"

@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     before = set(list_namespaces())
     run_dir = tmp_path_factory.mktemp("serve")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pddemu.cli", "serve", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--run-dir", str(run_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -78,6 +78,20 @@ def test_chat_completion_whole_and_streamed(server) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "length"
     assert [m.id for m in client.models.list()] == ["pddemu"]
+
+
+def test_the_host_port_serves_only_the_api_and_health(server) -> None:
+    assert server["base_url"] == server["url"] + "/v1"
+    assert server["url"].startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(server["url"] + "/health", timeout=10) as reply:
+        assert reply.status == 200
+    for path in ("/shutdown", "/admin/policy", "/stats"):
+        request = urllib.request.Request(server["url"] + path, data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code in (404, 405), path
+    with urllib.request.urlopen(server["url"] + "/health", timeout=10) as reply:
+        assert json.loads(reply.read())["ok"]  # still up: /shutdown never reached it
 
 
 def post(url: str, body: bytes) -> tuple[int, dict]:
