@@ -14,6 +14,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("serve", "pddemu.serve"),
     ("config", "pddemu.config_docs"),
     ("tokenizer", "pddemu.hf_tokenizer"),
+    ("export", "pddemu.export"),
 ]
 
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from netem.registry import RunError
     from netem.topology import TopologyError
     from pddemu.config import ConfigError
+    from pddemu.export.run import ExportError
     from pddemu.hardware.errors import HardwareError
     from pddemu.metrics.errors import MetricsError
     from pddemu.scale import ScaleError
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         ArrivalError,
         ScaleError,
         HardwareError,
+        ExportError,
     ) as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 2

@@ -89,6 +89,8 @@ def summarize(
     cost = float(sum(i.price_per_hour for i in instances))
     delivered = sum(r.output_tokens for r in records)
     rld_tokens = sum(r.rld_tokens for r in records)
+    input_total = sum(r.input_tokens for r in completed)
+    output_total = sum(r.output_tokens for r in completed)
     return {
         "system": system,
         "requests": _request_counts(records),
@@ -103,6 +105,10 @@ def summarize(
         "slo_attainment": good / len(records) if records else None,
         "goodput_rps": goodput,
         "throughput_rps": _rate(len(completed), duration),
+        "input_tokens_total": input_total,
+        "output_tokens_total": output_total,
+        "output_throughput_tps": _rate(output_total, duration),
+        "total_token_throughput_tps": _rate(input_total + output_total, duration),
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "pipelines": _pipeline_counts(system, records),
         "rld_token_share": rld_tokens / delivered if delivered else None,

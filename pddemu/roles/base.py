@@ -22,6 +22,7 @@ from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.channel import HELLO, Channel, Envelope
 from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.events import EventLog
 from pddemu.wire import Control, KVChunk, Message, TokenIds
 
 log = logging.getLogger("pddemu.instance")
@@ -43,6 +44,7 @@ class Instance:
         self.lag_samples_s: list[float] = []
         self.steps = 0
         self.busy_s = 0.0
+        self.events = EventLog()  # spans for timelines (pddemu export --format perfetto)
         self.model_config = ModelConfig(**self.config.model)
         scale = self.config.scale.token_scale
         self.page_tokens = max(1, self.config.cache_page_tokens // scale)
@@ -131,6 +133,7 @@ class Instance:
             "busy_s": self.busy_s,
             "errors": self.errors,
             "cpu_s": time.process_time(),  # genuine CPU this process used: what the emulation costs
+            "events": self.events.events,
         }
 
     # -- data plane -----------------------------------------------------------------------

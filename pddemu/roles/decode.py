@@ -174,6 +174,7 @@ class DecodeInstance(Instance):
         self.work.set()
 
     def start_decoding(self, request: DecodeRequest) -> None:
+        self.events.begin("decode", request.rid, self.clock.now())
         request.decoding = True
         self.work.set()
 
@@ -210,11 +211,13 @@ class DecodeInstance(Instance):
 
     async def finished(self, request: DecodeRequest) -> None:
         """The request produced its last token (subclasses release what they hold)."""
+        self.events.end("decode", request.rid, self.clock.now())
         self.requests.pop(request.rid, None)
         await self.release_memory(request)
 
     async def drop(self, request: DecodeRequest) -> None:
         """The request leaves this instance before its end (handed over, or ended elsewhere)."""
+        self.events.end("decode", request.rid, self.clock.now())
         request.decoding = False
         request.streaming = False
         self.requests.pop(request.rid, None)
@@ -260,6 +263,7 @@ class DecodeInstance(Instance):
             "body": body,
             "bytes": 0,
             "channel": message.channel,
+            "begun_at": self.clock.now(),  # the transfer's first byte arrived
         }
 
     def received_kv(self, chunk: KVChunk) -> KV:
@@ -302,6 +306,14 @@ class DecodeInstance(Instance):
             )
         body.setdefault("first_chunk_at", self.clock.now())
         body["ended_at"] = self.clock.now()
+        self.events.record(
+            "kv_transfer",
+            rid,
+            state["begun_at"],
+            body["ended_at"],
+            source=body.get("p"),
+            genuine_bytes=state["bytes"],
+        )
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
         # Admission may wait for memory: not on this connection, which P reuses for its next
         # transfer here.

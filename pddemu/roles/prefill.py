@@ -150,9 +150,11 @@ class PrefillInstance(Instance):
                     for job, begin, end in batch
                 ]
             )
-            await self.finish_step(started, duration, genuine)
+            step_end = await self.finish_step(started, duration, genuine)
             for job, _begin, end in batch:
-                self.prefill_tokens += self.modelled_span(job, _begin, end)
+                tokens = self.modelled_span(job, _begin, end)
+                self.events.record("prefill_chunk", job.rid, started, step_end, tokens=tokens)
+                self.prefill_tokens += tokens
                 if end == len(job.prompt):
                     self.finish(job)
                 await job.progress.advance(end, finished=end == len(job.prompt))

@@ -108,6 +108,10 @@ def test_requests_goodput_cost_and_bcr() -> None:
     assert s["slo_attainment"] == pytest.approx(3 / 5)  # r4 failed: counted, not good
     assert s["goodput_rps"] == pytest.approx(0.5)
     assert s["throughput_rps"] == pytest.approx(4 / 6)
+    # completed r1, r2, r3, r5: 100 input tokens each; 4 + 4 + 1 + 3 output tokens
+    assert (s["input_tokens_total"], s["output_tokens_total"]) == (400, 12)
+    assert s["output_throughput_tps"] == pytest.approx(12 / 6)
+    assert s["total_token_throughput_tps"] == pytest.approx(412 / 6)
     assert s["slo"] == {"ttft_s": 1.5, "tpot_s": 0.5}
     assert s["cost_per_hour"] == pytest.approx(27.0)
     assert s["cost_per_hour_by_role"] == {"P": 10.0, "RLD": 5.0, "MD": 12.0}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from netem.registry import list_namespaces
+from pddemu.cli import main
 from tests.conftest import require_namespaces
 
 EMULATE = [sys.executable, "-m", "pddemu.cli", "emulate"]
@@ -108,6 +109,34 @@ def test_a_small_run_writes_every_file(clean_start: None, tmp_path: Path) -> Non
     )
     assert "TTFT p99" in done.stdout
     assert wait_clean(out) == ([], [])
+    assert pdd["output_tokens_total"] > 0 and pdd["output_throughput_tps"] > 0
+    check_exports(out, tmp_path)
+
+
+def check_exports(out: Path, tmp_path: Path) -> None:
+    """The instances' timeline events of a real run reach every request's track."""
+    for kind in ("vllm", "perfetto"):
+        assert main(["export", str(out), "--format", kind, "--out", str(tmp_path / kind)]) == 0
+    assert main(["export", str(out), "--format", "aiperf", "--out", str(tmp_path / "ai")]) == 0
+    vllm = json.loads((tmp_path / "vllm").read_text())
+    assert vllm["completed"] == 6 and len(vllm["itls"]) == 6
+    events = json.loads((tmp_path / "perfetto").read_text())["traceEvents"]
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    names: dict[str, set[str]] = {}
+    for event in events:
+        if event["ph"] == "X":
+            track = threads[(event["pid"], event["tid"])]
+            names.setdefault(track.split(" ")[0], set()).add(event["name"].split(" ")[0])
+    requests = [track for track in names if track.startswith("pdd-janfeb:")]
+    assert len(requests) == 6
+    for track in requests:
+        assert {"queued", "prefill", "KV"} <= names[track], (track, names[track])
+        assert {"decode", "relay"} & names[track], (track, names[track])
+    assert "prefill" in names["P0"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
