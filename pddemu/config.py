@@ -306,6 +306,12 @@ class WorkloadConfig(Section):
     seed: int = Field(
         0, ge=0, description="the same seed gives the same requests, arrivals and link draws"
     )
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="tokens per hash id of a Mooncake trace whose lines do not say (none: "
+        "Mooncake's 512)",
+    )
     arrival_rate: float | None = Field(
         0.5,
         gt=0,

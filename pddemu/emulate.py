@@ -142,6 +142,7 @@ def workload_of(config: Config) -> list[Any]:
         seed=config.workload.seed,
         token_scale=config.scale.token_scale,
         arrival_rate=config.workload.arrival_rate,
+        block_size=config.workload.block_size,
     )
 
 
@@ -247,7 +248,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
     parser.add_argument("--system", choices=[*SYSTEMS, "all"], default="all")
-    parser.add_argument("--trace", help="pdd-janfeb, or a path to a Mooncake / WEKA / CSV trace")
+    parser.add_argument(
+        "--trace", help="pdd-janfeb, or a path to a trace file of a format in docs/traces.md"
+    )
     parser.add_argument("--requests", type=int, help="replay a deterministic sample of N requests")
     parser.add_argument("--seed", type=int, help="seed of the workload and the link's random draws")
     parser.add_argument(

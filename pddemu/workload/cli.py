@@ -31,7 +31,11 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
         description="Request count, input/output length percentiles (linear interpolation) "
         "and the prefix hit-rate distribution of a trace file.",
     )
-    stats.add_argument("path", help="trace file: Mooncake JSONL, WEKA JSONL(.gz) or length CSV")
+    stats.add_argument(
+        "path",
+        help="trace file: Mooncake (and AIPerf's variants), WEKA, Bailian JSONL, BurstGPT or "
+        "length CSV, ShareGPT JSON; gzip read too (docs/traces.md)",
+    )
     stats.add_argument(
         "--cache-tokens",
         type=_non_negative_int,
@@ -39,6 +43,12 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
         help="prefix cache capacity in tokens with LRU eviction (default: infinite)",
     )
     stats.add_argument("--format", choices=sorted(FORMATS), help="skip format detection")
+    stats.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        help="tokens per hash id of a Mooncake trace whose lines have no block_size (default 512)",
+    )
     grouping = stats.add_mutually_exclusive_group()
     grouping.add_argument(
         "--by-day",
@@ -114,10 +124,21 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
 def _run_stats(args: argparse.Namespace) -> int:
     try:
         stats = trace_stats(
-            args.path, format=args.format, cache_tokens=args.cache_tokens, group=args.group
+            args.path,
+            format=args.format,
+            cache_tokens=args.cache_tokens,
+            group=args.group,
+            block_size=args.block_size,
         )
     except TraceError as exc:
         print(f"pddemu trace stats: error: {exc}", file=sys.stderr)

@@ -104,3 +104,17 @@ def require_block_ids(record: dict[str, Any], name: str, where: str) -> np.ndarr
         )
     ids.flags.writeable = False
     return ids
+
+
+def require_id_list(record: dict[str, Any], name: str, where: str) -> np.ndarray:
+    """Non-negative integer block ids in any order (per-block hashes, which may repeat), as a
+    read-only int64 array."""
+    value = require_list(record, name, where)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise TraceError(f"{where}: field {name!r} must be a list of non-negative integers")
+    try:
+        ids = np.array(value, dtype=np.int64)
+    except OverflowError:
+        raise TraceError(f"{where}: field {name!r} holds an id beyond 64 bits") from None
+    ids.flags.writeable = False
+    return ids

@@ -20,7 +20,7 @@ CONTEXT_TOKENS = "ContextTokens"
 GENERATED_TOKENS = "GeneratedTokens"
 
 
-def _decoded(path: Path) -> Iterator[str]:
+def decoded_lines(path: Path) -> Iterator[str]:
     for line_no, raw in iter_lines(path):
         try:
             yield raw.decode("utf-8")
@@ -28,7 +28,7 @@ def _decoded(path: Path) -> Iterator[str]:
             raise TraceError(f"{path}:{line_no}: not UTF-8 text ({exc})") from exc
 
 
-def _count(text: str, column: str, where: str, minimum: int) -> int:
+def token_count(text: str, column: str, where: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -83,7 +83,7 @@ def _is_number(text: str) -> bool:
 
 
 def read_length_csv(path: Path) -> Iterator[TraceRequest]:
-    rows = csv.reader(_decoded(path))
+    rows = csv.reader(decoded_lines(path))
     header: dict[str, int] | None = None
     clock = _Clock()
     index = 0
@@ -105,8 +105,8 @@ def read_length_csv(path: Path) -> Iterator[TraceRequest]:
             arrival_s=clock.seconds(row[header[TIMESTAMP]].strip(), where),
             session=None,
             t_in_session_s=None,
-            input_tokens=_count(row[header[CONTEXT_TOKENS]], CONTEXT_TOKENS, where, minimum=1),
-            output_tokens=_count(row[header[GENERATED_TOKENS]], GENERATED_TOKENS, where, 0),
+            input_tokens=token_count(row[header[CONTEXT_TOKENS]], CONTEXT_TOKENS, where, minimum=1),
+            output_tokens=token_count(row[header[GENERATED_TOKENS]], GENERATED_TOKENS, where, 0),
             block_ids=None,
             block_tokens=None,
             source_line=line_no,

@@ -46,3 +46,14 @@ def first_content_line(path: Path) -> tuple[int, bytes] | None:
             if line.strip():
                 return line_no, line
     return None
+
+
+def read_all(path: Path) -> bytes:
+    """The whole file, plain or gzip-compressed (for formats that are one JSON document)."""
+    stream, compressed = _open(path)
+    with stream:
+        try:
+            return stream.read()
+        except (OSError, EOFError, zlib.error) as exc:
+            what = "unreadable gzip data" if compressed else "read error"
+            raise TraceError(f"{path}: {what} ({exc})") from exc

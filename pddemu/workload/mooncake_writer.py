@@ -1,8 +1,8 @@
 """Writer of Mooncake JSONL traces, so generated workloads replay in other tools too.
 
 Lines hold the Mooncake fields (`timestamp` in whole ms, `input_length`, `output_length`,
-`hash_ids`) and, when known, the extras the reader understands: `block_size` (only when not
-Mooncake's 512), `session`, `day`. A name ending in `.gz` gets gzip, written reproducibly (no
+`hash_ids`) and, when known, `session_id` (AIPerf's name for a request's session) and the
+extras the reader understands: `block_size` (only when not Mooncake's 512), `day`. A name ending in `.gz` gets gzip, written reproducibly (no
 time stamp or file name in the header), so the same trace gives the same bytes.
 """
 
@@ -32,7 +32,7 @@ def mooncake_record(request: TraceRequest) -> dict[str, Any]:
     if request.block_tokens != MOONCAKE_BLOCK_TOKENS:
         record["block_size"] = request.block_tokens
     if request.session is not None:
-        record["session"] = request.session
+        record["session_id"] = request.session
     if request.day is not None:
         record["day"] = request.day
     return record

@@ -1,13 +1,15 @@
 """The emulator's one entry to workloads: `load_workload` turns a generator name or a trace file
 into timed requests with genuine token sequences.
 
-Order and time: requests are replayed in arrival order. Mooncake and CSV files have a global
-clock (shifted so the first request is at 0). WEKA files have per-conversation times only:
-conversations start at Poisson spacing (`session_rate` per modelled second, seeded), in file
-order, each keeping its recorded offsets. `arrival_rate` re-times the same order as a Poisson
-process. `requests=N` keeps the first N requests in arrival order, which keeps every session's
-prefix structure (a random subset would cut sessions apart); for pdd-janfeb it is the number of
-requests generated over the whole window.
+Order and time: requests are replayed in arrival order. Mooncake, Bailian, BurstGPT and CSV
+files have a global clock (shifted so the first request is at 0). WEKA files, and Mooncake files
+whose turns give only a `delay`, have per-session times only: sessions start at Poisson spacing
+(`session_rate` per modelled second, seeded), in file order, each keeping its recorded offsets.
+ShareGPT files have no times at all: they replay in file order at `arrival_rate`, which must be
+given. `arrival_rate` re-times any order as a Poisson process. `requests=N` keeps the first N
+requests in arrival order, which keeps every session's prefix structure (a random subset would
+cut sessions apart); for pdd-janfeb it is the number of requests generated over the whole
+window.
 
 `expected_hit_tokens` is the hit of a request under an infinite cache over the replayed
 requests in arrival order (the same rule as `trace stats`); `None` for length-only traces.
@@ -119,9 +121,11 @@ def load_workload(
     janfeb: PddJanFebConfig | None = None,
     length_only_prefix_tokens: int = DEFAULT_LENGTH_ONLY_PREFIX_TOKENS,
     liso_rule: LongInputShortOutputRule = LISO_RULE,
+    block_size: int | None = None,
 ) -> list[WorkloadRequest]:
     """The requests of `source` ("pdd-janfeb" or a trace file of any supported format) in
-    arrival order; the same arguments always give the same workload."""
+    arrival order; the same arguments always give the same workload. `block_size`: tokens per
+    hash id of a Mooncake file whose lines do not say."""
     _check_arguments(requests, seed, token_scale, length_only_prefix_tokens)
     try:
         if arrival_rate is not None:
@@ -145,8 +149,15 @@ def load_workload(
             raise WorkloadError(f"janfeb parameters apply to {PDD_JANFEB!r} only, not {source}")
         path = Path(source)
         format = format or detect_format(path)
-        arrivals, records = _in_arrival_order(path, format, requests, session_rate, seed)
-        if arrival_rate is not None:
+        arrivals, records = _in_arrival_order(
+            path, format, requests, session_rate, seed, block_size
+        )
+        if arrivals is None and arrival_rate is None:
+            raise WorkloadError(
+                f"{path} ({format}) records no arrival times: replay it at an arrival rate "
+                "(workload.arrival_rate)"
+            )
+        if arrival_rate is not None or arrivals is None:
             arrivals = poisson_arrivals(len(records), arrival_rate, stream(seed, ARRIVAL_STREAM))
         arrivals = arrivals - arrivals[0]
         name = path.name
@@ -156,17 +167,33 @@ def load_workload(
 
 
 def _in_arrival_order(
-    path: Path, format: str, requests: int | None, session_rate: float, seed: int
-) -> tuple[np.ndarray, list[TraceRequest]]:
-    """The first `requests` records of the file in arrival order, with their arrival times."""
+    path: Path,
+    format: str,
+    requests: int | None,
+    session_rate: float,
+    seed: int,
+    block_size: int | None = None,
+) -> tuple[np.ndarray | None, list[TraceRequest]]:
+    """The first `requests` records of the file in arrival order, with their arrival times
+    (None for a file that has none: its first `requests` in file order)."""
+    starts = poisson_starts(session_rate, stream(seed, SESSION_START_STREAM))
     if format == "weka":
-        starts = poisson_starts(session_rate, stream(seed, SESSION_START_STREAM))
         timed = _weka_timed(path, requests, starts)
     else:
+        records = list(read_trace(path, format, block_size))
+        if all(r.arrival_s is None and r.t_in_session_s is None for r in records):
+            return None, records[:requests]
         timed = []
-        for record in read_trace(path, format):
-            assert record.arrival_s is not None
-            timed.append((record.arrival_s, record.index, record))
+        session_starts: dict[str, float] = {}
+        for record in records:
+            arrival = record.arrival_s
+            if arrival is None:  # a session-relative turn: its session starts at replay
+                assert record.t_in_session_s is not None
+                key = record.session if record.session is not None else str(record.index)
+                if key not in session_starts:
+                    session_starts[key] = next(starts)
+                arrival = session_starts[key] + record.t_in_session_s
+            timed.append((arrival, record.index, record))
     timed.sort(key=lambda item: (item[0], item[1]))
     timed = timed[:requests]
     return np.array([t for t, _, _ in timed], dtype=np.float64), [r for _, _, r in timed]

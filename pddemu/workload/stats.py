@@ -300,7 +300,10 @@ def trace_stats(
     format: str | None = None,
     cache_tokens: int | None = None,
     group: str | None = None,
+    block_size: int | None = None,
 ) -> TraceStats:
-    """Statistics of the trace file at `path` (format detected unless given)."""
+    """Statistics of the trace file at `path` (format detected unless given; `block_size`:
+    tokens per hash id of a Mooncake file whose lines do not say)."""
     format = format or detect_format(path)
-    return summarize(read_trace(path, format), str(path), format, cache_tokens, group)
+    requests = read_trace(path, format, block_size)
+    return summarize(requests, str(path), format, cache_tokens, group)

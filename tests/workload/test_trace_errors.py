@@ -34,7 +34,8 @@ def _mooncake_error(tmp_path: Path, **changes: Any) -> str:
     ("changes", "problem"),
     [
         ({"input_length": ...}, "missing field 'input_length'"),
-        ({"hash_ids": ...}, "missing field 'hash_ids'"),
+        ({"output_length": ...}, "missing field 'output_length' (a replay needs it)"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "a 'messages' prompt is not read"),
         ({"input_length": "1000"}, "field 'input_length' must be an integer"),
         ({"output_length": 2.5}, "field 'output_length' must be an integer"),
         ({"output_length": True}, "field 'output_length' must be an integer"),
@@ -166,8 +167,8 @@ def test_bad_csv(tmp_path: Path, body: str, line: int, problem: str) -> None:
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        ("hello world\n", "unknown format (neither JSON lines nor a CSV header"),
-        ('{"prompt": "hi"}\n', "unknown format (a JSON object with neither 'requests'"),
+        ("hello world\n", "unknown format (not JSON lines, a JSON array or a CSV header"),
+        ('{"prompt": "hi"}\n', "unknown format (a JSON object with none of 'requests'"),
         ('{"prompt": \n', "unknown format (line is not valid JSON"),
     ],
 )

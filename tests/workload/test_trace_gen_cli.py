@@ -22,7 +22,7 @@ def test_gen_writes_a_readable_mooncake_trace(
     assert "intended  realised" in report
     line = json.loads(out.read_text().splitlines()[0])
     assert list(line)[:4] == ["timestamp", "input_length", "output_length", "hash_ids"]
-    assert line["day"] == "2026-01-01" and line["session"] == "s00000"
+    assert line["day"] == "2026-01-01" and line["session_id"] == "s00000"
     assert "block_size" not in line  # Mooncake's own 512
     records = list(read_trace(out))
     assert len(records) == 300 and records[-1].day == "2026-02-28"
