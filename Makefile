@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-ray
 OUT ?= runs/latest
 # AIPerf, the benchmark client the serve tests drive, in a venv of its own (its dependencies
 # must not touch the project's torch). Pinned: its export layout is what pddemu export writes.
@@ -31,7 +32,12 @@ $(STAMP): pyproject.toml scripts/install-system-deps
 emulate: install
 	$(BIN)/pddemu emulate --system all --out $(OUT)
 
-test: install aiperf
+# The tests run sweeps on a local Ray cluster too: the `ray` extra.
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,ray]'
+	touch $(RAY_STAMP)
+
+test: install aiperf $(RAY_STAMP)
 	$(BIN)/python -m pytest
 
 bench: install

@@ -15,6 +15,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("config", "pddemu.config_docs"),
     ("tokenizer", "pddemu.hf_tokenizer"),
     ("export", "pddemu.export"),
+    ("sweep", "pddemu.sweep.cli"),
 ]
 
 

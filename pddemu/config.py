@@ -358,6 +358,24 @@ class ServeConfig(Section):
     )
 
 
+class CostConfig(Section):
+    """What a deployment costs besides its chips
+
+    A cross-DC system (pdd, naive) leases the WAN between its datacenters: its cost per hour
+    gains `leased_line_per_gbit_hour` × the modelled WAN rate in Gbit/s (none for an unshaped
+    WAN); the in-DC baseline leases none. In the chips' price unit (`docs/hardware.md`)."""
+
+    leased_line_per_gbit_hour: float = Field(
+        0.225,
+        ge=0,
+        allow_inf_nan=False,
+        description="price of 1 Gbit/s of leased WAN per hour. Default: AWS Direct Connect's "
+        "dedicated 10 Gbit/s port, 2.25 USD per port-hour (US locations, public price list), "
+        "per Gbit/s; an assumption and a lower bound: the carrier's circuit between the sites "
+        "and per-GB transfer are not included",
+    )
+
+
 def _default_hardware() -> dict[str, InstanceHardwareConfig]:
     chips = {"P": "gpu-a", "RLD": "gpu-a", "MD": "gpu-b", "D": "gpu-a"}
     return {role: InstanceHardwareConfig(chip=chip) for role, chip in chips.items()}
@@ -404,6 +422,7 @@ class Config(Section):
     slo: SLOConfig = Field(default_factory=SLOConfig)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
     cache_page_tokens: int = Field(
         64,
         ge=1,
@@ -498,6 +517,12 @@ class Config(Section):
                 if roles.get(role, 0) < 1:
                     raise ValueError(f"[systems.{system}] needs at least one {role}")
         return self
+
+    def wan_cost_per_hour(self, system: str) -> float:
+        """The leased WAN line's price per hour for `system` (0 in-DC or on an unshaped WAN)."""
+        if system == "indc" or self.wan.rate_bps is None:
+            return 0.0
+        return self.cost.leased_line_per_gbit_hour * self.wan.rate_bps / 1e9
 
     def hardware_for(self, system: str, role: str) -> InstanceHardwareConfig:
         key = f"{role}.{system}" if f"{role}.{system}" in self.hardware else role

@@ -93,6 +93,7 @@ async def run_system(
     finally:
         await deployment.stop()
     (out / f"instances-{system}.json").write_text(json.dumps(stats, indent=1))
+    (out / f"outputs-{system}.json").write_text(json.dumps(result.outputs))  # genuine token ids
     for name, instance in stats.items():
         for error in instance["errors"]:
             print(f"[{system}] {name}: {error}", file=sys.stderr)
@@ -198,6 +199,7 @@ def write_outputs(
             slo,
             scale.describe(),
             link.rate_bps if system != "indc" else None,
+            config.wan_cost_per_hour(system),
         )
         for system, run in runs.items()
     }

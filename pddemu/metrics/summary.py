@@ -71,11 +71,14 @@ def summarize(
     slo: SLO,
     scale: Mapping[str, Any],
     wan_rate_emulated_bps: float | None,
+    wan_cost_per_hour: float = 0.0,
 ) -> dict[str, Any]:
     """The summary of one system's run; valid (None or 0 where undefined) for any input size.
 
     `scale` must hold `token_scale` and `time_scale`; its other entries are copied as given.
     `wan_rate_emulated_bps` is None for a system with no WAN link (the in-DC baseline).
+    `wan_cost_per_hour` is the leased WAN line's price, added to the instances' (`WAN` in
+    `cost_per_hour_by_role` when not 0).
     """
     scale_fields = _scale(scale, wan_rate_emulated_bps)
     records = list(records)
@@ -86,7 +89,9 @@ def summarize(
     duration = run_duration(records)
     good = sum(1 for r in completed if slo.met_by(r))
     goodput = _rate(good, duration)
-    cost = float(sum(i.price_per_hour for i in instances))
+    if not (_is_number(wan_cost_per_hour) and 0 <= wan_cost_per_hour < math.inf):
+        raise MetricsError(f"wan_cost_per_hour must be a price >= 0, got {wan_cost_per_hour!r}")
+    cost = float(sum(i.price_per_hour for i in instances)) + wan_cost_per_hour
     delivered = sum(r.output_tokens for r in records)
     rld_tokens = sum(r.rld_tokens for r in records)
     input_total = sum(r.input_tokens for r in completed)
@@ -129,7 +134,7 @@ def summarize(
         },
         "emulator_lag_s": _lag(instances),
         "cost_per_hour": cost,
-        "cost_per_hour_by_role": _cost_by_role(instances),
+        "cost_per_hour_by_role": _cost_by_role(instances, wan_cost_per_hour),
         "bcr": goodput / cost if goodput is not None and cost > 0 else None,
         "scale": scale_fields,
     }
@@ -271,10 +276,12 @@ def _lag(instances: Sequence[InstanceReport]) -> dict[str, Any]:
     }
 
 
-def _cost_by_role(instances: Sequence[InstanceReport]) -> dict[str, float]:
+def _cost_by_role(instances: Sequence[InstanceReport], wan_cost: float) -> dict[str, float]:
     costs: dict[str, float] = {}
     for instance in instances:
         costs[instance.role] = costs.get(instance.role, 0.0) + instance.price_per_hour
+    if wan_cost:
+        costs["WAN"] = float(wan_cost)
     return costs
 
 

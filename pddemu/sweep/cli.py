@@ -1,0 +1,284 @@
+"""`pddemu sweep`: run `pddemu emulate` over a grid of settings, or search each system's
+maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric against a key.
+
+    pddemu sweep --out DIR [--grid KEY=V1,V2,... ...] [--seeds N] [--system S[,S...]|all]
+                 [--requests N] [--trace T] [--config F] [--set KEY=VALUE ...]
+                 [--executor local|ray] [--parallel K] [--ray-address ADDR]
+                 [--cpus-per-point C] [--rootless]
+                 [--search goodput [--slo-attainment 0.9] [--rate-min R] [--rate-max R]
+                  [--rate-tolerance F] [--max-probes N]]
+    pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
+
+Every point is one `pddemu emulate` of one system in its own namespaces. DIR gets a run
+directory per point (points/), sweep.json (one entry per point: settings, seed, system and the
+summary's fields), sweep.csv, and with --search search.json. Rerunning the same command skips
+the points already finished and redoes an interrupted one.
+
+Exit status: 0 when every point finished with exit 0; 3 when a point's emulation found a
+token mismatch; 1 when a point produced no results (its emulate.log says why) or the executor
+cannot run; 2 for bad input; 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from netem.signals import on_termination, raise_keyboard_interrupt
+from pddemu.config import SYSTEMS, Config, ConfigError, load_config
+from pddemu.sweep.driver import RATE_KEY, SearchGroup, Sweep, run_searches
+from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_cpus
+from pddemu.sweep.grid import SEED_KEY, expand, grid_settings, parse_grid, sweep_seeds
+from pddemu.sweep.progress import Progress
+from pddemu.sweep.search import GoodputSearch, SearchError
+
+DEFAULT_CPUS_PER_POINT = 2.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="run emulate over a grid of settings or search max goodput (local or Ray)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, help="the sweep directory (required)")
+    parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value for every point, as in emulate (repeatable)",
+    )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="sweep a config key (keys and values as in --set; repeatable: the product)",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="seeds per setting (from the config's)"
+    )
+    parser.add_argument(
+        "--system", default="all", help="pdd, naive, indc, a comma-separated list, or all"
+    )
+    parser.add_argument("--requests", type=int, help="requests per point (workload.requests)")
+    parser.add_argument("--trace", help="the workload (workload.trace): pdd-janfeb or a path")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local")
+    parser.add_argument("--parallel", type=int, default=1, help="local: points at once (default 1)")
+    parser.add_argument("--ray-address", help="ray: the cluster (default: a local one)")
+    parser.add_argument(
+        "--cpus-per-point",
+        type=float,
+        default=DEFAULT_CPUS_PER_POINT,
+        help=f"CPUs one emulation reserves (Ray) or is counted for (local; default "
+        f"{DEFAULT_CPUS_PER_POINT:g})",
+    )
+    parser.add_argument(
+        "--rootless",
+        action="store_true",
+        help="run every point in a private user namespace even as root",
+    )
+    parser.add_argument(
+        "--search",
+        choices=("goodput",),
+        help="per system (and grid setting): the highest arrival rate meeting --slo-attainment",
+    )
+    parser.add_argument("--slo-attainment", type=float, default=0.9)
+    parser.add_argument("--rate-min", type=float, default=0.01, help="req/s (default 0.01)")
+    parser.add_argument("--rate-max", type=float, default=64.0, help="req/s (default 64)")
+    parser.add_argument(
+        "--rate-start", type=float, help="req/s (default: the config's arrival_rate, else 1)"
+    )
+    parser.add_argument(
+        "--rate-tolerance",
+        type=float,
+        default=0.1,
+        help="stop when the failing rate is within this share of the passing one (0.1)",
+    )
+    parser.add_argument("--max-probes", type=int, default=16, help="per search (16)")
+    parser.set_defaults(func=run_cli)
+    actions = parser.add_subparsers(dest="action")
+    plot = actions.add_parser("plot", help="a metric of sweep.json against a swept key")
+    plot.add_argument("dir", type=Path, help="the sweep directory")
+    plot.add_argument("--x", required=True, help="a swept key, e.g. wan.rate")
+    plot.add_argument("--y", required=True, help="a summary field, e.g. ttft_s.p99 or bcr")
+    plot.add_argument("--out", type=Path, help="PNG file (default: DIR/<y>-vs-<x>.png)")
+    plot.add_argument("--logx", action="store_true")
+    plot.add_argument("--logy", action="store_true")
+    plot.set_defaults(func=run_plot)
+
+
+def systems_of(text: str) -> list[str]:
+    if text == "all":
+        return list(SYSTEMS)
+    systems = [name.strip() for name in text.split(",")]
+    unknown = [name for name in systems if name not in SYSTEMS]
+    if unknown or len(set(systems)) != len(systems):
+        raise ConfigError(
+            f"--system {text!r}: use {', '.join(SYSTEMS)}, a comma-separated list of them, or all"
+        )
+    return systems
+
+
+def base_overrides(args: argparse.Namespace) -> list[str]:
+    overrides = list(args.set)
+    if args.requests is not None:
+        if args.requests < 1:
+            raise ConfigError("--requests must be at least 1")
+        overrides.append(f"workload.requests={args.requests}")
+    if args.trace is not None:
+        overrides.append(f"workload.trace={json.dumps(args.trace)}")
+    return overrides
+
+
+def make_executor(args: argparse.Namespace) -> LocalExecutor | RayExecutor:
+    if args.cpus_per_point <= 0:
+        raise ConfigError("--cpus-per-point must be positive")
+    if args.executor == "ray":
+        if args.parallel != 1:
+            raise ConfigError("--parallel is for the local executor; Ray runs what its CPUs allow")
+        return RayExecutor(args.ray_address, args.cpus_per_point, args.rootless)
+    if args.ray_address:
+        raise ConfigError("--ray-address needs --executor ray")
+    cpus = host_cpus()
+    if args.parallel * args.cpus_per_point > cpus:
+        print(
+            f"pddemu sweep: {args.parallel} points at once x {args.cpus_per_point:g} CPUs "
+            f"exceed this host's {cpus}; points will slow each other (each point's "
+            "emulator_lag_s shows by how much)",
+            file=sys.stderr,
+        )
+    return LocalExecutor(args.parallel, args.rootless)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    if args.out is None:
+        raise ConfigError("pddemu sweep: --out DIR is required")
+    overrides = base_overrides(args)
+    base = load_config(args.config, overrides)  # the sweep-wide settings, checked once
+    grid = parse_grid(args.grid)
+    systems = systems_of(args.system)
+    executor = make_executor(args)
+    meta = {
+        "config": base.source,
+        "sets": overrides,
+        "grid": grid,
+        "seeds": args.seeds,
+        "systems": systems,
+        "executor": args.executor,
+        "rootless": args.rootless,
+        "search": None,
+    }
+    on_termination(raise_keyboard_interrupt)
+    try:
+        if args.search:
+            return search(args, overrides, grid, systems, executor, meta, base)
+        points = expand(args.config, overrides, grid, args.seeds, systems)
+        sweep = Sweep(args.out, executor, meta, Progress())
+        try:
+            sweep.run(points)
+        finally:
+            sweep.progress.close()
+        print(f"pddemu sweep: {len(points)} points; wrote {args.out / 'sweep.json'} and sweep.csv")
+        return sweep.exit_status()
+    except SweepError as error:
+        print(f"pddemu sweep: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "\npddemu sweep: interrupted; every running point was stopped and cleaned up; "
+            "rerun the same command to carry on",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def search(
+    args: argparse.Namespace,
+    overrides: list[str],
+    grid: dict[str, list[str]],
+    systems: list[str],
+    executor: LocalExecutor | RayExecutor,
+    meta: dict[str, Any],
+    base: Config,
+) -> int:
+    """Each system's (and grid setting's) max-goodput search; search.json and a table."""
+    if RATE_KEY in grid:
+        raise ConfigError(f"--search goodput chooses {RATE_KEY} itself: do not --grid it")
+    if args.seeds > 1 and SEED_KEY in grid:
+        raise ConfigError(f"--seeds and --grid {SEED_KEY}=... both choose the seed: give one")
+    start = args.rate_start or base.workload.arrival_rate or 1.0
+    try:
+        groups = [
+            SearchGroup(
+                settings,
+                system,
+                GoodputSearch(
+                    args.slo_attainment,
+                    start,
+                    args.rate_min,
+                    args.rate_max,
+                    args.rate_tolerance,
+                    args.max_probes,
+                ),
+                {},
+            )
+            for settings in grid_settings(grid)
+            for system in systems
+        ]
+    except SearchError as error:
+        raise ConfigError(str(error)) from None
+    meta["search"] = {
+        "metric": "goodput",
+        "slo_attainment": args.slo_attainment,
+        "rate_start": start,
+        "rate_min": args.rate_min,
+        "rate_max": args.rate_max,
+        "rate_tolerance": args.rate_tolerance,
+        "max_probes": args.max_probes,
+    }
+    seeds = sweep_seeds(args.config, overrides, args.seeds)
+    sweep = Sweep(args.out, executor, meta, Progress("search"))
+    try:
+        results = run_searches(sweep, groups, args.config, overrides, seeds)
+    finally:
+        sweep.progress.close()
+    print(search_table(results, args.slo_attainment))
+    print(f"pddemu sweep: wrote {args.out / 'search.json'}, sweep.json and sweep.csv")
+    if any(result["status"] == "error" for result in results):
+        return 1
+    return sweep.exit_status()
+
+
+def search_table(results: list[dict[str, Any]], target: float) -> str:
+    def number(value: float | None, digits: int = 3) -> str:
+        return "-" if value is None else f"{value:.{digits}g}"
+
+    lines = [
+        f"max goodput with SLO attainment >= {target:.0%}:",
+        "| system | settings | status | arrival rate | attainment | goodput (req/s) | "
+        "cost per hour | BCR | probes |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "-"
+        lines.append(
+            f"| {r['system']} | {settings} | {r['status']} | {number(r['arrival_rate'])} | "
+            f"{number(r.get('slo_attainment'))} | {number(r.get('goodput_rps'))} | "
+            f"{number(r.get('cost_per_hour'), 4)} | {number(r.get('bcr'))} | {len(r['probes'])} |"
+        )
+    return "\n".join(lines)
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from pddemu.sweep.plot import plot_sweep
+
+    path = plot_sweep(args.dir, args.x, args.y, args.out, args.logx, args.logy)
+    print(f"pddemu sweep: wrote {path}")
+    return 0

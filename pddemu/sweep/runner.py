@@ -1,0 +1,82 @@
+"""One point as a `pddemu emulate` child process writing into a directory.
+
+A child process, not a call: each emulation gets a fresh single-threaded process that can enter
+its own user namespace where the sweep (or a Ray worker, which runs many threads) is not root,
+its own signal handling and its own cleanup, and whatever `pddemu emulate` grows (validity,
+partial results) comes with it. Its stdout and stderr go to `emulate.log` in its directory.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pddemu.sweep.points import Point
+
+EMULATE_LOG = "emulate.log"
+STOP_TIMEOUT_S = 60.0  # what an interrupted emulation may take to remove what it made
+
+
+@dataclass
+class RunningPoint:
+    point: Point
+    out: Path
+    process: subprocess.Popen
+    started: float
+
+    def finished(self) -> bool:
+        return self.process.poll() is not None
+
+    @property
+    def exit_status(self) -> int:
+        return self.process.returncode
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        """Ask the emulation to clean up and end (SIGTERM); kill it if it does not."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_point(
+    point: Point, out: Path, rootless: bool = False, config_path: Path | None = None
+) -> RunningPoint:
+    """Start `point`'s emulation into `out` (created). Its own session: a Ctrl-C at the
+    terminal reaches the sweep alone, which stops its points one by one."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = point.emulate_args(out, config_path) + (["--rootless"] if rootless else [])
+    with open(out / EMULATE_LOG, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pddemu.sweep.child", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return RunningPoint(point, out, process, time.monotonic())
+
+
+def run_point(
+    point: Point, out: Path, rootless: bool = False, config_path: Path | None = None
+) -> tuple[int, float]:
+    """Run `point` to its end: (exit status, wall seconds). Interrupted, it stops the emulation
+    first, then lets the interruption through."""
+    running = start_point(point, out, rootless, config_path)
+    try:
+        running.process.wait()
+    except BaseException:
+        running.stop()
+        raise
+    return running.exit_status, running.wall_s

@@ -1,0 +1,140 @@
+"""Resuming a sweep: finished points are skipped, interrupted and failed ones redone, and
+sweep.json / sweep.csv always say where each point stands. The executor here writes what a
+`pddemu emulate` would (a summary.json) without emulating, so every path is checked in
+milliseconds; tests/sweep/test_sweep_runs.py runs real points."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from pddemu.sweep.driver import Sweep
+from pddemu.sweep.executors import Job
+from pddemu.sweep.grid import expand, parse_grid
+from pddemu.sweep.progress import Progress
+
+
+class ScriptedExecutor:
+    """Runs a job by writing a summary.json (or nothing, for the ids in `fail`)."""
+
+    def __init__(self, fail: set[str] = frozenset(), exit_status: int = 0, stop_after=None):
+        self.fail = fail
+        self.exit_status = exit_status
+        self.stop_after = stop_after
+        self.ran: list[str] = []
+
+    def run(self, jobs: list[Job], done, tick) -> None:
+        for job in jobs:
+            if self.stop_after is not None and len(self.ran) == self.stop_after:
+                raise KeyboardInterrupt
+            tick(1)
+            self.ran.append(job.point.id)
+            assert job.out.name.endswith(".partial") and not any(job.out.iterdir())
+            (job.out / "emulate.log").write_text("emulated\n")
+            if job.point.id not in self.fail:
+                summary = {
+                    "system": job.point.system,
+                    "slo_attainment": 1.0,
+                    "ttft_s": {"p99": 0.5},
+                }
+                (job.out / "summary.json").write_text(
+                    json.dumps({"systems": {job.point.system: summary}})
+                )
+            done(job, self.exit_status if job.point.id not in self.fail else 1, 0.25)
+
+
+def points():
+    return expand(None, [], parse_grid(["wan.delay=5ms,50ms"]), 1, ["pdd", "indc"])
+
+
+def sweep(out: Path, executor: ScriptedExecutor) -> Sweep:
+    return Sweep(out, executor, {"grid": {"wan.delay": ["5ms", "50ms"]}}, Progress())
+
+
+def read(out: Path) -> dict:
+    return json.loads((out / "sweep.json").read_text())
+
+
+def test_finished_points_are_skipped(tmp_path: Path) -> None:
+    first = ScriptedExecutor()
+    done = sweep(tmp_path, first)
+    done.run(points())
+    assert len(first.ran) == 4 and done.exit_status() == 0
+    result = read(tmp_path)
+    assert [e["point"]["status"] for e in result["points"]] == ["done"] * 4
+    entry = result["points"][0]
+    assert entry["settings"] == {"wan.delay": "5ms"} and entry["values"] == {"wan.delay": 0.005}
+    assert entry["system"] == "pdd" and entry["seed"] == 0 and entry["ttft_s"] == {"p99": 0.5}
+    assert (tmp_path / entry["point"]["dir"] / "point.json").exists()
+    with open(tmp_path / "sweep.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["wan.delay"] for row in rows] == ["5ms", "5ms", "50ms", "50ms"]
+    assert rows[1]["system"] == "indc" and rows[1]["ttft_s.p99"] == "0.5"
+
+    again = ScriptedExecutor()
+    resumed = sweep(tmp_path, again)
+    resumed.run(points())
+    assert again.ran == [] and resumed.progress.skipped == 4
+    assert read(tmp_path)["points"] == result["points"]
+
+
+def test_an_interrupted_point_is_redone_from_scratch(tmp_path: Path) -> None:
+    sweep(tmp_path, ScriptedExecutor()).run(points())
+    interrupted = points()[2]
+    finished = tmp_path / "points" / interrupted.id
+    partial = finished.with_name(f"{interrupted.id}.partial")
+    finished.rename(partial)  # as if the sweep died while this point ran
+    (partial / "point.json").unlink()
+    (partial / "half-written").write_text("x")
+    again = ScriptedExecutor()
+    sweep(tmp_path, again).run(points())
+    assert again.ran == [interrupted.id]
+    assert not partial.exists() and not (finished / "half-written").exists()
+    assert (finished / "point.json").exists()
+
+
+def test_an_interruption_keeps_what_was_measured(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path, ScriptedExecutor(stop_after=1)).run(points())
+    statuses = [e["point"]["status"] for e in read(tmp_path)["points"]]
+    assert statuses == ["done", "pending", "pending", "pending"]
+    again = ScriptedExecutor()
+    sweep(tmp_path, again).run(points())
+    assert again.ran == [p.id for p in points()[1:]]
+
+
+def test_a_point_without_results_is_failed_and_redone(tmp_path: Path) -> None:
+    broken = points()[1].id
+    failing = sweep(tmp_path, ScriptedExecutor(fail={broken}))
+    failing.run(points())
+    assert failing.exit_status() == 1
+    entry = read(tmp_path)["points"][1]
+    assert entry["point"]["status"] == "failed" and "emulated" in entry["point"]["log_tail"]
+    assert (tmp_path / "points" / f"{broken}.failed" / "emulate.log").exists()
+    again = ScriptedExecutor()
+    sweep(tmp_path, again).run(points())
+    assert again.ran == [broken]
+    assert not (tmp_path / "points" / f"{broken}.failed").exists()
+
+
+def test_a_token_mismatch_is_a_result_and_the_sweep_says_so(tmp_path: Path) -> None:
+    mismatched = sweep(tmp_path, ScriptedExecutor(exit_status=3))
+    mismatched.run(points())
+    assert mismatched.exit_status() == 3
+    again = ScriptedExecutor()
+    sweep(tmp_path, again).run(points())
+    assert again.ran == []
+
+
+def test_one_emulation_asked_for_twice_runs_once(tmp_path: Path) -> None:
+    """10gbit is the default rate: both settings name the same emulation."""
+    same = expand(None, [], parse_grid(["wan.rate=10gbit,10000mbit"]), 1, ["naive"])
+    executor = ScriptedExecutor()
+    sweep(tmp_path, executor).run(same)
+    assert len(executor.ran) == 1
+    entries = read(tmp_path)["points"]
+    assert [e["settings"]["wan.rate"] for e in entries] == ["10gbit", "10000mbit"]
+    assert entries[0]["point"]["id"] == entries[1]["point"]["id"]
