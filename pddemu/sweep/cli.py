@@ -159,12 +159,16 @@ def make_executor(args: argparse.Namespace) -> LocalExecutor | RayExecutor:
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.out is None:
-        raise ConfigError("pddemu sweep: --out DIR is required")
+        raise ConfigError("sweep: --out DIR is required")
     overrides = base_overrides(args)
     base = load_config(args.config, overrides)  # the sweep-wide settings, checked once
     grid = parse_grid(args.grid)
     systems = systems_of(args.system)
-    executor = make_executor(args)
+    try:
+        executor = make_executor(args)
+    except SweepError as error:
+        print(f"pddemu sweep: {error}", file=sys.stderr)
+        return 1
     meta = {
         "config": base.source,
         "sets": overrides,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pddemu.config import ConfigError
 from pddemu.sweep.points import Point
 from pddemu.sweep.runner import EMULATE_LOG, RunningPoint, run_point, start_point
 
@@ -52,7 +53,7 @@ class LocalExecutor:
 
     def __init__(self, parallel: int = 1, rootless: bool = False) -> None:
         if parallel < 1:
-            raise SweepError("--parallel must be at least 1")
+            raise ConfigError("--parallel must be at least 1")
         self.parallel = parallel
         self.rootless = rootless
 
