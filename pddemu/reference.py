@@ -3,26 +3,48 @@
 One model in one process: each request's prompt prefilled (reusing the KV of the longest
 prefix already computed, which changes nothing: prefill on a cached prefix equals prefill from
 scratch bit for bit, see docs/model.md), then decoded greedily one token at a time.
+
+The model is exact on every CPU, so the reference streams are the same on every machine;
+`reference_digest` condenses them (and their logits) into two hashes that a test compares with
+committed values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from pddemu.model import KV, ModelConfig, TinyTransformer, greedy
 from pddemu.roles.prefix_store import PrefixKVStore
+from pddemu.workload.replay_source import load_workload
 
 PAGE_TOKENS = 4
 
+# The fixed set whose reference streams are committed as digests: the first 50 requests of the
+# committed pdd-janfeb sample at `make emulate`'s token scale (1/32), 64 tokens each.
+DIGEST_TRACE = Path(__file__).resolve().parents[1] / "traces" / "pdd-janfeb-2000.jsonl.gz"
+DIGEST_REQUESTS = 50
+DIGEST_TOKENS = 64
+DIGEST_TOKEN_SCALE = 32
+REFERENCE_DIGEST = {
+    "tokens": "3e3ffb8ff940030bdb4a1225dda89240a0b851fd9dd0d2683bdc594299813059",
+    "logits": "df2976feb536bf049249974974f3442deee5e9a6bfafd802d75bf51dc228e9d2",
+}
 
-def reference_outputs(
+
+def reference_streams(
     requests: Sequence[Any], model_config: ModelConfig, chunk_tokens: int = 512
-) -> dict[str, list[int]]:
-    """Genuine output tokens of every request (`prompt_ids`, `genuine_output_tokens`)."""
+) -> Iterator[tuple[str, list[int], torch.Tensor]]:
+    """Per request (`prompt_ids`, `genuine_output_tokens`): its id, its genuine output tokens
+    and the logits [tokens, vocab] each token was chosen from."""
     model = TinyTransformer(model_config)
     store = PrefixKVStore(PAGE_TOKENS, capacity_tokens=1 << 22)
-    outputs: dict[str, list[int]] = {}
     for request in requests:
         prompt = [int(x) for x in request.prompt_ids]
         hit, node, handles = store.match(prompt)
@@ -34,10 +56,42 @@ def reference_outputs(
         new, logits = model.prefill(prompt[hit:], kv if hit else None, chunk_tokens)
         kv.append(new)
         store.release(store.insert(prompt, kv.token_slice(0, len(prompt)).clone()))
+        rows = [logits]
         out = [greedy(logits)]
         while len(out) < int(request.genuine_output_tokens):
             (step,), step_logits = model.decode_batch([out[-1]], [kv])
             kv.append(step)
+            rows.append(step_logits[0])
             out.append(greedy(step_logits[0]))
-        outputs[request.request_id] = out
-    return outputs
+        yield request.request_id, out, torch.stack(rows)
+
+
+def reference_outputs(
+    requests: Sequence[Any], model_config: ModelConfig, chunk_tokens: int = 512
+) -> dict[str, list[int]]:
+    """Genuine output tokens of every request (`prompt_ids`, `genuine_output_tokens`)."""
+    return {rid: out for rid, out, _ in reference_streams(requests, model_config, chunk_tokens)}
+
+
+def digest_requests() -> list[Any]:
+    """The fixed set of the committed digest (needs the project's checkout for the trace)."""
+    requests = load_workload(
+        DIGEST_TRACE, requests=DIGEST_REQUESTS, seed=0, token_scale=DIGEST_TOKEN_SCALE
+    )
+    return [dataclasses.replace(r, genuine_output_tokens=DIGEST_TOKENS) for r in requests]
+
+
+def reference_digest(
+    requests: Sequence[Any], model_config: ModelConfig, chunk_tokens: int = 512
+) -> dict[str, str]:
+    """sha256 of the reference token streams (JSON of the id lists, in request order) and of
+    their logits (little-endian float32 bytes, row after row; the logits are exact integers,
+    so a float64 model hashes the same)."""
+    tokens, logits = [], hashlib.sha256()
+    for _, out, rows in reference_streams(requests, model_config, chunk_tokens):
+        tokens.append(out)
+        logits.update(rows.to(torch.float32).numpy().astype("<f4").tobytes())
+    return {
+        "tokens": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
+        "logits": logits.hexdigest(),
+    }

@@ -1,7 +1,7 @@
 """The tiny CPU transformer whose genuine KV tensors and tokens the emulator moves around.
 
 Public API: `ModelConfig`, `TinyTransformer` (prefill / decode_batch / extend / generate),
-`KV`, `greedy`, `ByteTokenizer`, and the `ModelError` family of exceptions.
+`KV`, `greedy` (over `TEXT_IDS`), `ByteTokenizer`, and the `ModelError` family of exceptions.
 """
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from __future__ import annotations
 from pddemu.model.config import ModelConfig
 from pddemu.model.errors import ConfigError, KVError, ModelError, TokenizerError
 from pddemu.model.kv import KV
-from pddemu.model.tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, ByteTokenizer, StreamDecoder
+from pddemu.model.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    TEXT_IDS,
+    VOCAB_SIZE,
+    ByteTokenizer,
+    StreamDecoder,
+)
 from pddemu.model.transformer import TinyTransformer, greedy
 
 __all__ = [
@@ -23,6 +30,7 @@ __all__ = [
     "ModelConfig",
     "ModelError",
     "StreamDecoder",
+    "TEXT_IDS",
     "TinyTransformer",
     "TokenizerError",
     "greedy",

@@ -1,16 +1,15 @@
 """Causal grouped-query attention of a batch of requests' new tokens over their own pasts.
 
-Keys are cut into blocks of KEY_BLOCK tokens at absolute positions (0, 64, 128, ...). Every
-block is handled by products of the same shape, and per-block partial sums are combined by a
-position-shaped tree (see `invariant.py`), so a query's output does not depend on how many
-queries share the call, on the other requests in the batch, or on how its keys are split
-between "past" and "new": prefill chunks, decode steps and extend passes give the same bits.
+Every step is exact (`exact.py`): scores q.k are integers; a key's softmax weight is an
+integer from a table of exp indexed by how far its score is below the row's maximum
+(`tables.exp_table`); the weighted sums of values and of weights are exact integers; the
+output is their ratio (one correctly rounded division), requantised. A query's output is
+therefore the same bits however many queries share the call, whatever the other requests
+in the batch, and however its keys are split between "past" and "new": prefill chunks,
+decode steps and extend passes agree exactly.
 
-Each request's past is read in place: its whole blocks ("full" blocks) are views of the
-caller's KV (a growth buffer is fine); only the past's last partial block is copied, together
-with the new tokens, into the "tail" blocks. Products with full blocks run per request and KV
-head; the tail, the softmax and the tree run once for the whole batch. Only tail blocks need a
-causal mask: every query sees every key of its request's full blocks.
+Each request's past is read in place (a growth buffer is fine): its products with the past's
+keys and values are views of the caller's KV, never copies.
 """
 
 from __future__ import annotations
@@ -19,9 +18,17 @@ from collections.abc import Sequence
 
 import torch
 
-from pddemu.model.invariant import padded_rows, tree_sum
+from pddemu.model.exact import ACT_BOUND, PROB_BITS, PROB_BOUND, exact_matmul, exact_sum
+from pddemu.model.tables import exp_table
 
-KEY_BLOCK = 64
+# Scores are integers: one logit unit is 2**SCORE_BITS of them (the softmax temperature), and
+# the exp table advances in steps of 2**-STEP_BITS logit units.
+SCORE_BITS = 10
+STEP_BITS = 4
+# The output is the weighted mean of values times 2**OUT_BITS before rounding.
+OUT_BITS = 1
+# Queries are taken in blocks of new tokens whose score matrix has about this many elements.
+SCORE_BLOCK_ELEMENTS = 2**17
 
 
 def causal_attention(
@@ -29,120 +36,92 @@ def causal_attention(
 ) -> torch.Tensor:
     """Attention output [batch, new, heads, head_dim] of queries q [batch, new, heads, head_dim].
 
-    q must already be scaled by 1/sqrt(head_dim) and rotated. pasts[i] is request i's past
-    KV of this layer, [2, kv_heads, past_i, head_dim], or None; new_kv is the new tokens' KV,
-    [batch, 2, kv_heads, new, head_dim]. Query j of request i sits at position past_i + j and
-    sees keys 0 .. past_i + j.
+    q, keys and values are integer activations (|x| <= ACT_BOUND), q and keys rotated.
+    pasts[i] is request i's past KV of this layer, [2, kv_heads, past_i, head_dim], or None;
+    new_kv is the new tokens' KV, [batch, 2, kv_heads, new, head_dim]. Query j of request i
+    sits at position past_i + j and sees keys 0 .. past_i + j.
+
+    Queries are processed in blocks of new tokens sized to keep the score matrix small
+    (cache-resident); rows are independent by construction, so the blocking changes no bit.
     """
     batch, n_new, n_heads, head_dim = q.shape
     kv_heads = new_kv.shape[2]
     group = n_heads // kv_heads
+    queries = q.reshape(batch, n_new, kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
     past_lens = [0 if p is None else p.shape[2] for p in pasts]
-    full_blocks = [length // KEY_BLOCK for length in past_lens]
-    max_full = max(full_blocks)
-    tail_blocks = max(-(-(length % KEY_BLOCK + n_new) // KEY_BLOCK) for length in past_lens)
-    # Request i's tail block j is its block full_blocks[i] + j; block slots past its last key
-    # hold zeros, which the tree sum ignores.
-    blocks = max_full + tail_blocks
-    tail_slots = (
-        torch.arange(batch)[:, None],
-        torch.tensor(full_blocks)[:, None] + torch.arange(tail_blocks),
-    )
-
-    # Product rows per KV head: token-major, then the query heads sharing that KV head;
-    # zero rows pad them to a row-invariant count.
-    rows = n_new * group
-    rows_padded = padded_rows(rows)
-    queries = q.new_zeros((batch, kv_heads, rows_padded, head_dim))
-    queries[:, :, :rows] = (
-        q.reshape(batch, n_new, kv_heads, group, head_dim)
-        .permute(0, 2, 1, 3, 4)
-        .reshape(batch, kv_heads, rows, head_dim)
-    )
-    tail_k, tail_v = _tail(pasts, past_lens, new_kv, tail_blocks)
-
-    # Scores, then softmax numerators in place: exp(score - row max), 0 where hidden.
-    full_w = q.new_empty((batch, kv_heads, max_full, rows_padded, KEY_BLOCK))
-    for i, past in enumerate(pasts):
-        full = full_blocks[i]
-        for h in range(kv_heads if full else 0):
-            assert past is not None
-            keys = _blocks(past[0, h], full).transpose(1, 2)
-            torch.bmm(queries[i, h].expand(full, -1, -1), keys, out=full_w[i, h, :full])
-        full_w[i, :, full:] = -torch.inf
-    tail_w = torch.bmm(
-        queries.unsqueeze(2).expand(-1, -1, tail_blocks, -1, -1).reshape(-1, rows_padded, head_dim),
-        tail_k.reshape(-1, KEY_BLOCK, head_dim).transpose(1, 2),
-    ).view(batch, kv_heads, tail_blocks, rows_padded, KEY_BLOCK)
-    tail_w.masked_fill_(_tail_hidden(past_lens, n_new, group, rows_padded, tail_blocks), -torch.inf)
-    row_max = tail_w.amax(dim=(2, 4), keepdim=True)
-    if max_full:
-        row_max = torch.maximum(row_max, full_w.amax(dim=(2, 4), keepdim=True))
-    full_w.sub_(row_max).exp_()
-    tail_w.sub_(row_max).exp_()
-
-    # Per block: weight sums and weights @ values, laid out by absolute block index.
-    sums = q.new_zeros((batch, kv_heads, blocks, rows_padded))
-    sums[:, :, :max_full] = full_w.sum(dim=4)
-    sums.transpose(1, 2)[tail_slots] = tail_w.sum(dim=4).transpose(1, 2)
-    outs = q.new_empty((batch, kv_heads, blocks, rows_padded, head_dim))
-    for i, past in enumerate(pasts):
-        full = full_blocks[i]
-        for h in range(kv_heads if full else 0):
-            assert past is not None
-            torch.bmm(full_w[i, h, :full], _blocks(past[1, h], full), out=outs[i, h, :full])
-        outs[i, :, full + tail_blocks :] = 0.0
-    tail_outs = torch.bmm(
-        tail_w.reshape(-1, rows_padded, KEY_BLOCK), tail_v.reshape(-1, KEY_BLOCK, head_dim)
-    )
-    outs.transpose(1, 2)[tail_slots] = tail_outs.view(
-        batch, kv_heads, tail_blocks, rows_padded, head_dim
-    ).transpose(1, 2)
-
-    out = tree_sum(outs, dim=2) / tree_sum(sums, dim=2).unsqueeze(-1)
-    out = out[:, :, :rows].reshape(batch, kv_heads, n_new, group, head_dim)
+    width = max(past_lens)
+    block = max(1, SCORE_BLOCK_ELEMENTS // (batch * n_heads * (width + n_new)))
+    out = q.new_empty((batch, kv_heads, n_new, group, head_dim))
+    for start in range(0, n_new, block):
+        stop = min(start + block, n_new)
+        out[:, :, start:stop] = _attend(
+            queries[:, :, start:stop].reshape(batch, kv_heads, -1, head_dim),
+            pasts,
+            past_lens,
+            new_kv[..., :stop, :],
+            start,
+        ).unflatten(2, (stop - start, group))
     return out.permute(0, 2, 1, 3, 4).reshape(batch, n_new, n_heads, head_dim)
 
 
-def _blocks(x: torch.Tensor, count: int) -> torch.Tensor:
-    """The first `count` whole blocks of x [tokens, head_dim], a view [count, KEY_BLOCK, d]."""
-    return x[: count * KEY_BLOCK].unflatten(0, (count, KEY_BLOCK))
-
-
-def _tail(
+def _attend(
+    queries: torch.Tensor,
     pasts: Sequence[torch.Tensor | None],
     past_lens: list[int],
     new_kv: torch.Tensor,
-    tail_blocks: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per request, its keys and values from its last whole past block on (the past's
-    remainder, then the new tokens), zero-padded: two [batch, kv_heads, tail_blocks,
-    KEY_BLOCK, head_dim] tensors."""
-    batch, _, kv_heads, n_new, head_dim = new_kv.shape
-    tail = new_kv.new_zeros((batch, 2, kv_heads, tail_blocks * KEY_BLOCK, head_dim))
-    remainders = [length % KEY_BLOCK for length in past_lens]
-    for i, past in enumerate(pasts):
-        if remainders[i]:
-            assert past is not None
-            tail[i, :, :, : remainders[i]] = past[:, :, past_lens[i] - remainders[i] :]
-    new_slots = torch.tensor(remainders)[:, None] + torch.arange(n_new)
-    tail.permute(0, 3, 1, 2, 4)[torch.arange(batch)[:, None], new_slots] = new_kv.permute(
-        0, 3, 1, 2, 4
-    )
-    tail = tail.unflatten(3, (tail_blocks, KEY_BLOCK))
-    return tail[:, 0], tail[:, 1]
-
-
-def _tail_hidden(
-    past_lens: list[int], n_new: int, group: int, rows_padded: int, tail_blocks: int
+    first: int,
 ) -> torch.Tensor:
-    """[batch, 1, tail_blocks, rows_padded, KEY_BLOCK]: is this tail key slot hidden from the
-    row (after the row's query position, or padding)?
+    """Attention of the new tokens first.. (queries [batch, kv_heads, rows, head_dim], rows
+    token-major then the query heads sharing a KV head) over the pasts and new_kv, the new
+    tokens up to the last query's ([batch, 2, kv_heads, new, head_dim])."""
+    batch, kv_heads, rows, _ = queries.shape
+    n_new = new_kv.shape[3]
+    group = rows // (n_new - first)
+    width = max(past_lens)
 
-    Tail slot (b, j) of request i holds position (past_i // KEY_BLOCK + b) * KEY_BLOCK + j.
-    Padding rows get the last query's mask so that they stay finite; their output is dropped.
-    """
-    past = torch.tensor(past_lens).view(-1, 1)
-    query_offset = past % KEY_BLOCK + (torch.arange(rows_padded) // group).clamp(max=n_new - 1)
-    key_offset = torch.arange(tail_blocks * KEY_BLOCK).view(1, tail_blocks, 1, KEY_BLOCK)
-    return (key_offset > query_offset.view(-1, 1, rows_padded, 1)).unsqueeze(1)
+    # Scores [batch, kv_heads, rows, width + new]: request i's past keys in columns
+    # [0, past_i), the new keys in [width, width + new); -inf where a key is hidden.
+    scores = queries.new_empty((batch, kv_heads, rows, width + n_new))
+    for i, past in enumerate(pasts):
+        if past_lens[i]:
+            assert past is not None
+            scores[i, :, :, : past_lens[i]] = exact_matmul(
+                queries[i], past[0].transpose(1, 2), ACT_BOUND, ACT_BOUND
+            )
+        scores[i, :, :, past_lens[i] : width] = -torch.inf
+    new_scores = scores[..., width:]
+    new_scores.copy_(exact_matmul(queries, new_kv[:, 0].transpose(2, 3), ACT_BOUND, ACT_BOUND))
+    hidden = torch.arange(n_new) > first + torch.arange(rows)[:, None] // group
+    new_scores.masked_fill_(hidden, -torch.inf)
+
+    weights = _softmax_weights(scores)
+    total = exact_sum(weights, PROB_BOUND)
+    weighted = exact_matmul(weights[..., width:], new_kv[:, 1], PROB_BOUND, ACT_BOUND).double()
+    for i, past in enumerate(pasts):
+        if past_lens[i]:
+            assert past is not None
+            weighted[i] += exact_matmul(
+                weights[i, :, :, : past_lens[i]], past[1], PROB_BOUND, ACT_BOUND
+            )
+    # The weighted mean of the values, times 2**OUT_BITS: one correctly rounded division.
+    mean = weighted * 2**OUT_BITS / total.unsqueeze(-1)
+    return torch.round(mean).clamp_(-ACT_BOUND, ACT_BOUND).to(queries.dtype)
+
+
+def _softmax_weights(scores: torch.Tensor) -> torch.Tensor:
+    """Integer softmax numerators 0..PROB_BOUND: exp_table[floor((row max - score) / step)]
+    (the row's maximum gets PROB_BOUND, hidden keys 0), in the scores' dtype."""
+    table = _exp_table(scores.dtype)
+    steps = scores.amax(dim=-1, keepdim=True) - scores
+    # Non-negative, so the integer conversion's truncation is the floor.
+    steps.mul_(2.0 ** (STEP_BITS - SCORE_BITS)).clamp_(max=len(table) - 1)
+    return table.index_select(0, steps.int().view(-1)).view(scores.shape)
+
+
+_TABLES: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _exp_table(dtype: torch.dtype) -> torch.Tensor:
+    if dtype not in _TABLES:
+        _TABLES[dtype] = torch.tensor(exp_table(PROB_BITS, 2**STEP_BITS), dtype=dtype)
+    return _TABLES[dtype]

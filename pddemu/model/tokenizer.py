@@ -1,7 +1,8 @@
 """Byte-level tokenizer: every UTF-8 byte is a token, plus BOS and EOS.
 
 Needs no vocabulary file and round-trips any text, which is all the HTTP front end needs from a
-model whose weights are random.
+model whose weights are random. Generation (`pddemu.model.greedy`) chooses only `TEXT_IDS`, so
+generated text is valid UTF-8 and re-encoding it gives back exactly the generated ids.
 """
 
 from __future__ import annotations
@@ -16,16 +17,21 @@ BYTE_IDS = 256
 BOS_ID = 256
 EOS_ID = 257
 VOCAB_SIZE = 258
+# The ids generation may choose: tab, newline and printable ASCII. Each is valid UTF-8 text on
+# its own, so generated text always decodes, and re-tokenizing it gives back the same ids.
+TEXT_IDS = (0x09, 0x0A, *range(0x20, 0x7F))
 
 
 class ByteTokenizer:
     """text <-> token ids; ids 0..255 are bytes, every id above is a special (BOS, EOS, unused).
 
     `vocab_size` is the model's (at least 258); ids beyond the specials decode to nothing.
+    `text_ids` are the ids generation may produce.
     """
 
     bos_id = BOS_ID
     eos_id = EOS_ID
+    text_ids = TEXT_IDS
 
     def __init__(self, vocab_size: int = VOCAB_SIZE) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):

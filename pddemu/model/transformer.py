@@ -5,10 +5,10 @@
 - extend (MD after an Extend-Decode handoff): the KV and logits of k known tokens in one pass.
 
 All three share one forward pass: projections and MLP are batched over every new token of every
-request, attention runs per request over that request's past KV in place. Built from the
-row-invariant primitives of `invariant.py` and `attention.py`, a token's logits and KV are
-bit-identical whichever operation, chunking or batch computed them, so greedy streams agree
-across P/RLD/MD exactly (see docs/model.md for the measurements).
+request, attention runs per request over that request's past KV in place. The arithmetic is
+integer-valued and exact (`exact.py`), so a token's logits and KV are the same bits whichever
+operation, chunking, batch, CPU or thread count computed them, and greedy streams agree across
+P/RLD/MD exactly (docs/model.md).
 """
 
 from __future__ import annotations
@@ -22,38 +22,82 @@ import torch
 from pddemu.model.attention import causal_attention
 from pddemu.model.config import ModelConfig
 from pddemu.model.errors import ModelError
-from pddemu.model.invariant import enable_determinism, linear, rms_norm, silu
+from pddemu.model.exact import (
+    ACT_BOUND,
+    WEIGHT_BOUND,
+    check_ieee_matmul,
+    exact_matmul,
+    requantize,
+    require_ieee_matmul,
+    rms_quantize,
+)
 from pddemu.model.kv import KV
 from pddemu.model.rope import RotaryTable
-from pddemu.model.weights import Weights, init_weights
+from pddemu.model.tables import silu_table
+from pddemu.model.tokenizer import TEXT_IDS
+from pddemu.model.weights import WEIGHT_VARIANCE, Weights, init_weights
+
+# Normalised activations have rms NORM_RMS (|x| <= ACT_BOUND, so clamping starts near 4 sigma).
+NORM_RMS = 32
+# The MLP gate is read in units of 2**-SILU_FRAC_BITS (SiLU's input range +-7.9).
+SILU_FRAC_BITS = 4
+# SiLU(gate) * up (both activations) is scaled down by 2**MLP_PRODUCT_SHIFT to an activation.
+MLP_PRODUCT_SHIFT = 4
+# Residual-stream updates are clamped to this (never reached at the default sizes): the
+# stream's squares then sum exactly in float64 for any configuration.
+RESIDUAL_BOUND = 2**15
+
+_TEXT_IDS = torch.tensor(TEXT_IDS)
+_BOUNDS = (ACT_BOUND, WEIGHT_BOUND)  # of every product of activations and weights
 
 
 def greedy(logits: torch.Tensor) -> int:
-    """Index of the largest logit; ties go to the lowest id (torch.argmax returns the first)."""
+    """The text id with the largest logit; ties go to the lowest id.
+
+    Only ids in `tokenizer.TEXT_IDS` are chosen (tab, newline, printable ASCII): every
+    generated id is valid UTF-8 text on its own, so clients that re-tokenize the text count
+    exactly the tokens generated.
+    """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 1:
         raise ModelError("greedy needs a 1-D logits tensor (one row of the logits)")
+    if len(logits) <= TEXT_IDS[-1]:
+        raise ModelError(f"greedy needs logits for ids 0..{TEXT_IDS[-1]}, got {len(logits)}")
     if torch.isnan(logits).any():
         raise ModelError("greedy got NaN logits")
-    return int(torch.argmax(logits))
+    # TEXT_IDS ascend and argmax returns the first maximum: ties go to the lowest id.
+    return int(_TEXT_IDS[torch.argmax(logits[_TEXT_IDS])])
+
+
+def output_shift(fan_in: int) -> int:
+    """Power-of-two scale that maps a product over `fan_in` terms back to activation size.
+
+    Its output has standard deviation ~ NORM_RMS * sqrt(fan_in * WEIGHT_VARIANCE); dividing
+    by 2**shift with shift ~ log2(sqrt(fan_in * WEIGHT_VARIANCE)) keeps it near NORM_RMS.
+    """
+    return (fan_in * WEIGHT_VARIANCE).bit_length() // 2
 
 
 class TinyTransformer:
-    """Decoder-only transformer with RoPE and grouped-query attention, on CPU.
+    """Decoder-only transformer with RoPE and grouped-query attention, on CPU, in exact
+    integer-valued arithmetic.
 
-    Construction makes torch deterministic process-wide (one intra-op thread, deterministic
-    algorithms): bit-exactness across operations depends on it, see `invariant.py`.
+    Construction holds float32 matmul precision at full IEEE, process-wide (`exact.py`); every
+    forward pass checks it is still so.
     """
 
     def __init__(self, config: ModelConfig | None = None) -> None:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise ModelError(f"config must be a ModelConfig, got {type(self.config).__name__}")
-        enable_determinism()
-        self.weights: Weights = init_weights(self.config)
-        self._rope = RotaryTable(
-            self.config.head_dim, self.config.rope_theta, self.config.torch_dtype
-        )
-        self._q_scale = 1.0 / math.sqrt(self.config.head_dim)
+        require_ieee_matmul()
+        cfg = self.config
+        self.weights: Weights = init_weights(cfg)
+        self._rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.torch_dtype)
+        self._silu = torch.tensor(silu_table(SILU_FRAC_BITS, ACT_BOUND), dtype=cfg.torch_dtype)
+        self._norm_gain = math.isqrt(NORM_RMS**2 * cfg.d_model)
+        self._model_shift = output_shift(cfg.d_model)
+        self._attn_shift = output_shift(cfg.n_heads * cfg.head_dim)
+        self._ff_shift = output_shift(cfg.d_ff)
 
     # ---- public operations -------------------------------------------------------------
 
@@ -114,7 +158,7 @@ class TinyTransformer:
     ) -> list[int]:
         """Greedy continuation of `prompt_ids` in one process: the reference token stream.
 
-        Exactly `max_new_tokens` tokens (EOS is not special here; the caller decides lengths).
+        Exactly `max_new_tokens` tokens (greedy never chooses EOS; the caller decides lengths).
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise ModelError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
@@ -161,21 +205,22 @@ class TinyTransformer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """New tokens ids [batch, new] after pasts[i] -> their KV [layers, 2, kv_heads,
         batch * new, head_dim] (requests one after the other along the token axis) and final
-        hidden states [batch * new, d_model]."""
-        self._check_threads()
+        residual stream [batch * new, d_model] (float64 integers)."""
+        check_ieee_matmul()
         cfg, w = self.config, self.weights
+        dtype = cfg.torch_dtype
         n_heads, kv_heads, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         batch, n_new = ids.shape
         rows = batch * n_new
         past_lens = torch.tensor([0 if p is None else len(p) for p in pasts])
         pos = (past_lens[:, None] + torch.arange(n_new)).reshape(rows)
 
-        kv = torch.empty((cfg.n_layers, 2, kv_heads, rows, hd), dtype=cfg.torch_dtype)
-        x = w.embedding[ids.reshape(rows)]
+        kv = torch.empty((cfg.n_layers, 2, kv_heads, rows, hd), dtype=dtype)
+        x = w.embedding[ids.reshape(rows)].to(torch.float64)
         for index, layer in enumerate(w.layers):
-            qkv = linear(rms_norm(x, layer.attn_norm, cfg.norm_eps), layer.qkv)
+            qkv = requantize(self._product(x, layer.qkv), self._model_shift)
             q, k, v = qkv.split([n_heads * hd, kv_heads * hd, kv_heads * hd], dim=1)
-            q = self._rope.rotate(q.reshape(rows, n_heads, hd), pos) * self._q_scale
+            q = self._rope.rotate(q.reshape(rows, n_heads, hd), pos)
             kv[index, 0] = self._rope.rotate(k.reshape(rows, kv_heads, hd), pos).transpose(0, 1)
             kv[index, 1] = v.reshape(rows, kv_heads, hd).transpose(0, 1)
             attn = causal_attention(
@@ -183,14 +228,25 @@ class TinyTransformer:
                 [None if p is None else p.tensor[index] for p in pasts],
                 kv[index].reshape(2, kv_heads, batch, n_new, hd).permute(2, 0, 1, 3, 4),
             )
-            x = x + linear(attn.reshape(rows, n_heads * hd), layer.out)
-            gate, up = linear(rms_norm(x, layer.mlp_norm, cfg.norm_eps), layer.gate_up).chunk(2, 1)
-            x = x + linear(silu(gate) * up, layer.down)
+            attn_out = exact_matmul(attn.reshape(rows, n_heads * hd), layer.out, *_BOUNDS)
+            x = x + requantize(attn_out, self._attn_shift, RESIDUAL_BOUND)
+            gate, up = self._product(x, layer.gate_up).chunk(2, 1)
+            gate = requantize(gate, self._model_shift).long() + ACT_BOUND
+            hidden = requantize(
+                self._silu[gate] * requantize(up, self._model_shift), MLP_PRODUCT_SHIFT
+            )
+            down = exact_matmul(hidden, layer.down, *_BOUNDS)
+            x = x + requantize(down, self._ff_shift, RESIDUAL_BOUND)
         return kv, x
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        normed = rms_norm(hidden, self.weights.final_norm, self.config.norm_eps)
-        return linear(normed, self.weights.lm_head)
+    def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMS-normalised residual stream x times a weight matrix (exact integers)."""
+        normed = rms_quantize(x, self._norm_gain, self.config.norm_eps)
+        return exact_matmul(normed.to(self.config.torch_dtype), weight, *_BOUNDS)
+
+    def _logits(self, residual: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab]: exact integers, in the model's dtype."""
+        return self._product(residual, self.weights.lm_head).to(self.config.torch_dtype)
 
     def _token_ids(self, tokens: Sequence[int], what: str) -> torch.Tensor:
         if isinstance(tokens, torch.Tensor):
@@ -217,11 +273,3 @@ class TinyTransformer:
         if not isinstance(past, KV):
             raise ModelError(f"past must be a KV or None, got {type(past).__name__}")
         past.check_fits(self.config)
-
-    @staticmethod
-    def _check_threads() -> None:
-        if torch.get_num_threads() != 1:
-            raise ModelError(
-                f"torch uses {torch.get_num_threads()} threads; the model's outputs are only "
-                "bit-identical across operations with 1 (set since model creation, then changed)"
-            )

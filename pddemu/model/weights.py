@@ -1,77 +1,71 @@
-"""Weights drawn from a fixed seed: every process that builds the same config gets the same bits."""
+"""Integer weights drawn from a fixed seed: every machine that builds a config gets the same bits.
+
+Each weight is the sum of four uniform 6-bit draws minus 126: an integer in [-126, 126]
+(`exact.WEIGHT_BOUND`), bell-shaped with standard deviation ~36.9. The draws come from
+Python's `random.Random(seed).getrandbits` (the Mersenne Twister, the same stream on every
+platform), not from a library's normal sampler, whose vectorised paths round differently on
+different CPUs. Weights are stored as [in, out] so that a layer is `x @ weight`.
+"""
 
 from __future__ import annotations
 
-import math
+import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pddemu.model.config import ModelConfig
 
-# Query/key/value projections are drawn twice as wide as 1/sqrt(fan_in): sharper attention makes
-# the next token depend on the context. With gain 1, 12 of 30 random word prompts fell into
-# token cycles of period <= 8 within 128 greedy tokens; with gain 2, none did.
-ATTENTION_GAIN = 2.0
+_DRAWS = 4  # uniform draws summed per weight
+_DRAW_MAX = 63  # each draw is 0..63
+_CENTRE = _DRAWS * _DRAW_MAX // 2
+# Variance of a weight: four times that of a uniform draw over 64 values, (64**2 - 1) / 12.
+WEIGHT_VARIANCE = _DRAWS * ((_DRAW_MAX + 1) ** 2 - 1) // 12
 
 
 @dataclass(frozen=True)
 class LayerWeights:
-    attn_norm: torch.Tensor  # [d_model]
-    qkv: torch.Tensor  # [(n_heads + 2 * n_kv_heads) * head_dim, d_model]
-    out: torch.Tensor  # [d_model, n_heads * head_dim]
-    mlp_norm: torch.Tensor  # [d_model]
-    gate_up: torch.Tensor  # [2 * d_ff, d_model]
-    down: torch.Tensor  # [d_model, d_ff]
+    qkv: torch.Tensor  # [d_model, (n_heads + 2 * n_kv_heads) * head_dim]
+    out: torch.Tensor  # [n_heads * head_dim, d_model]
+    gate_up: torch.Tensor  # [d_model, 2 * d_ff]
+    down: torch.Tensor  # [d_ff, d_model]
 
 
 @dataclass(frozen=True)
 class Weights:
     embedding: torch.Tensor  # [vocab, d_model]
     layers: tuple[LayerWeights, ...]
-    final_norm: torch.Tensor  # [d_model]
-    lm_head: torch.Tensor  # [vocab, d_model]
+    lm_head: torch.Tensor  # [d_model, vocab]
 
     @property
     def n_parameters(self) -> int:
-        tensors = [self.embedding, self.final_norm, self.lm_head]
+        tensors = [self.embedding, self.lm_head]
         for layer in self.layers:
-            tensors += [layer.attn_norm, layer.qkv, layer.out, layer.mlp_norm, layer.gate_up]
-            tensors.append(layer.down)
+            tensors += [layer.qkv, layer.out, layer.gate_up, layer.down]
         return sum(t.numel() for t in tensors)
 
 
 def init_weights(config: ModelConfig) -> Weights:
-    """Gaussian weights scaled by 1/sqrt(fan_in) (QKV by ATTENTION_GAIN), drawn in float32 in a
-    fixed order.
+    """All weights of `config`, drawn in a fixed order from `config.seed`."""
+    rng = random.Random(config.seed)
 
-    Drawing in float32 then converting means the float64 model has exactly the float32 model's
-    weights, so the two dtypes differ only in arithmetic.
-    """
-    gen = torch.Generator().manual_seed(config.seed)
-    dtype = config.torch_dtype
-
-    def gaussian(rows: int, cols: int, std: float) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=gen, dtype=torch.float32) * std).to(dtype)
+    def draw(rows: int, cols: int) -> torch.Tensor:
+        count = rows * cols * _DRAWS
+        raw = np.frombuffer(rng.getrandbits(8 * count).to_bytes(count, "little"), np.uint8)
+        sums = (raw & _DRAW_MAX).reshape(rows * cols, _DRAWS).sum(axis=1, dtype=np.int32)
+        return torch.from_numpy((sums - _CENTRE).reshape(rows, cols)).to(config.torch_dtype)
 
     d, hd = config.d_model, config.head_dim
-    qkv_rows = (config.n_heads + 2 * config.n_kv_heads) * hd
-    embedding = gaussian(config.vocab_size, d, 1.0)
-    layers = []
-    for _ in range(config.n_layers):
-        layers.append(
-            LayerWeights(
-                attn_norm=torch.ones(d, dtype=dtype),
-                qkv=gaussian(qkv_rows, d, ATTENTION_GAIN / math.sqrt(d)),
-                out=gaussian(d, config.n_heads * hd, 1 / math.sqrt(config.n_heads * hd)),
-                mlp_norm=torch.ones(d, dtype=dtype),
-                gate_up=gaussian(2 * config.d_ff, d, 1 / math.sqrt(d)),
-                down=gaussian(d, config.d_ff, 1 / math.sqrt(config.d_ff)),
-            )
+    qkv_cols = (config.n_heads + 2 * config.n_kv_heads) * hd
+    embedding = draw(config.vocab_size, d)
+    layers = tuple(
+        LayerWeights(
+            qkv=draw(d, qkv_cols),
+            out=draw(config.n_heads * hd, d),
+            gate_up=draw(d, 2 * config.d_ff),
+            down=draw(config.d_ff, d),
         )
-    return Weights(
-        embedding=embedding,
-        layers=tuple(layers),
-        final_norm=torch.ones(d, dtype=dtype),
-        lm_head=gaussian(config.vocab_size, d, 1 / math.sqrt(d)),
+        for _ in range(config.n_layers)
     )
+    return Weights(embedding=embedding, layers=layers, lm_head=draw(d, config.vocab_size))

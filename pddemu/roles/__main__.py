@@ -64,5 +64,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # One intra-op thread per instance: several instances share few cores, and spinning
+    # OpenMP threads of one instance would steal time from the others (the model's results
+    # do not depend on the thread count, docs/model.md).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.exit(main(sys.argv[1:]))
