@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ class SystemRun:
     outputs: dict[str, list[int]]
     instances: list[InstanceReport]
     protocol_errors: int = 0  # frontend answers the replayer could not read
+    wan_transfers: list[Any] = field(default_factory=list)  # KV transfers MD received
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -103,7 +104,26 @@ async def run_system(
         result.outputs,
         instance_reports(config, deployment, stats),
         result.protocol_errors,
+        wan_transfers(stats),
     )
+
+
+def wan_transfers(stats: dict[str, Any]) -> list[Any]:
+    """The KV transfers that crossed the WAN (those an MD received), for the WAN figure."""
+    from pddemu.metrics.plots import WanTransfer
+
+    return [
+        WanTransfer(
+            event["start_s"],
+            event["end_s"],
+            int(event.get("genuine_bytes") or 0),
+            [tuple(chunk) for chunk in event.get("chunks", [])],
+        )
+        for report in stats.values()
+        if report.get("role") == "MD"
+        for event in report.get("events", [])
+        if event["kind"] == "kv_transfer"
+    ]
 
 
 def instance_reports(
@@ -186,7 +206,7 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
 def write_outputs(
     config: Config, scale: ScaleModel, link: LinkSpec, runs: dict[str, SystemRun], out: Path
 ) -> int:
-    from pddemu.metrics.plots import write_plots
+    from pddemu.metrics.plots import WanUse, write_plots
 
     all_records = [record for run in runs.values() for record in run.records]
     write_requests_csv(out / "requests.csv", all_records)
@@ -216,7 +236,19 @@ def write_outputs(
         },
     }
     write_summary_json(out / "summary.json", summaries, meta)
-    plots = write_plots(out, {system: run.records for system, run in runs.items()})
+    crossing = {system: run for system, run in runs.items() if system != "indc"}
+    wan = WanUse(
+        {system: run.wan_transfers for system, run in crossing.items()},
+        {
+            system: min((r.arrival_s for r in run.records), default=0.0)
+            for system, run in crossing.items()
+        },
+        config.wan.rate_bps,
+        scale.byte_scale,
+    )
+    plots = write_plots(
+        out, {system: run.records for system, run in runs.items()}, config.slo.ttft_s, wan
+    )
     report = write_report(out, summaries, meta, plots)
     print(format_table(summaries))
     print(

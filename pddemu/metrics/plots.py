@@ -1,5 +1,8 @@
-"""The run's figures, as PNG files: TTFT and ITL CDFs, one relayed request's token timeline and
-the P-side / MD-side hit-rate histogram.
+"""The run's figures, as PNG files, each meant to be read at a glance: TTFT's CDF with the SLO
+and p50/p90/p99 marked; ITL as a complementary CDF on log axes (the rare stalls are the visible
+tail, not a sliver at the top of a linear axis); one relayed request's token timeline with the
+handoff zoomed in; the WAN's utilisation and the KV transfers in flight over time; the P-side /
+MD-side hit-rate histogram.
 
 Figures are drawn on `matplotlib.figure.Figure` objects rendered by the Agg canvas: no pyplot, so
 no global figure state and no display is needed. Every function writes one file and returns its
@@ -9,6 +12,7 @@ path; with nothing to draw it still writes a figure that says why it is empty.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +31,39 @@ RLD_COLOUR = "tab:orange"
 MD_COLOUR = "tab:blue"
 STALL_COLOUR = "tab:red"
 
+SLO_COLOUR = "tab:red"
+MARKS = (50, 90, 99)
+MARK_SYMBOLS = {50: "o", 90: "s", 99: "^"}
+
 PLOT_FILES = {
     "TTFT CDF": "ttft_cdf.png",
-    "ITL CDF": "itl_cdf.png",
+    "ITL CCDF": "itl_cdf.png",
     "Hit-rate buckets": "hit_rate_buckets.png",
     "Handoff timeline": "handoff_timeline.png",
+    "WAN use": "wan_use.png",
 }
+
+
+@dataclass(frozen=True)
+class WanTransfer:
+    """One KV transfer across the WAN as its receiver saw it: its first and last byte and each
+    chunk's arrival (modelled seconds, genuine bytes)."""
+
+    start_s: float
+    end_s: float
+    genuine_bytes: int
+    chunks: Sequence[tuple[float, int]] = ()
+
+
+@dataclass(frozen=True)
+class WanUse:
+    """What the WAN figure needs of a run: each system's transfers, the time its requests began
+    (times are drawn from there) and the link's scale."""
+
+    transfers: Mapping[str, Sequence[WanTransfer]]
+    origins: Mapping[str, float]  # per system: its first arrival, modelled seconds
+    rate_bps: float | None  # the modelled WAN rate (None: unshaped)
+    byte_scale: float  # genuine bytes per modelled byte
 
 
 def _figure(width: float = 7.0, height: float = 4.2) -> tuple[Figure, Axes]:
@@ -81,32 +112,77 @@ def _cdf(axes: Axes, samples: Mapping[str, np.ndarray], unit_label: str) -> None
     axes.legend(loc="lower right")
 
 
+def _percentile_marks(axes: Axes, samples: Mapping[str, np.ndarray]) -> None:
+    """p50 / p90 / p99 of each system as markers on its CDF, in the curve's colour."""
+    colours = [line.get_color() for line in axes.get_lines()]
+    for colour, values in zip(colours, samples.values(), strict=False):
+        if not (values > 0).any():
+            continue
+        for q in MARKS:
+            x = float(np.percentile(values, q))
+            axes.plot([x], [q / 100], MARK_SYMBOLS[q], color=colour, ms=6, mec="black", mew=0.5)
+    for q in MARKS:  # one legend entry per mark shape
+        axes.plot([], [], MARK_SYMBOLS[q], color="grey", mec="black", mew=0.5, label=f"p{q}")
+
+
 def plot_ttft_cdf(
-    path: Path | str, records_by_system: Mapping[str, Sequence[RequestRecord]]
+    path: Path | str,
+    records_by_system: Mapping[str, Sequence[RequestRecord]],
+    slo_ttft_s: float | None = None,
 ) -> Path:
-    """CDF of TTFT (completed requests) per system, log x axis."""
+    """CDF of TTFT (completed requests) per system, log x axis, with each system's p50, p90
+    and p99 marked and the SLO's TTFT target as a vertical line."""
     figure, axes = _figure()
     samples = {
         system: np.asarray([r.ttft_s for r in records if r.state == "completed"], dtype=np.float64)
         for system, records in records_by_system.items()
     }
     _cdf(axes, samples, "TTFT (modelled seconds, log scale)")
-    axes.set_title("Time to first token")
+    axes.set_ylabel("share of completed requests")
+    _percentile_marks(axes, samples)
+    if slo_ttft_s is not None and any((v > 0).any() for v in samples.values()):
+        axes.axvline(slo_ttft_s, color=SLO_COLOUR, ls="--", lw=1.2, label=f"SLO {slo_ttft_s:g} s")
+    axes.legend(loc="lower right", fontsize="small", ncol=2)
+    axes.set_title("Time to first token: share of requests served within x")
     return _save(figure, path)
 
 
 def plot_itl_cdf(
     path: Path | str, records_by_system: Mapping[str, Sequence[RequestRecord]]
 ) -> Path:
-    """CDF of all inter-token gaps (completed requests) per system, log x axis: stalls are the
-    far right tail."""
+    """Complementary CDF of all inter-token gaps (completed requests) per system, both axes
+    logarithmic: the share of gaps at least x long, so the steady decode cadence is the drop on
+    the left and the rare stalls (handoffs, queueing) are the tail on the right."""
     figure, axes = _figure()
-    samples = {
-        system: pooled_itls(r for r in records if r.state == "completed")
+    drawn = False
+    for system, gaps in (
+        (system, pooled_itls(r for r in records if r.state == "completed"))
         for system, records in records_by_system.items()
-    }
-    _cdf(axes, samples, "inter-token latency (modelled seconds, log scale)")
-    axes.set_title("Inter-token latency")
+    ):
+        positive = np.sort(gaps[gaps > 0]) * 1e3
+        if positive.size == 0:
+            axes.plot([], [], label=f"{system}: nothing to show")
+            continue
+        at_least = 1.0 - np.arange(positive.size) / gaps.size
+        label = f"{system} (n={gaps.size}, max {positive[-1]:.0f} ms)"
+        line = axes.step(positive, at_least, where="post", label=label)
+        p99 = float(np.percentile(gaps, 99)) * 1e3
+        axes.plot([p99], [0.01], "^", color=line[0].get_color(), mec="black", mew=0.5)
+        drawn = True
+    if drawn:
+        axes.set_xscale("log")
+        axes.set_yscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        axes.xaxis.set_major_formatter(plain)
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value * 100:g} %"))
+        axes.axhline(0.01, color="grey", lw=0.8, ls=":", label="1 % of gaps (p99, ▲)")
+    else:
+        _say_empty(axes, "no inter-token gaps")
+    axes.set_xlabel("inter-token gap x (modelled ms, log scale)")
+    axes.set_ylabel("share of gaps ≥ x (log scale)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(loc="lower left", fontsize="small")
+    axes.set_title("Inter-token latency: how often a gap is at least this long")
     return _save(figure, path)
 
 
@@ -195,6 +271,107 @@ def plot_handoff_timeline(
     axes.set_ylabel("output token index")
     axes.grid(True, alpha=0.3)
     axes.legend(loc="upper left", fontsize="small")
+    _zoom_on_handoff(axes, times, position, size)
+    return _save(figure, path)
+
+
+def _zoom_on_handoff(axes: Axes, times: np.ndarray, position: int, size: int) -> None:
+    """An inset around the handoff: a few typical gaps either side of it, so the stall reads
+    as the gap it is against the decode cadence, whatever the request's length."""
+    cadence = float(np.median(np.diff(times)))
+    stall = times[position] - times[position - 1]
+    half = max(3 * stall, 12 * cadence)
+    low, high = times[position - 1] - half / 2, times[position] + half / 2
+    shown = (times >= low) & (times <= high)
+    index = np.arange(times.size)
+    inset = axes.inset_axes((0.56, 0.08, 0.42, 0.45))
+    before, after = shown & (index < position), shown & (index >= position)
+    inset.plot(times[before], index[before], ".", ms=max(size, 4), color=RLD_COLOUR)
+    inset.plot(times[after], index[after], ".", ms=max(size, 4), color=MD_COLOUR)
+    inset.axvspan(times[position - 1], times[position], color=STALL_COLOUR, alpha=0.25)
+    inset.set_xlim(low, high)
+    inset.set_ylim(index[shown].min() - 1, index[shown].max() + 1)
+    inset.set_title(
+        f"zoom: {stall * 1000:.0f} ms stall vs {cadence * 1000:.0f} ms cadence", fontsize="x-small"
+    )
+    inset.tick_params(labelsize="x-small")
+    inset.grid(True, alpha=0.3)
+    axes.indicate_inset_zoom(inset, edgecolor="black")
+
+
+def _bits_sent_by(
+    transfers: Sequence[WanTransfer], times: np.ndarray, rate_bps: float | None, byte_scale: float
+) -> np.ndarray:
+    """Modelled bits on the link by each of `times`, reconstructed from the chunks' arrivals:
+    every chunk sent as late as a link of `rate_bps` allows (one link per direction, shared by
+    all transfers), so the curve never outruns the link and meets every arrival. Without a
+    rate, the bits delivered by then."""
+    arrivals = sorted(
+        (at, 8 * genuine / byte_scale)
+        for transfer in transfers
+        for at, genuine in (transfer.chunks or [(transfer.end_s, transfer.genuine_bytes)])
+    )
+    at = np.asarray([a for a, _ in arrivals], dtype=np.float64)
+    delivered = np.cumsum([bits for _, bits in arrivals])
+    by_then = np.searchsorted(at, times, side="right")
+    sent = np.where(by_then > 0, delivered[np.maximum(by_then - 1, 0)], 0.0)
+    if rate_bps:
+        later = at[None, :] >= times[:, None]
+        ahead = np.where(later, delivered[None, :] - rate_bps * (at[None, :] - times[:, None]), 0)
+        sent = np.maximum(sent, ahead.max(axis=1, initial=0.0))
+    return sent
+
+
+def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
+    """The WAN over the run, per system that crosses it: top, its utilisation (modelled bits
+    of the KV chunks P->MD per modelled second over the modelled rate, `_bits_sent_by`);
+    bottom, the transfers in flight (first to last byte), the queue the link works through.
+    Times from each system's first arrival."""
+    figure = Figure(figsize=(8.0, 5.2), dpi=DPI)
+    FigureCanvasAgg(figure)
+    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    spans = [t for transfers in wan.transfers.values() for t in transfers]
+    if not spans:
+        _say_empty(top, "no KV transfer crossed the WAN")
+        bottom.set_axis_off()
+        top.set_title("WAN use")
+        return _save(figure, path)
+    end = max(
+        t.end_s - wan.origins.get(system, 0.0)
+        for system, transfers in wan.transfers.items()
+        for t in transfers
+    )
+    edges = np.linspace(0.0, max(end, 1e-3), bins + 1)
+    width = edges[1] - edges[0]
+    for number, (system, transfers) in enumerate(wan.transfers.items()):
+        style = {"ls": ("-", "--", ":")[number % 3], "lw": 2.2 - 0.6 * (number % 3)}
+        origin = wan.origins.get(system, 0.0)
+        if not transfers:
+            continue
+        sent = _bits_sent_by(transfers, edges + origin, wan.rate_bps, wan.byte_scale)
+        rate = np.diff(sent) / width
+        if wan.rate_bps:
+            top.step(edges[:-1], rate / wan.rate_bps * 100, where="post", label=system, **style)
+        else:
+            top.step(edges[:-1], rate / 1e9, where="post", label=system, **style)
+        moments = sorted(
+            [(t.start_s - origin, 1) for t in transfers]
+            + [(t.end_s - origin, -1) for t in transfers]
+        )
+        times = [0.0] + [m for m, _ in moments]
+        counts = np.cumsum([0] + [step for _, step in moments])
+        bottom.step(times, counts, where="post", label=system, **style)
+    if wan.rate_bps:
+        top.set_ylabel(f"utilisation of {wan.rate_bps / 1e9:g} Gbit/s (%)")
+        top.axhline(100, color="grey", lw=0.8, ls=":")
+    else:
+        top.set_ylabel("KV rate (Gbit/s)")
+    top.set_title(f"WAN use: KV sent P->MD, {bins} bins of {width:.2f} s")
+    top.grid(True, alpha=0.3)
+    top.legend(loc="center right", fontsize="small")
+    bottom.set_ylabel("transfers in flight")
+    bottom.set_xlabel("time since the system's first arrival (modelled seconds)")
+    bottom.grid(True, alpha=0.3)
     return _save(figure, path)
 
 
@@ -233,19 +410,26 @@ def plot_hit_rate_histogram(path: Path | str, records: Sequence[RequestRecord]) 
 
 
 def write_plots(
-    out_dir: Path | str, records_by_system: Mapping[str, Sequence[RequestRecord]]
+    out_dir: Path | str,
+    records_by_system: Mapping[str, Sequence[RequestRecord]],
+    slo_ttft_s: float | None = None,
+    wan: WanUse | None = None,
 ) -> dict[str, Path]:
     """Every standard figure of a run, titled as in `PLOT_FILES`; the timeline and histogram
-    are drawn for pdd (or the first system when pdd did not run)."""
+    are drawn for pdd (or the first system when pdd did not run), the WAN figure when `wan`
+    is given."""
     if not records_by_system:
         raise MetricsError("no system to plot")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     focus = records_by_system.get(PDD_SYSTEM, next(iter(records_by_system.values())))
     files = {title: out_dir / name for title, name in PLOT_FILES.items()}
-    return {
-        "TTFT CDF": plot_ttft_cdf(files["TTFT CDF"], records_by_system),
-        "ITL CDF": plot_itl_cdf(files["ITL CDF"], records_by_system),
+    plots = {
+        "TTFT CDF": plot_ttft_cdf(files["TTFT CDF"], records_by_system, slo_ttft_s),
+        "ITL CCDF": plot_itl_cdf(files["ITL CCDF"], records_by_system),
         "Hit-rate buckets": plot_hit_rate_histogram(files["Hit-rate buckets"], focus),
         "Handoff timeline": plot_handoff_timeline(files["Handoff timeline"], focus),
     }
+    if wan is not None:
+        plots["WAN use"] = plot_wan_use(files["WAN use"], wan)
+    return plots

@@ -20,7 +20,7 @@ HOW_TO_READ = """\
   the time scale the emulation ran at. Byte counts are modelled bytes (the target model's KV).
 - **TTFT** is first token minus arrival; **TPOT** is (finish - first token) / (tokens - 1) per
   request; **ITL** pools every gap between consecutive tokens of every request, so a handoff
-  stall shows up in its p99 and in the right tail of the ITL CDF; **E2EL** is finish minus
+  stall shows up in its p99 and in the right tail of the ITL CCDF (the share of gaps at least x long, log axes); **E2EL** is finish minus
   arrival. Latency statistics cover completed requests only (docs/metrics.md).
 - **Goodput** counts completed requests that met both SLO targets, per second of the run (first
   arrival to last finish). **BCR** is goodput divided by the hardware's cost per hour: the

@@ -292,6 +292,7 @@ class DecodeInstance(Instance):
             )
         state["kv"].append(self.received_kv(chunk))
         state["bytes"] += chunk.nbytes
+        state.setdefault("arrivals", []).append((self.clock.now(), chunk.nbytes))  # timelines
         state["body"].setdefault("first_chunk_at", self.clock.now())
 
     async def on_kv_end(self, message: Envelope) -> None:
@@ -313,6 +314,7 @@ class DecodeInstance(Instance):
             body["ended_at"],
             source=body.get("p"),
             genuine_bytes=state["bytes"],
+            chunks=state.get("arrivals", []),
         )
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
         # Admission may wait for memory: not on this connection, which P reuses for its next

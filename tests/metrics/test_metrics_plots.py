@@ -14,11 +14,15 @@ from pddemu.metrics import MetricsError
 from pddemu.metrics.plots import (
     DPI,
     PLOT_FILES,
+    WanTransfer,
+    WanUse,
+    _bits_sent_by,
     pick_handoff_request,
     plot_handoff_timeline,
     plot_hit_rate_histogram,
     plot_itl_cdf,
     plot_ttft_cdf,
+    plot_wan_use,
     write_plots,
 )
 
@@ -109,10 +113,33 @@ def test_hit_rate_histogram(tmp_path: Path) -> None:
 
 
 def test_write_plots_writes_every_figure(tmp_path: Path) -> None:
-    plots = write_plots(tmp_path / "out", by_system())
+    wan = WanUse({"pdd": [WanTransfer(0.0, 2.0, 1000, [(1.0, 400), (2.0, 600)])]}, {}, 8e3, 1.0)
+    plots = write_plots(tmp_path / "out", by_system(), slo_ttft_s=1.5, wan=wan)
     assert list(plots) == list(PLOT_FILES)
     for title, path in plots.items():
         assert path == tmp_path / "out" / PLOT_FILES[title]
         assert png_size(path)[0] > 0 and path.stat().st_size > 10_000
     with pytest.raises(MetricsError, match="no system"):
         write_plots(tmp_path, {})
+
+
+def test_wan_bits_never_outrun_the_link_and_meet_every_arrival() -> None:
+    """Two transfers whose chunks arrive together: the link (8 kbit/s) cannot have carried
+    both in the last second, so the reconstruction starts sending earlier."""
+    transfers = [
+        WanTransfer(0.0, 4.0, 2000, [(2.0, 1000), (4.0, 1000)]),
+        WanTransfer(0.0, 4.0, 1000, [(4.0, 1000)]),
+    ]
+    times = np.linspace(0.0, 4.0, 41)
+    sent = _bits_sent_by(transfers, times, rate_bps=8e3, byte_scale=1.0)
+    assert np.all(np.diff(sent) <= 8e3 * 0.1 + 1e-6)  # at most the link's rate
+    assert sent[20] >= 8000 and sent[-1] == 24000  # every chunk on the link by its arrival
+    assert sent[0] == 0 and np.all(np.diff(sent) >= 0)
+
+
+def test_ttft_and_wan_figures_are_read_at_a_glance(tmp_path: Path) -> None:
+    """The SLO line is drawn in its colour; the WAN figure has both panels."""
+    path = plot_ttft_cdf(tmp_path / "ttft.png", by_system(), slo_ttft_s=1.5)
+    assert share_of_pixels_near(path, "tab:red") > 0.001
+    wan = WanUse({"pdd": [WanTransfer(0.0, 2.0, 1000, [(2.0, 1000)])]}, {"pdd": 0.0}, 8e3, 1.0)
+    assert_png(plot_wan_use(tmp_path / "wan.png", wan), 8.0)
