@@ -19,8 +19,33 @@ _COMMANDS: list[tuple[str, str]] = [
 ]
 
 
+DESCRIPTION = """\
+pddemu emulates PDD (Prefill - Relay Decode - Main Decode), cross-datacenter
+prefill/decode-disaggregated LLM serving, on one machine: two datacenters as network
+namespaces joined by a shaped WAN, real processes exchanging genuine KV over TCP. It
+measures TTFT, TPOT, goodput, WAN bytes and cost of pdd against an in-datacenter (indc)
+and a naive cross-datacenter baseline."""
+
+EPILOG = """\
+examples:
+  pddemu emulate --out runs/smoke --system pdd --requests 10   a short run
+  pddemu emulate --out runs/latest                             what make emulate runs
+  pddemu serve --port 8000                     an OpenAI endpoint for AIPerf or vLLM
+  pddemu export runs/latest --format perfetto --out trace.json
+  pddemu trace stats traces/pdd-janfeb-2000.jsonl.gz
+  pddemu config show --set wan.rate=1gbit
+
+README.md explains the output; docs/ has a page per area. `pddemu COMMAND --help` for
+each command's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pddemu", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="pddemu",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for _name, module in _COMMANDS:
         importlib.import_module(module).add_parser(sub)

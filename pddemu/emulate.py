@@ -281,7 +281,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="directory for summary.json, requests.csv, plots, report.md",
     )
     parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
-    parser.add_argument("--system", choices=[*SYSTEMS, "all"], default="all")
+    parser.add_argument(
+        "--system",
+        choices=[*SYSTEMS, "all"],
+        default="all",
+        help="the system to run, or all three one after the other (default)",
+    )
     parser.add_argument(
         "--trace", help="pdd-janfeb, or a path to a trace file of a format in docs/traces.md"
     )

@@ -39,15 +39,29 @@ class ReplayResult:
 
 @dataclass
 class Progress:
-    """Requests done, in flight and failed, on one refreshed line (or a line a second off a tty)."""
+    """Requests done, in flight and failed, with the rate they finish at and an estimate of the
+    time left, on one refreshed line (or a line a second off a tty).
+
+    The estimate is wall-clock time: the later of the last arrival (an open-loop replay cannot
+    end before it) and the requests left at the rate they have finished so far."""
 
     system: str
     total: int
     clock: ModelledClock
+    last_arrival_s: float = 0.0  # modelled
     done: int = 0
     failed: int = 0
     in_flight: int = 0
     _last: float = 0.0
+    _started: float = field(default_factory=time.monotonic)
+
+    def eta_s(self, now: float) -> float | None:
+        finished = self.done + self.failed
+        until_arrivals = max(0.0, self.clock.wall_at(self.last_arrival_s) - now)
+        if finished == 0:
+            return until_arrivals if self.total else 0.0
+        rate = finished / max(now - self._started, 1e-9)
+        return max(until_arrivals, (self.total - finished) / rate)
 
     def show(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -55,17 +69,27 @@ class Progress:
             return
         self._last = now
         width = 24
-        filled = int(width * (self.done + self.failed) / max(1, self.total))
+        finished = self.done + self.failed
+        filled = int(width * finished / max(1, self.total))
+        rate = finished / max(now - self._started, 1e-9)
+        eta = self.eta_s(now)
+        left = "done" if final else (f"ETA {_duration(eta)}" if eta is not None else "ETA ?")
         line = (
             f"[{self.system:>5}] [{'#' * filled}{'.' * (width - filled)}] "
-            f"{self.done + self.failed}/{self.total} done, {self.in_flight} in flight, "
-            f"{self.failed} failed, t={self.clock.now():.0f} s modelled"
+            f"{finished}/{self.total} done, {self.in_flight} in flight, "
+            f"{self.failed} failed, {rate:.2f} req/s, {left}, "
+            f"t={self.clock.now():.0f} s modelled"
         )
         if sys.stderr.isatty():
             sys.stderr.write("\r" + line + ("\n" if final else ""))
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 async def replay(
@@ -76,7 +100,8 @@ async def replay(
     start_s: float,
 ) -> ReplayResult:
     """Send `workload` to the frontend, request i at modelled time `start_s + arrival_s`."""
-    progress = Progress(system, len(workload), clock)
+    last = max((r.arrival_s for r in workload), default=0.0)
+    progress = Progress(system, len(workload), clock, start_s + last)
     result = ReplayResult([])
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
