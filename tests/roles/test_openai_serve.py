@@ -22,7 +22,6 @@ from tests.conftest import require_namespaces
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     require_namespaces()
-    before = set(list_namespaces())
     run_dir = tmp_path_factory.mktemp("serve")
     process = subprocess.Popen(
         [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--run-dir", str(run_dir)],
@@ -36,7 +35,8 @@ def server(tmp_path_factory):
     yield ready
     process.send_signal(signal.SIGINT)
     assert process.wait(30) == 0
-    assert set(list_namespaces()) <= before, "serve left namespaces behind"
+    run = ready["netns"].rsplit("-", 1)[0]  # this run's namespaces: <run>-a, <run>-b, ...
+    assert not [n for n in list_namespaces() if n.startswith(run + "-")], "serve left some"
 
 
 def test_streamed_ttft_agrees_with_the_emulator_record(server) -> None:
@@ -131,3 +131,26 @@ def test_malformed_requests_get_openai_errors(
     error = reply["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param
+
+
+def test_a_rootless_serve_is_reachable_from_the_host(tmp_path) -> None:
+    """Without root the emulated network lives in a private namespace; the host port, made
+    before entering it, still serves the host's clients."""
+    require_namespaces()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--rootless"]
+        + ["--run-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line, process.stderr.read()
+        ready = json.loads(line)
+        client = openai.OpenAI(base_url=ready["base_url"], api_key="unused")
+        reply = client.completions.create(model="pddemu", prompt="hello", max_tokens=4)
+        assert reply.usage.completion_tokens == 4
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
