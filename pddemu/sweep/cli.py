@@ -7,6 +7,7 @@ maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric agai
                  [--cpus-per-point C] [--rootless]
                  [--search goodput [--slo-attainment 0.9] [--rate-min R] [--rate-max R]
                   [--rate-tolerance F] [--max-probes N]]
+    pddemu sweep --experiment experiments/NAME.toml [--quick] --out DIR
     pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
 
 Every point is one `pddemu emulate` of one system in its own namespaces. DIR gets a run
@@ -31,6 +32,7 @@ from netem.signals import on_termination, raise_keyboard_interrupt
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.sweep.driver import RATE_KEY, SearchGroup, Sweep, run_searches
 from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_cpus
+from pddemu.sweep.experiment import apply_experiment
 from pddemu.sweep.grid import SEED_KEY, expand, grid_settings, parse_grid, sweep_seeds
 from pddemu.sweep.progress import Progress
 from pddemu.sweep.search import GoodputSearch, SearchError
@@ -102,7 +104,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="stop when the failing rate is within this share of the passing one (0.1)",
     )
     parser.add_argument("--max-probes", type=int, default=16, help="per search (16)")
-    parser.set_defaults(func=run_cli)
+    parser.add_argument(
+        "--experiment", type=Path, help="an experiment file giving these arguments (experiments/)"
+    )
+    parser.add_argument("--quick", action="store_true", help="the experiment's quick variant")
+    parser.set_defaults(func=run_cli, sweep_parser=parser)
     actions = parser.add_subparsers(dest="action")
     plot = actions.add_parser("plot", help="a metric of sweep.json against a swept key")
     plot.add_argument("dir", type=Path, help="the sweep directory")
@@ -160,6 +166,10 @@ def make_executor(args: argparse.Namespace) -> LocalExecutor | RayExecutor:
 def run_cli(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("sweep: --out DIR is required")
+    if args.experiment is not None:
+        apply_experiment(args, args.sweep_parser.get_default, args.experiment)
+    elif args.quick:
+        raise ConfigError("--quick needs --experiment")
     overrides = base_overrides(args)
     base = load_config(args.config, overrides)  # the sweep-wide settings, checked once
     grid = parse_grid(args.grid)
@@ -170,6 +180,8 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"pddemu sweep: {error}", file=sys.stderr)
         return 1
     meta = {
+        "experiment": str(args.experiment) if args.experiment else None,
+        "quick": args.quick,
         "config": base.source,
         "sets": overrides,
         "grid": grid,

@@ -1,0 +1,86 @@
+"""Experiment files: every committed one loads, in both variants, into points whose configs
+check; a file and the command line never both give an argument."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pddemu.cli import build_parser
+from pddemu.config import ConfigError
+from pddemu.sweep.cli import base_overrides, systems_of
+from pddemu.sweep.experiment import apply_experiment, value_text
+from pddemu.sweep.grid import expand, parse_grid
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.toml"))
+
+
+def sweep_args(*argv: str):
+    args = build_parser().parse_args(["sweep", "--out", "unused", *argv])
+    if args.experiment is not None:
+        apply_experiment(args, args.sweep_parser.get_default, args.experiment)
+    return args
+
+
+def test_there_are_experiments() -> None:
+    assert EXPERIMENTS
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("quick", [False, True])
+def test_each_experiment_loads_and_expands(path: Path, quick: bool) -> None:
+    args = sweep_args("--experiment", str(path), *(["--quick"] if quick else []))
+    points = expand(
+        args.config,
+        base_overrides(args),
+        parse_grid(args.grid),
+        args.seeds,
+        systems_of(args.system),
+    )
+    assert points and all(p.source.startswith("configs/") for p in points)
+    if quick:
+        assert len(points) <= 8, "a quick variant runs in minutes"
+
+
+def test_the_quick_table_overrides_the_full_one(tmp_path: Path) -> None:
+    path = tmp_path / "e.toml"
+    path.write_text(
+        '[experiment]\nsystems = "all"\nseeds = 3\nrequests = 50\n'
+        'grid = { "wan.delay" = ["5ms", "50ms"], "policy.drc" = [true, false] }\n'
+        '[quick]\nseeds = 1\ngrid = { "wan.delay" = ["5ms"] }\n'
+    )
+    full = sweep_args("--experiment", str(path))
+    assert (full.seeds, full.requests, full.system) == (3, 50, "all")
+    assert full.grid == ["wan.delay=5ms,50ms", "policy.drc=true,false"]
+    quick = sweep_args("--experiment", str(path), "--quick")
+    assert (quick.seeds, quick.requests, quick.grid) == (1, 50, ["wan.delay=5ms"])
+
+
+def test_grid_values_become_toml_text() -> None:
+    assert [value_text(v) for v in ["10gbit", "a b", 0.5, 3, True]] == [
+        "10gbit",
+        '"a b"',
+        "0.5",
+        "3",
+        "true",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "message"),
+    [
+        ("[experiment]\nseeds = 2\n", ["--seeds", "3"], "--seeds is given by"),
+        ("[experiment]\nbogus = 1\n", [], "unknown key"),
+        ("[experiment]\nseeds = '2'\n", [], "must be an integer"),
+        ("[other]\n", [], r"needs an \[experiment\] table"),
+        ("[experiment]\ngrid = { 'wan.rate' = [] }\n", [], "non-empty list"),
+    ],
+)
+def test_bad_experiments_are_refused(
+    tmp_path: Path, text: str, argv: list[str], message: str
+) -> None:
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        sweep_args("--experiment", str(path), *argv)
