@@ -170,6 +170,8 @@ def run_cli(args: argparse.Namespace) -> int:
         apply_experiment(args, args.sweep_parser.get_default, args.experiment)
     elif args.quick:
         raise ConfigError("--quick needs --experiment")
+    if args.config is not None:
+        args.config = args.config.resolve()  # the same file from a Ray node's working directory
     overrides = base_overrides(args)
     base = load_config(args.config, overrides)  # the sweep-wide settings, checked once
     grid = parse_grid(args.grid)

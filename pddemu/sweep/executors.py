@@ -112,7 +112,7 @@ class RayExecutor:
             self._check_capacity()
             task = ray.remote(num_cpus=self.cpus_per_point, max_retries=0)(run_point_on_node)
             for job in jobs:
-                ref = task.remote(job.point, _config_file(job.point), self.rootless)
+                ref = task.remote(job.point, _config_file(job.point), self.rootless, Path.cwd())
                 pending[ref] = job
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
@@ -167,10 +167,12 @@ def _write_files(out: Path, files: dict[str, bytes]) -> None:
 
 
 def run_point_on_node(
-    point: Point, config_file: tuple[str, bytes] | None, rootless: bool
+    point: Point, config_file: tuple[str, bytes] | None, rootless: bool, cwd: Path
 ) -> dict[str, Any]:
     """A Ray task: run `point` here in a temporary directory; its files, status and wall time.
-    The config file is used where it is on this node with the same content, else a copy."""
+    The config file is used where it is on this node with the same content, else a copy;
+    relative paths (a trace) are read from the sweep's working directory where the node has
+    it."""
     with tempfile.TemporaryDirectory(prefix="pddemu-point-") as temp:
         config_path = None
         if config_file is not None and point.config_path is not None:
@@ -180,7 +182,8 @@ def run_point_on_node(
                 config_path = Path(temp) / name
                 config_path.write_bytes(content)
         out = Path(temp) / "run"
-        exit_status, wall_s = run_point(point, out, rootless, config_path)
+        workdir = cwd if cwd.is_dir() else None
+        exit_status, wall_s = run_point(point, out, rootless, config_path, workdir)
         files = {
             str(path.relative_to(out)): path.read_bytes()
             for path in sorted(out.rglob("*"))

@@ -51,10 +51,15 @@ class RunningPoint:
 
 
 def start_point(
-    point: Point, out: Path, rootless: bool = False, config_path: Path | None = None
+    point: Point,
+    out: Path,
+    rootless: bool = False,
+    config_path: Path | None = None,
+    cwd: Path | None = None,
 ) -> RunningPoint:
-    """Start `point`'s emulation into `out` (created). Its own session: a Ctrl-C at the
-    terminal reaches the sweep alone, which stops its points one by one."""
+    """Start `point`'s emulation into `out` (created), in `cwd` (relative paths of the config
+    are read from there). Its own session: a Ctrl-C at the terminal reaches the sweep alone,
+    which stops its points one by one."""
     out.mkdir(parents=True, exist_ok=True)
     args = point.emulate_args(out, config_path) + (["--rootless"] if rootless else [])
     with open(out / EMULATE_LOG, "wb") as log:
@@ -64,16 +69,21 @@ def start_point(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=cwd,
         )
     return RunningPoint(point, out, process, time.monotonic())
 
 
 def run_point(
-    point: Point, out: Path, rootless: bool = False, config_path: Path | None = None
+    point: Point,
+    out: Path,
+    rootless: bool = False,
+    config_path: Path | None = None,
+    cwd: Path | None = None,
 ) -> tuple[int, float]:
     """Run `point` to its end: (exit status, wall seconds). Interrupted, it stops the emulation
     first, then lets the interruption through."""
-    running = start_point(point, out, rootless, config_path)
+    running = start_point(point, out, rootless, config_path, cwd)
     try:
         running.process.wait()
     except BaseException:
