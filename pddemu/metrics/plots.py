@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from pddemu.metrics.errors import MetricsError
 from pddemu.metrics.records import RequestRecord
@@ -104,7 +104,12 @@ def _cdf(axes: Axes, samples: Mapping[str, np.ndarray], unit_label: str) -> None
         axes.set_xscale("log")
         plain = FuncFormatter(lambda value, _: f"{value:g}")
         axes.xaxis.set_major_formatter(plain)
-        axes.xaxis.set_minor_formatter(NullFormatter())
+        positive = np.concatenate([v[v > 0] for v in samples.values()])
+        if positive.max() / positive.min() < 100:  # under two decades: label 2 and 5 too
+            axes.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+            axes.xaxis.set_minor_formatter(plain)
+        else:
+            axes.xaxis.set_minor_formatter(NullFormatter())
     axes.set_xlabel(unit_label)
     axes.set_ylabel("fraction of samples")
     axes.set_ylim(0, 1.02)
