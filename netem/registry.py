@@ -175,6 +175,8 @@ class Registry:
     @contextmanager
     def locked(self, name: str) -> Iterator[None]:
         """Serialise read-modify-write of a run's record between processes (`netem set`)."""
+        if not self.run_dir(name).is_dir():
+            raise RunError(f"no run named {name!r} (netem ls lists the runs)")
         with open(self.run_dir(name) / "lock", "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield

@@ -356,6 +356,13 @@ class ServeConfig(Section):
         description="longest prompt accepted, genuine tokens (a 16K-token prefill holds about "
         "0.4 GiB here); a longer one is refused with OpenAI's `context_length_exceeded`",
     )
+    max_concurrent_requests: int = Field(
+        64,
+        ge=1,
+        description="requests the OpenAI front door holds at once (from arrival until the "
+        "emulated system has released them); one more is refused with status 429 and "
+        "`Retry-After`, which OpenAI clients honour by retrying",
+    )
 
 
 class CostConfig(Section):

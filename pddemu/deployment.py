@@ -1,4 +1,4 @@
-"""Where every instance of a system runs, starting them, and stopping them.
+"""Where every instance of a system runs, starting them, watching them, and stopping them.
 
     DC A, host a  : FE (frontend/router), P x n_P
     DC A, host a2 : RLD x n_RLD (pdd), D x n_D (indc: decode on chip A over the intra-DC path)
@@ -6,15 +6,25 @@
 
 Each instance is one OS process in its namespace; ports are numbered per instance (the
 namespaces belong to this run, so they never collide with another run's).
+
+The run's secret is made here and handed to each instance on its standard input (never on disk
+or in an environment a local user could read): control requests carry it, data-plane
+connections prove it (`pddemu.runtime.auth`).
+
+Every process is watched through a pidfd, so its death is noticed the moment it happens, with
+its exit status; `kill`, `pause`, `resume` and `restart` are the instance faults a scenario can
+schedule, and every one of them, planned or not, lands in `events`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +33,38 @@ import aiohttp
 from netem.topology import Network
 from pddemu.config import Config, config_to_json
 from pddemu.roles.spec import Address, InstanceSpec
+from pddemu.runtime.auth import RunSecret
+from pddemu.runtime.clock import ModelledClock
 
 BASE_PORT = 7100
 HOST_OF_ROLE = {"FE": "a", "P": "a", "RLD": "a2", "D": "a2", "MD": "b"}
 START_TIMEOUT_S = 120.0
+STATS_TIMEOUT_S = 30.0
+ERROR_TAIL_CHARS = 2000
 
 
 class DeploymentError(RuntimeError):
     """An instance did not start, or died."""
+
+
+@dataclass(frozen=True)
+class InstanceEvent:
+    """Something that happened to an instance process, at a modelled time of the run."""
+
+    at_s: float
+    instance: str
+    kind: str  # started | killed | paused | resumed | restarted | died | exited
+    planned: bool  # a fault the scenario asked for (or the deployment's own start and stop)
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at_s": self.at_s,
+            "instance": self.instance,
+            "kind": self.kind,
+            "planned": self.planned,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -40,10 +74,18 @@ class Deployment:
     network: Network
     run_dir: Path
     epoch: float
+    secret: RunSecret = field(default_factory=RunSecret.new)
 
     def __post_init__(self) -> None:
         self.specs = self.plan()
         self.processes: dict[str, subprocess.Popen] = {}
+        self.clock = ModelledClock(self.epoch, self.config.scale.time_scale)
+        self.events: list[InstanceEvent] = []
+        self.missing_stats: dict[str, str] = {}  # instance -> why its stats could not be read
+        self.paused: set[str] = set()
+        self._expected_exit: set[str] = set()  # killed on purpose, or being stopped
+        self._pidfds: dict[str, int] = {}
+        self._stopping = False
 
     def plan(self) -> dict[str, InstanceSpec]:
         counts = {"FE": 1, **self.config.systems[self.system]}
@@ -77,23 +119,76 @@ class Deployment:
         fe = self.specs["FE0"].me
         return f"http://{fe.addr}:{fe.http_port}"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a control request to an instance of this run carries."""
+        return self.secret.headers()
+
+    def url(self, name: str, path: str) -> str:
+        me = self.specs[name].me
+        return f"http://{me.addr}:{me.http_port}{path}"
+
+    # -- starting ---------------------------------------------------------------------------
+
     async def start(self) -> None:
         specs_dir = self.run_dir / "specs" / self.system
         specs_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs" / self.system).mkdir(parents=True, exist_ok=True)
         for name, spec in self.specs.items():
-            path = specs_dir / f"{name}.json"
-            path.write_text(spec.to_json())
-            self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "pddemu.roles", str(path)],
-                stdout=subprocess.DEVNULL,
-                stderr=open(Path(spec.log_path).with_suffix(".err"), "w"),
-            )
-        await self.wait_healthy()
+            (specs_dir / f"{name}.json").write_text(spec.to_json())
+            self._launch(name)
+        await self.wait_healthy(set(self.specs))
 
-    async def wait_healthy(self) -> None:
+    def _launch(self, name: str) -> None:
+        path = self.run_dir / "specs" / self.system / f"{name}.json"
+        err = Path(self.specs[name].log_path).with_suffix(".err")
+        with open(err, "a") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pddemu.roles", str(path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        assert process.stdin is not None
+        process.stdin.write(self.secret.line())
+        process.stdin.close()
+        self.processes[name] = process
+        self._watch(name, process)
+
+    def _watch(self, name: str, process: subprocess.Popen) -> None:
+        """Notice the process's end when it happens (its pidfd becomes readable)."""
+        loop = asyncio.get_running_loop()
+        fd = os.pidfd_open(process.pid)
+        self._pidfds[name] = fd
+        loop.add_reader(fd, self._ended, name, process)
+
+    def _unwatch(self, name: str) -> None:
+        fd = self._pidfds.pop(name, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _ended(self, name: str, process: subprocess.Popen) -> None:
+        self._unwatch(name)
+        code = process.wait()
+        if name in self._expected_exit or self._stopping:
+            return
+        status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        self.events.append(
+            InstanceEvent(
+                self.clock.now(), name, "died", False, f"{status}{self._error_tail(name)}"
+            )
+        )
+
+    def _error_tail(self, name: str) -> str:
+        err = Path(self.specs[name].log_path).with_suffix(".err")
+        text = err.read_text(errors="replace").strip() if err.exists() else ""
+        last = text.splitlines()[-1] if text else ""
+        return f": {last[:ERROR_TAIL_CHARS]}" if last else ""
+
+    async def wait_healthy(self, names: set[str]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        pending = set(self.specs)
+        pending = set(names)
         async with aiohttp.ClientSession() as session:
             while pending:
                 for name in sorted(pending):
@@ -116,28 +211,93 @@ class Deployment:
     def check_alive(self, name: str) -> None:
         process = self.processes[name]
         if process.poll() is not None:
-            err = Path(self.specs[name].log_path).with_suffix(".err")
-            tail = err.read_text()[-2000:] if err.exists() else ""
             raise DeploymentError(
-                f"{self.system}: instance {name} exited with {process.returncode}:\n{tail}"
+                f"{self.system}: instance {name} exited with {process.returncode}"
+                f"{self._error_tail(name)}"
             )
 
-    def url(self, name: str, path: str) -> str:
-        me = self.specs[name].me
-        return f"http://{me.addr}:{me.http_port}{path}"
+    def alive(self, name: str) -> bool:
+        process = self.processes.get(name)
+        return process is not None and process.poll() is None
 
-    async def stats(self) -> dict[str, dict[str, Any]]:
+    @property
+    def unplanned(self) -> list[InstanceEvent]:
+        """Deaths nobody asked for: the run's results are then partial."""
+        return [event for event in self.events if not event.planned]
+
+    # -- instance faults --------------------------------------------------------------------
+
+    def kill(self, name: str, at_s: float | None = None) -> None:
+        """SIGKILL the instance: no goodbye to anyone, as a crashed machine."""
+        self._signal(name, signal.SIGKILL)
+        self._expected_exit.add(name)
+        self.paused.discard(name)
+        self._record(name, "killed", at_s)
+
+    def pause(self, name: str, at_s: float | None = None) -> None:
+        """SIGSTOP: the process is frozen, its sockets stay open, nobody is told."""
+        self._signal(name, signal.SIGSTOP)
+        self.paused.add(name)
+        self._record(name, "paused", at_s)
+
+    def resume(self, name: str, at_s: float | None = None) -> None:
+        self._signal(name, signal.SIGCONT)
+        self.paused.discard(name)
+        self._record(name, "resumed", at_s)
+
+    async def restart(self, name: str, at_s: float | None = None) -> None:
+        """Start the instance again with its spec (same addresses, empty caches), killing
+        what is left of it first, and wait until it answers."""
+        if self.alive(name):
+            self.kill(name, at_s)
+            self.processes[name].wait()
+        self._unwatch(name)
+        self._expected_exit.discard(name)
+        self._launch(name)
+        self._record(name, "restarted", at_s)
+        await self.wait_healthy({name})
+
+    def _signal(self, name: str, signum: signal.Signals) -> None:
+        if name not in self.processes:
+            raise DeploymentError(f"{self.system} has no instance {name!r}")
+        if self.alive(name):
+            self.processes[name].send_signal(signum)
+
+    def _record(self, name: str, kind: str, at_s: float | None) -> None:
+        when = self.clock.now() if at_s is None else at_s
+        self.events.append(InstanceEvent(when, name, kind, True))
+
+    # -- the end of a run -------------------------------------------------------------------
+
+    async def stats(self, timeout_s: float = STATS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+        """Every live instance's stats; an instance that is dead or does not answer is left
+        out, with the reason in `missing_stats` (its results are lost, not the run's)."""
         out: dict[str, dict[str, Any]] = {}
-        async with aiohttp.ClientSession() as session:
+        self.missing_stats = {}
+        async with aiohttp.ClientSession(headers=self.headers) as session:
             for name in self.specs:
-                async with session.get(
-                    self.url(name, "/stats"), timeout=aiohttp.ClientTimeout(total=30)
-                ) as reply:
-                    out[name] = await reply.json()
+                if not self.alive(name):
+                    self.missing_stats[name] = "the instance is not running"
+                    continue
+                if name in self.paused:
+                    self.resume(name)
+                try:
+                    async with session.get(
+                        self.url(name, "/stats"),
+                        timeout=aiohttp.ClientTimeout(total=timeout_s),
+                    ) as reply:
+                        if reply.status != 200:
+                            raise DeploymentError(f"answered {reply.status}")
+                        out[name] = await reply.json()
+                except (aiohttp.ClientError, TimeoutError, ValueError, DeploymentError) as error:
+                    self.missing_stats[name] = f"stats unreadable: {type(error).__name__}: {error}"
         return out
 
     async def stop(self) -> None:
-        async with aiohttp.ClientSession() as session:
+        self._stopping = True
+        for name in list(self.paused):
+            self.resume(name)
+        async with aiohttp.ClientSession(headers=self.headers) as session:
             for name, process in self.processes.items():
                 if process.poll() is None:
                     try:
@@ -154,4 +314,6 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for name in list(self._pidfds):
+            self._unwatch(name)
         self.processes.clear()

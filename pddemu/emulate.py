@@ -4,10 +4,22 @@ check every token against the single-process reference, and write the run's file
     pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all]
                    [--trace NAME|PATH] [--requests N] [--seed S]
 
-Exit status: 0 when every delivered stream equals the reference (failed requests, such as
-timeouts under overload, are results and are reported), 3 when a stream differs from it or the
-replayer could not read the frontend's answer (an emulator defect), 2 for bad input, 1 when the
-network cannot be set up or the results cannot be written, 130 when interrupted.
+The results are written after each system (summary.json, requests.csv, plots, report.md), so
+a run cut short keeps every system that finished. Whatever stops a system's replay (an
+instance dying, its stats unreadable, Ctrl-C or SIGTERM), the requests sent so far are written,
+and the run is marked `"partial": true` with its reasons. A first Ctrl-C ends the requests in
+flight (failed, interrupted) and writes; a second one stops at once.
+
+Exit status:
+  0    every delivered stream equals the reference (failed requests, such as timeouts under
+       overload or requests a scheduled fault broke, are results and are reported)
+  1    the network cannot be set up, or the results cannot be written
+  2    bad input (config, trace, arguments)
+  3    a stream differs from the reference, or the replayer could not read the frontend's
+       answer (an emulator defect)
+  5    the results are written but partial: an instance died unplanned, did not start, or its
+       stats could not be read (summary.json's partial_reasons says which)
+  130  interrupted (SIGINT or SIGTERM); what finished is written, marked partial
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import json
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +42,7 @@ from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
-from pddemu.deployment import Deployment
+from pddemu.deployment import Deployment, DeploymentError, InstanceEvent
 from pddemu.emulated_network import intra_link, scale_model, wan_link
 from pddemu.hardware import load_chip
 from pddemu.metrics import (
@@ -44,12 +57,16 @@ from pddemu.metrics import (
 )
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
-from pddemu.replay import replay
+from pddemu.replay import ReplayResult, replay
 from pddemu.runtime.clock import ModelledClock
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
+INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
+DEFECT_EXIT = 3  # a stream differs from the reference, or an answer could not be read
+PARTIAL_EXIT = 5  # the results are written but incomplete: see "partial_reasons"
+INTERRUPTED_EXIT = 130
 
 
 @dataclass
@@ -57,19 +74,32 @@ class SystemRun:
     system: str
     records: list[RequestRecord]
     outputs: dict[str, list[int]]
-    instances: list[InstanceReport]
+    instances: list[InstanceReport] = field(default_factory=list)
     protocol_errors: int = 0  # frontend answers the replayer could not read
+    partial: list[str] = field(default_factory=list)  # why its results are incomplete
+    events: list[InstanceEvent] = field(default_factory=list)  # what happened to instances
+    replay_start_s: float = 0.0  # modelled time of the replay's start (the faults' time 0)
+    interrupted: bool = False
     wan_transfers: list[Any] = field(default_factory=list)  # KV transfers MD received
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
-    """Run `work`; SIGINT or SIGTERM cancels it at its next await (so its cleanup runs in
-    order, never from inside a callback), then surfaces as KeyboardInterrupt."""
+    """Run `work`; the first SIGINT or SIGTERM cancels it at its next await (it then ends what
+    is in flight, keeps what finished and returns), a second one stops at once
+    (KeyboardInterrupt: what the run made is still removed, this system's results are lost)."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)
     signals = (signal.SIGINT, signal.SIGTERM)
+
+    def first_signal() -> None:
+        print("pddemu: stopping; writing what finished (again to stop at once)", file=sys.stderr)
+        task.cancel()
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        on_termination(raise_keyboard_interrupt)
+
     for signum in signals:
-        loop.add_signal_handler(signum, task.cancel)
+        loop.add_signal_handler(signum, first_signal)
     try:
         return await task
     except asyncio.CancelledError:
@@ -82,30 +112,65 @@ async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
 async def run_system(
     system: str, config: Config, network: Network, workload: list[Any], out: Path
 ) -> SystemRun:
+    """One system's replay. Whatever happens (an instance dying, its stats unreadable, the
+    run interrupted) it returns the records of every request sent, with what went wrong in
+    `partial`; only a second interrupt loses them."""
     epoch = time.monotonic()
     deployment = Deployment(system, config, network, out, epoch)
+    clock = ModelledClock(epoch, config.scale.time_scale)
+    result = ReplayResult([])
+    run = SystemRun(system, result.records, result.outputs)
+    stats: dict[str, Any] = {}
+    started = False
     try:
         await deployment.start()
-        clock = ModelledClock(epoch, config.scale.time_scale)
-        result = await replay(
-            deployment.frontend_url, workload, clock, system, clock.now() + REPLAY_LEAD_S
+        started = True
+        run.replay_start_s = clock.now() + REPLAY_LEAD_S
+        await replay(
+            deployment.frontend_url,
+            workload,
+            clock,
+            system,
+            run.replay_start_s,
+            result,
+            deployment.headers,
         )
         stats = await deployment.stats()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        run.interrupted = True
+        run.partial.append(
+            f"interrupted {clock.now() - run.replay_start_s:.1f} modelled s into the replay; "
+            f"{result.not_sent} requests not sent"
+            if started
+            else "interrupted before the replay started"
+        )
+        if started:
+            stats = await deployment.stats(INTERRUPT_STATS_TIMEOUT_S)
+    except DeploymentError as error:
+        run.partial.append(str(error))
+    except Exception as error:  # noqa: BLE001 - a defect: keep the trace, and the results
+        traceback.print_exc()
+        run.partial.append(f"emulator defect: the replay failed: {error!r}")
+        result.protocol_errors += 1
     finally:
         await deployment.stop()
+    run.events = list(deployment.events)
+    if started:
+        run.partial += lost_instances(deployment, run.replay_start_s)
+    run.protocol_errors = result.protocol_errors
     (out / f"instances-{system}.json").write_text(json.dumps(stats, indent=1))
     (out / f"outputs-{system}.json").write_text(json.dumps(result.outputs))  # genuine token ids
     for name, instance in stats.items():
         for error in instance["errors"]:
             print(f"[{system}] {name}: {error}", file=sys.stderr)
-    return SystemRun(
-        system,
-        result.records,
-        result.outputs,
-        instance_reports(config, deployment, stats),
-        result.protocol_errors,
-        wan_transfers(stats),
-    )
+    run.instances = instance_reports(config, deployment, stats)
+    run.wan_transfers = wan_transfers(stats)
+    for reason in run.partial:
+        print(f"[{system}] partial: {reason}", file=sys.stderr)
+    return run
 
 
 def wan_transfers(stats: dict[str, Any]) -> list[Any]:
@@ -126,16 +191,35 @@ def wan_transfers(stats: dict[str, Any]) -> list[Any]:
     ]
 
 
+def lost_instances(deployment: Deployment, replay_start_s: float) -> list[str]:
+    """What the deployment lost that nobody planned: instances that died, and stats that could
+    not be read (an instance a scheduled fault killed has none, as expected)."""
+    died = {event.instance: event for event in deployment.unplanned}
+    killed = {event.instance for event in deployment.events if event.kind == "killed"}
+    reasons = [
+        f"{name} died {event.at_s - replay_start_s:.1f} modelled s into the replay: {event.detail}"
+        for name, event in died.items()
+    ]
+    reasons += [
+        f"{name}: {why}"
+        for name, why in deployment.missing_stats.items()
+        if name not in died and name not in killed
+    ]
+    return reasons
+
+
 def instance_reports(
     config: Config, deployment: Deployment, stats: dict[str, Any]
 ) -> list[InstanceReport]:
     """What each emulated chip instance reports, with its hardware and price (the frontend
-    stands for no hardware of the modelled deployment)."""
+    stands for no hardware of the modelled deployment). An instance whose stats are lost still
+    costs its price."""
     reports = []
     for name, spec in deployment.specs.items():
         if spec.me.role == "FE":
             continue
         hardware = config.hardware_for(deployment.system, spec.me.role)
+        own = stats.get(name, {})
         reports.append(
             InstanceReport(
                 name=name,
@@ -143,17 +227,14 @@ def instance_reports(
                 chip=hardware.chip,
                 chips=hardware.chips,
                 price_per_hour=load_chip(hardware.chip).price_per_hour * hardware.chips,
-                lag_samples_s=stats[name]["lag_samples_s"],
-                steps=stats[name]["steps"],
-                busy_s=stats[name]["busy_s"],
-                tokens_generated=stats[name].get("tokens_generated", 0),
-                prefill_tokens=stats[name].get("prefill_tokens", 0),
+                lag_samples_s=own.get("lag_samples_s", []),
+                steps=own.get("steps", 0),
+                busy_s=own.get("busy_s", 0.0),
+                tokens_generated=own.get("tokens_generated", 0),
+                prefill_tokens=own.get("prefill_tokens", 0),
             )
         )
     return reports
-
-
-DEFECT_EXIT = 3  # a stream differs from the reference, or an answer could not be read
 
 
 def workload_of(config: Config) -> list[Any]:
@@ -167,7 +248,37 @@ def workload_of(config: Config) -> list[Any]:
     )
 
 
+class ReferenceCheck:
+    """Every completed request's tokens against the single-process reference (computed once
+    per request, for the requests some system completed)."""
+
+    def __init__(self, config: Config, workload: list[Any]) -> None:
+        self.config = config
+        self.workload = workload
+        self.reference: dict[str, list[int]] = {}
+
+    def check(self, run: SystemRun) -> None:
+        completed = {r.request_id for r in run.records if r.state == "completed"}
+        missing = [r for r in self.workload if r.request_id in completed - set(self.reference)]
+        if missing:
+            self.reference.update(
+                reference_outputs(
+                    missing,
+                    ModelConfig(**self.config.model),
+                    self.config.prefill.chunk_tokens // self.config.scale.token_scale,
+                )
+            )
+        for record in run.records:
+            if (
+                record.state == "completed"
+                and run.outputs.get(record.request_id) != self.reference[record.request_id]
+            ):
+                record.token_mismatch = True
+
+
 def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) -> int:
+    """Run the systems one after another; after each, write every result so far (a run cut
+    short by anything keeps the systems that finished). Returns the exit status."""
     scale = scale_model(config)
     out.mkdir(parents=True, exist_ok=True)
     link = wan_link(config, scale)
@@ -179,40 +290,40 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
         file=sys.stderr,
     )
     runs: dict[str, SystemRun] = {}
+    tokens = ReferenceCheck(config, workload)
     with Network(
         LinkConfig.symmetric(link), intra=intra_link(config, scale), seed=config.workload.seed
     ) as network:
         for system in systems:
-            runs[system] = uvloop.run(
-                until_interrupted(run_system(system, config, network, workload, out))
-            )
+            run = uvloop.run(until_interrupted(run_system(system, config, network, workload, out)))
             on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
-    print("pddemu: checking every token against the single-process reference ...", file=sys.stderr)
-    reference = reference_outputs(
-        workload,
-        ModelConfig(**config.model),
-        config.prefill.chunk_tokens // config.scale.token_scale,
-    )
-    for run in runs.values():
-        for record in run.records:
-            if (
-                record.state == "completed"
-                and run.outputs.get(record.request_id) != reference[record.request_id]
-            ):
-                record.token_mismatch = True
-    return write_outputs(config, scale, link, runs, out)
+            print(f"pddemu: checking {system}'s tokens against the reference ...", file=sys.stderr)
+            tokens.check(run)
+            runs[system] = run
+            not_run = [s for s in systems if s not in runs]
+            summaries, meta = write_outputs(config, scale, link, runs, not_run, out)
+            if run.interrupted:
+                break
+    return report(summaries, meta, runs, out)
 
 
 def write_outputs(
-    config: Config, scale: ScaleModel, link: LinkSpec, runs: dict[str, SystemRun], out: Path
-) -> int:
+    config: Config,
+    scale: ScaleModel,
+    link: LinkSpec,
+    runs: dict[str, SystemRun],
+    not_run: list[str],
+    out: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """summary.json and requests.csv first (the results), then the plots and report.md."""
     from pddemu.metrics.plots import WanUse, write_plots
 
     all_records = [record for run in runs.values() for record in run.records]
     write_requests_csv(out / "requests.csv", all_records)
     slo = SLO(config.slo.ttft_s, config.slo.tpot_s)
-    summaries = {
-        system: summarize(
+    summaries = {}
+    for system, run in runs.items():
+        summaries[system] = summarize(
             system,
             run.records,
             run.instances,
@@ -221,9 +332,16 @@ def write_outputs(
             link.rate_bps if system != "indc" else None,
             config.wan_cost_per_hour(system),
         )
-        for system, run in runs.items()
-    }
+        summaries[system]["partial"] = bool(run.partial)
+        summaries[system]["partial_reasons"] = run.partial
+        summaries[system]["instance_events"] = [
+            {**e.to_dict(), "at_s": e.at_s - run.replay_start_s} for e in run.events
+        ]
+    reasons = {system: run.partial for system, run in runs.items() if run.partial}
     meta = {
+        "partial": bool(reasons or not_run),
+        "partial_reasons": reasons,
+        "systems_not_run": not_run,
         "config": config.source,
         "trace": config.workload.trace,
         "requests": config.workload.requests,
@@ -249,11 +367,16 @@ def write_outputs(
     plots = write_plots(
         out, {system: run.records for system, run in runs.items()}, config.slo.ttft_s, wan
     )
-    report = write_report(out, summaries, meta, plots)
+    write_report(out, summaries, meta, plots)
+    return summaries, meta
+
+
+def report(
+    summaries: dict[str, Any], meta: dict[str, Any], runs: dict[str, SystemRun], out: Path
+) -> int:
+    """Print the table and what was written; the exit status says how the run went."""
     print(format_table(summaries))
-    print(
-        f"\nwrote {out / 'summary.json'}, {out / 'requests.csv'}, {report} and {len(plots)} plots in {out}/"
-    )
+    print(f"\nwrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.md'} in {out}/")
     failed = sum(s["requests"]["failed"] for s in summaries.values())
     mismatches = sum(s["token_mismatches"] for s in summaries.values())
     protocol_errors = sum(run.protocol_errors for run in runs.values())
@@ -263,7 +386,21 @@ def write_outputs(
             f"could not read), {mismatches} token mismatches (see requests.csv)",
             file=sys.stderr,
         )
-    return DEFECT_EXIT if mismatches or protocol_errors else 0
+    if any(run.interrupted for run in runs.values()):
+        print(
+            "pddemu: interrupted; the results of what finished are written (partial), and "
+            "everything the run made has been removed",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT
+    if mismatches or protocol_errors:
+        return DEFECT_EXIT
+    if meta["partial"]:
+        print(
+            "pddemu: the results are partial: see partial_reasons in summary.json", file=sys.stderr
+        )
+        return PARTIAL_EXIT
+    return 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -318,5 +455,9 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         return emulate(config, systems, args.out, workload)
     except KeyboardInterrupt:
-        print("pddemu: interrupted; everything the run made has been removed", file=sys.stderr)
-        return 130
+        print(
+            "pddemu: stopped at once; the systems that finished before are written, everything "
+            "the run made has been removed",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT

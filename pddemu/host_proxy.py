@@ -2,6 +2,10 @@
 (`/v1/...`) and `/health`, and nothing else (the instances' control routes such as `/shutdown`
 and `/admin/policy` stay inside the emulated datacenter).
 
+The proxy adds the run's secret to what it forwards (the instances answer nothing else without
+it), so the host door is the only way in that does not need it. A client that goes away cancels
+its forwarded request, and with it the request in the emulated system.
+
 Bodies are passed through as they arrive, chunk by chunk, so a streamed token reaches the
 client when the frontend sends it (the client's TTFT is the emulator's plus a loopback hop). A
 stream the frontend cuts (a request failing midway) is cut here too, so the client sees the
@@ -20,7 +24,7 @@ from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-FORWARDED_HEADERS = ("Content-Type", "Cache-Control", "x-should-retry")
+FORWARDED_HEADERS = ("Content-Type", "Cache-Control", "x-should-retry", "Retry-After")
 
 
 class ListenError(OSError):
@@ -65,10 +69,12 @@ def server_url(sock: socket.socket) -> str:
 
 
 class HostProxy:
-    """Forwards `/v1/...` and `/health` to `upstream` (the frontend's URL)."""
+    """Forwards `/v1/...` and `/health` to `upstream` (the frontend's URL), with `credentials`
+    (the run's secret header)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, credentials: dict[str, str]) -> None:
         self.upstream = upstream
+        self.credentials = credentials
         self.session: Any = None
         self.runner: Any = None
 
@@ -84,7 +90,7 @@ class HostProxy:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_route("*", "/v1/{tail:.*}", self.forward)
         app.router.add_get("/health", self.forward)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
         await web.SockSite(self.runner, sock).start()
 
@@ -99,6 +105,7 @@ class HostProxy:
         from aiohttp import web
 
         headers = {k: v for k, v in request.headers.items() if k.lower() in _REQUEST_HEADERS}
+        headers.update(self.credentials)
         try:
             upstream = await self.session.request(
                 request.method,

@@ -1,5 +1,9 @@
 """The open-loop replayer: every request leaves at its arrival time, whatever happened to the
-ones before it, and every request ends in a record (completed, or failed with the reason)."""
+ones before it, and every request ends in a record (completed, or failed with the reason).
+
+The records accumulate in a `ReplayResult` the caller may hand in, so a replay that is
+cancelled (Ctrl-C) leaves the caller every request that finished; the requests in flight at
+that moment end failed as interrupted, and those not yet sent are counted, never recorded."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pddemu.metrics.records import RequestRecord
 from pddemu.runtime.clock import ModelledClock
 
 PROGRESS_EVERY_S = 1.0
+INTERRUPTED = "interrupted: the run was stopped before the request ended"
 
 
 class Replayable(Protocol):
@@ -35,6 +40,7 @@ class ReplayResult:
     records: list[RequestRecord]
     outputs: dict[str, list[int]] = field(default_factory=dict)
     protocol_errors: int = 0  # answers the replayer could not read: an emulator defect
+    not_sent: int = 0  # requests whose arrival time had not come when the replay was cancelled
 
 
 @dataclass
@@ -98,26 +104,42 @@ async def replay(
     clock: ModelledClock,
     system: str,
     start_s: float,
+    result: ReplayResult | None = None,
+    headers: dict[str, str] | None = None,
 ) -> ReplayResult:
-    """Send `workload` to the frontend, request i at modelled time `start_s + arrival_s`."""
+    """Send `workload` to the frontend, request i at modelled time `start_s + arrival_s`.
+
+    Cancelled, it first ends every request in flight as failed (interrupted) in `result`."""
     last = max((r.arrival_s for r in workload), default=0.0)
     progress = Progress(system, len(workload), clock, start_s + last)
-    result = ReplayResult([])
+    result = result if result is not None else ReplayResult([])
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        tasks = []
-        for request in sorted(workload, key=lambda r: r.arrival_s):
-            await clock.sleep_until(start_s + request.arrival_s)
-            tasks.append(
-                asyncio.ensure_future(
-                    _one(session, frontend_url, request, system, progress, result, clock.now())
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, headers=headers
+    ) as session:
+        tasks: list[asyncio.Task] = []
+        ordered = sorted(workload, key=lambda r: r.arrival_s)
+        try:
+            for sent, request in enumerate(ordered):
+                result.not_sent = len(ordered) - sent
+                await clock.sleep_until(start_s + request.arrival_s)
+                tasks.append(
+                    asyncio.ensure_future(
+                        _one(session, frontend_url, request, system, progress, result, clock.now())
+                    )
                 )
-            )
-            progress.show()
-        while not all(task.done() for task in tasks):
-            await asyncio.wait(tasks, timeout=PROGRESS_EVERY_S)
-            progress.show()
+                progress.show()
+            result.not_sent = 0
+            while not all(task.done() for task in tasks):
+                await asyncio.wait(tasks, timeout=PROGRESS_EVERY_S)
+                progress.show()
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            progress.show(final=True)
+            raise
     progress.show(final=True)
     recorded = sorted(record.request_id for record in result.records)
     if recorded != sorted(request.request_id for request in workload):
@@ -157,6 +179,16 @@ async def _one(
                     result.outputs[request.request_id] = item["output_ids"]
         if record is None:
             raise RuntimeError("the frontend closed the stream without the request's record")
+    except asyncio.CancelledError:
+        record = RequestRecord(
+            request_id=request.request_id,
+            system=system,
+            arrival_s=sent_at,
+            input_tokens=int(request.input_tokens),
+            expected_output_tokens=int(request.output_tokens),
+            state="failed",
+            failure_reason=INTERRUPTED,
+        )
     except Exception as error:  # any failure ends the request in a record, never in a lost task
         lost_connection = isinstance(error, TimeoutError | aiohttp.ClientError)
         result.protocol_errors += not lost_connection

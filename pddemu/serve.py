@@ -38,7 +38,7 @@ SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
 
 
 async def serve(deployment: Deployment, stop: asyncio.Event, listener: socket.socket) -> None:
-    proxy = HostProxy(deployment.frontend_url)
+    proxy = HostProxy(deployment.frontend_url, deployment.headers)
     try:
         await deployment.start()
         await proxy.start(listener)

@@ -51,6 +51,8 @@ def bits_per_second(rate: float | None) -> str:
 def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
     lines = []
     for key, value in meta.items():
+        if key in ("partial_reasons", "systems_not_run"):  # in the partial notice above
+            continue
         shown = value if isinstance(value, str | int | float) else json.dumps(value)
         lines.append(f"- {key}: {shown}")
     return lines or ["- (no run metadata given)"]
@@ -101,6 +103,41 @@ def _figure_lines(out_dir: Path, plots: Mapping[str, Path | str]) -> list[str]:
     return lines or ["(no figures)", ""]
 
 
+def _partial_lines(meta: Mapping[str, Any]) -> list[str]:
+    """A run cut short says so first, with why."""
+    if not meta.get("partial"):
+        return []
+    lines = ["**Partial run**: these results cover only what finished.", ""]
+    for system, reasons in meta.get("partial_reasons", {}).items():
+        lines += [f"- {system}: {reason}" for reason in reasons]
+    lines += [f"- {system}: not run" for system in meta.get("systems_not_run", [])]
+    return [*lines, ""]
+
+
+def _timeline_lines(summaries: Mapping[str, Summary]) -> list[str]:
+    """What happened to instances during each replay (modelled seconds from its start)."""
+    rows = [
+        (system, event)
+        for system, summary in summaries.items()
+        for event in summary.get("instance_events", [])
+    ]
+    if not rows:
+        return []
+    lines = [
+        "## Timeline",
+        "",
+        "| system | t (modelled s) | instance | event | planned | detail |",
+        "|---|---:|---|---|---|---|",
+    ]
+    for system, event in rows:
+        detail = str(event.get("detail", "")).replace("|", "\\|")
+        lines.append(
+            f"| {system} | {event['at_s']:.2f} | {event['instance']} | {event['kind']} | "
+            f"{'yes' if event['planned'] else 'no'} | {detail} |"
+        )
+    return [*lines, ""]
+
+
 def write_report(
     out_dir: Path | str,
     summaries: Mapping[str, Summary],
@@ -110,7 +147,7 @@ def write_report(
     """Write out_dir/report.md; `plots` maps a figure's title to its PNG (which must exist)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# pddemu run report", "", "## Run", "", *_meta_lines(meta), ""]
+    lines = ["# pddemu run report", "", *_partial_lines(meta), "## Run", "", *_meta_lines(meta), ""]
     lines += ["## Results", "", format_markdown_table(summaries).rstrip("\n"), ""]
     lines += _slo_lines(summaries)
     lines += [
@@ -124,6 +161,7 @@ def write_report(
         "",
         *_scale_table(summaries),
         "",
+        *_timeline_lines(summaries),
         "## Figures",
         "",
         *_figure_lines(out_dir, plots),

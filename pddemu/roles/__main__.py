@@ -18,6 +18,7 @@ import uvloop
 
 from netem import nsutil
 from pddemu.roles.spec import InstanceSpec
+from pddemu.runtime.auth import RunSecret
 
 PR_SET_PDEATHSIG = 1
 
@@ -45,6 +46,7 @@ def role_class(role: str) -> type:
 def main(argv: list[str]) -> int:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     spec = InstanceSpec.from_json(Path(argv[0]).read_text())
+    secret = RunSecret.read(sys.stdin)
     nsutil.enter(spec.netns)
     logging.basicConfig(
         filename=spec.log_path or None,
@@ -52,6 +54,7 @@ def main(argv: list[str]) -> int:
         format=f"%(asctime)s {spec.me.name} %(levelname)s %(message)s",
     )
     instance = role_class(spec.me.role)(spec)
+    instance.use_secret(secret)
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     for signum in (signal.SIGTERM, signal.SIGINT):

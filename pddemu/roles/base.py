@@ -1,6 +1,10 @@
 """The process every emulated instance is: a uvloop event loop, a TCP data plane speaking the
 wire format, and an aiohttp control plane (health, stats, shutdown).
 
+Both are closed to anyone without the run's secret (`pddemu.runtime.auth`): every HTTP route
+but `/health` asks for it, and a data-plane connection whose hello does not prove it is dropped
+before any of its frames is read. An HTTP handler is cancelled when its client goes away.
+
 Subclasses register handlers by control-message kind (`on_<kind>` methods) and may handle bare
 KV chunks / token-id frames (`on_kv_chunk`, `on_token_ids`). Long-lived connections to peers
 are opened on first use and kept (`peer(name)`); bulk KV transfers open their own (`open`).
@@ -20,12 +24,19 @@ from pddemu.config import ROLES, Config, config_from_json
 from pddemu.model import ModelConfig
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import Address, InstanceSpec
+from pddemu.runtime.auth import AuthError, HelloCheck, RunSecret
 from pddemu.runtime.channel import HELLO, Channel, Envelope
 from pddemu.runtime.clock import ModelledClock
 from pddemu.runtime.events import EventLog
-from pddemu.wire import Control, KVChunk, Message, TokenIds
+from pddemu.wire import Control, KVChunk, Limits, Message, TokenIds, read_message
 
 log = logging.getLogger("pddemu.instance")
+MAX_HTTP_BODY_BYTES = 16 << 20  # a request to an instance (a prompt's ids, a policy change)
+OPEN_ROUTES = frozenset({"/health"})  # what answers without the run's secret
+HELLO_LIMITS = Limits(
+    max_frame_bytes=4096, max_tensor_bytes=1, max_control_body_bytes=2048, max_token_ids=1
+)
+HELLO_TIMEOUT_S = 10.0  # wall seconds a new connection has to say hello (a bound, not a measure)
 
 
 class Instance:
@@ -34,6 +45,9 @@ class Instance:
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
         self.name = spec.me.name
+        self.use_secret(RunSecret.new())  # a run's instances are given the run's (__main__)
+        self.refused = {"control": 0, "data": 0}  # requests and connections without the secret
+        self.broken_channels = 0  # connections that ended mid-frame or with a bad frame
         self.config: Config = config_from_json(spec.config)
         self.clock = ModelledClock(spec.epoch, self.config.scale.time_scale)
         self._peers: dict[str, Channel] = {}
@@ -53,6 +67,10 @@ class Instance:
             cost_model(self.config, spec.system, spec.me.role) if spec.me.role in ROLES else None
         )
 
+    def use_secret(self, secret: RunSecret) -> None:
+        self.secret = secret
+        self.hellos = HelloCheck(secret, self.name)
+
     def kv_capacity_genuine(self) -> int:
         """Genuine tokens of KV this instance may keep (its hardware's capacity, scaled)."""
         assert self.cost is not None
@@ -64,13 +82,13 @@ class Instance:
         server = await asyncio.start_server(
             self._accept, self.spec.me.addr, self.spec.me.data_port, limit=1 << 22
         )
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES, middlewares=[self._authenticate])
         app.router.add_get("/health", self._health)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/shutdown", self._shutdown)
         app.router.add_post("/admin/policy", self._admin_policy)
         self.add_routes(app)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, self.spec.me.addr, self.spec.me.http_port).start()
         await self.start()
@@ -106,6 +124,13 @@ class Instance:
 
     # -- control plane ------------------------------------------------------------------
 
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in OPEN_ROUTES or self.secret.allows(request.headers):
+            return await handler(request)
+        self.refused["control"] += 1
+        return web.json_response({"error": "this run's secret is required"}, status=401)
+
     async def _health(self, _request: web.Request) -> web.Response:
         return web.json_response({"name": self.name, "role": self.role, "ok": not self.errors})
 
@@ -117,9 +142,13 @@ class Instance:
         return web.json_response({"stopping": True})
 
     async def _admin_policy(self, request: web.Request) -> web.Response:
-        """Change policy fields live (routing, handoff mode and payload, thresholds, ...)."""
+        """Change policy fields live (routing, handoff mode and payload, thresholds, ...), each
+        checked as a config file's would be; nothing changes unless every value is valid."""
         try:
-            self.config = self.config.with_policy(**(await request.json()))
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError("the body must be a JSON object of policy fields")
+            self.config = self.config.with_policy(**changes)
         except (ValueError, TypeError) as error:
             return web.json_response({"error": str(error)}, status=400)
         return web.json_response({"policy": self.config.policy.model_dump()})
@@ -132,6 +161,8 @@ class Instance:
             "steps": self.steps,
             "busy_s": self.busy_s,
             "errors": self.errors,
+            "refused": self.refused,
+            "broken_channels": self.broken_channels,
             "cpu_s": time.process_time(),  # genuine CPU this process used: what the emulation costs
             "events": self.events.events,
         }
@@ -140,17 +171,22 @@ class Instance:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         channel = Channel(reader, writer, peer="?", purpose="?")
-        try:
-            hello = await channel.receive()
-        except Exception:  # noqa: BLE001 - a peer that cannot say hello is dropped
+        try:  # the hello is read alone, under caps sized for it: nothing else before it is proven
+            hello = await asyncio.wait_for(read_message(reader, HELLO_LIMITS), HELLO_TIMEOUT_S)
+            if not isinstance(hello, Control) or hello.kind != HELLO or "attach" in hello.body:
+                raise AuthError("the first frame is not a hello")
+            self.hellos.verify(hello.body)
+        except Exception as error:  # noqa: BLE001 - a peer that cannot say hello is dropped
+            self.refused["data"] += 1
+            log.warning("%s: refused a connection: %s", self.name, error)
             channel.close()
             return
-        if not isinstance(hello, Envelope) or hello.kind != HELLO:
-            channel.close()
-            return
-        channel.peer = str(hello.body.get("from", "?"))
-        channel.purpose = str(hello.body.get("purpose", "?"))
+        channel.peer = str(hello.body["from"])
+        channel.purpose = str(hello.body["purpose"])
         await channel.serve(self._dispatch)
+        if channel.broken:
+            self.broken_channels += 1
+            log.warning("%s: connection from %s broke: %s", self.name, channel.peer, channel.broken)
         self.channel_closed(channel)
 
     async def _dispatch(self, item: Envelope | Message, channel: Channel) -> None:
@@ -195,7 +231,9 @@ class Instance:
 
     async def open(self, name: str, purpose: str) -> Channel:
         address = self.address(name)
-        return await Channel.connect(address.addr, address.data_port, self.name, name, purpose)
+        return await Channel.connect(
+            address.addr, address.data_port, self.name, name, purpose, self.secret
+        )
 
     async def tell(self, name: str, kind: str, body: dict[str, Any], *attachments: Message) -> int:
         channel = await self.peer(name)

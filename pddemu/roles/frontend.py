@@ -26,6 +26,7 @@ from pddemu.metrics.records import RequestRecord
 from pddemu.policy.routing import RouteInputs, choose_pipeline
 from pddemu.policy.wan import WanEstimator
 from pddemu.roles.base import Instance
+from pddemu.roles.client_gone import client_gone_abandons
 from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
@@ -61,6 +62,16 @@ class Flight:
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # the record is final
     loaded: list[str] = field(default_factory=list)  # instances whose load counts this request
     recorded: bool = False  # the record is written: tokens arriving later are not the user's
+    work: asyncio.Task | None = None  # routing and waiting for the tokens (run_flight)
+    abandoned: str = ""  # why the request was given up before its end (its client went away)
+
+    def abandon(self, reason: str) -> None:
+        """Give the request up: it fails with `reason`, and what it holds is released."""
+        if self.recorded or self.abandoned:
+            return
+        self.abandoned = reason
+        if self.work is not None:
+            self.work.cancel()
 
     @property
     def output_ids(self) -> list[int]:
@@ -89,6 +100,15 @@ class Frontend(Instance):
         }
         self.target_kv_bytes = load_target(self.config.target).kv_bytes_per_token
         self.scale = scale_model(self.config)
+        self.max_request_tokens = self.request_token_limit()
+
+    def request_token_limit(self) -> int:
+        """Modelled tokens (prompt and output) one request may have: what the smallest instance
+        serving it can hold, as KV (the bound on every size a client sends)."""
+        roles = {"P", DECODE_ROLE[self.system], *(["RLD"] if self.rld_names else [])}
+        return min(
+            cost_model(self.config, self.system, role).kv_capacity_tokens() for role in roles
+        )
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
@@ -103,25 +123,29 @@ class Frontend(Instance):
             flight = self.admit(body)
         except (ValueError, KeyError, TypeError) as error:
             return web.json_response({"error": f"bad request: {error}"}, status=400)
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
         self.spawn(self.serve_flight(flight), f"request {flight.record.request_id}")
-        while True:
-            item = await flight.stream.get()
-            if item is None:
-                break
-            await response.write(json.dumps(item).encode() + b"\n")
-        await flight.settled.wait()
-        final = {"record": flight.record.to_dict(), "output_ids": flight.output_ids}
-        await response.write(json.dumps(final).encode() + b"\n")
-        await response.write_eof()
-        return response
+        with client_gone_abandons(flight):
+            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await response.prepare(request)
+            while True:
+                item = await flight.stream.get()
+                if item is None:
+                    break
+                await response.write(json.dumps(item).encode() + b"\n")
+            await flight.settled.wait()
+            final = {"record": flight.record.to_dict(), "output_ids": flight.output_ids}
+            await response.write(json.dumps(final).encode() + b"\n")
+            await response.write_eof()
+            return response
 
     def admit(self, body: dict[str, Any]) -> Flight:
         rid = str(body["rid"])
         if rid in self.flights:
             raise ValueError(f"request id {rid!r} is already in flight")
-        prompt = [int(x) for x in body["prompt_ids"]]
+        ids = body["prompt_ids"]
+        if not isinstance(ids, list) or len(ids) > self.max_request_tokens:
+            raise ValueError(f"prompt_ids must be a list of at most {self.max_request_tokens} ids")
+        prompt = [int(x) for x in ids]
         if not prompt or min(prompt) < 0 or max(prompt) >= self.model_config.vocab_size:
             raise ValueError(
                 "prompt_ids must be a non-empty list of token ids of the model's vocabulary"
@@ -129,6 +153,11 @@ class Frontend(Instance):
         input_tokens, output_tokens = int(body["input_tokens"]), int(body["output_tokens"])
         if input_tokens < 1 or output_tokens < 1:
             raise ValueError("input_tokens and output_tokens must be at least 1")
+        if input_tokens + output_tokens > self.max_request_tokens:
+            raise ValueError(
+                f"input_tokens + output_tokens = {input_tokens + output_tokens}: a request's KV "
+                f"must fit one instance ({self.max_request_tokens} tokens)"
+            )
         session = body.get("session")
         if session is not None and not isinstance(session, str):
             raise ValueError("session must be a string")
@@ -149,9 +178,16 @@ class Frontend(Instance):
     async def serve_flight(self, flight: Flight) -> None:
         record = flight.record
         timeout = self.config.request_timeout_s / self.config.scale.time_scale
+        flight.work = asyncio.ensure_future(self.run_flight(flight))
+        if flight.abandoned:  # before it started
+            flight.work.cancel()
         try:
-            await asyncio.wait_for(self.run_flight(flight), timeout)
+            await asyncio.wait_for(flight.work, timeout)
             record.state = "completed"
+        except asyncio.CancelledError:
+            if not flight.abandoned:  # the frontend itself is stopping
+                raise
+            self.fail(flight, flight.abandoned)
         except TimeoutError:
             self.fail(
                 flight,

@@ -13,6 +13,10 @@ worth measuring); `temperature`, `top_p` and the like are accepted and ignored. 
 byte-tokenized; with a token scale above 1 each genuine token stands for several modelled ones
 (`pddemu serve` uses token scale 1); a prompt over `[serve] max_prompt_tokens` is refused with
 OpenAI's `context_length_exceeded` rather than risking the machine's memory.
+
+At most `[serve] max_concurrent_requests` requests are held at once; one more is refused with
+status 429 and `Retry-After` (OpenAI clients retry it). A client that goes away (its connection
+closes) gives its request up: it fails as cancelled and frees what it holds in the system.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from typing import Any
 from aiohttp import web
 
 from pddemu.model import ByteTokenizer
+from pddemu.roles.client_gone import client_gone_abandons
 
 MODEL_NAME = "pddemu"
 MAX_TOKENS_LIMIT = 65536
+RETRY_AFTER_S = 1  # what a refused client is told to wait before trying again
 
 
 class RequestError(Exception):
@@ -59,6 +65,7 @@ class OpenAIFrontDoor:
     def __init__(self, frontend: Any) -> None:
         self.frontend = frontend
         self.tokenizer = ByteTokenizer(frontend.model_config.vocab_size)
+        self.held = 0  # requests admitted here that the system has not released yet
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -112,6 +119,16 @@ class OpenAIFrontDoor:
                 "messages" if chat else "prompt",
                 "context_length_exceeded",
             )
+        if self.held >= self.frontend.config.serve.max_concurrent_requests:
+            return web.json_response(
+                _error_body(
+                    f"this server holds at most {self.held} requests at once; retry later",
+                    429,
+                    code="rate_limit_exceeded",
+                ),
+                status=429,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
             flight = self.frontend.admit(
@@ -125,10 +142,16 @@ class OpenAIFrontDoor:
             )
         except ValueError as error:
             return error_response(str(error), 400)
-        self.frontend.spawn(self.frontend.serve_flight(flight), f"request {rid}")
-        if stream:
-            return await self._stream(request, flight, rid, chat, include_usage)
-        return await self._whole(flight, rid, chat)
+        self.held += 1
+        served = self.frontend.spawn(self.frontend.serve_flight(flight), f"request {rid}")
+        served.add_done_callback(self._released)
+        with client_gone_abandons(flight):
+            if stream:
+                return await self._stream(request, flight, rid, chat, include_usage)
+            return await self._whole(flight, rid, chat)
+
+    def _released(self, _served: Any) -> None:
+        self.held -= 1
 
     def _include_usage(self, body: dict[str, Any], stream: bool) -> bool:
         options = _given(body, "stream_options", None)

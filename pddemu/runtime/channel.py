@@ -1,8 +1,13 @@
 """A framed TCP connection between two instances.
 
 The first frame on every connection is a `hello` naming the sender and what the connection is
-for. A Control message may declare `attach: n`: the next n frames on the connection belong to
-it (a prompt's token ids, a handoff's token ids or KV), and are delivered to the handler with it.
+for, and proving the run's secret (`pddemu.runtime.auth`). A Control message may declare
+`attach: n` (at most `MAX_ATTACHMENTS`): the next n frames on the connection belong to it (a
+prompt's token ids, a handoff's token ids or KV), and are delivered to the handler with it.
+
+A connection that breaks mid-frame or carries a frame that breaks the wire format ends
+`serve` the same way a clean close does: the caller's cleanup (forgetting what was in flight on
+the connection) runs in every case; `broken` says why it ended, if not cleanly.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pddemu.runtime.auth import RunSecret
 from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size, read_message
-from pddemu.wire.errors import EndOfStream
+from pddemu.wire.errors import BadControl, EndOfStream, WireError
 
 HELLO = "hello"
+MAX_ATTACHMENTS = 4096  # frames one message may carry (a prompt's ids are one frame)
+MAX_ATTACHED_BYTES = 512 << 20  # payload they may carry together (each frame is capped too)
 
 
 @dataclass
@@ -55,15 +63,18 @@ class Channel:
         self.purpose = purpose
         self._lock = asyncio.Lock()
         self.bytes_sent = 0
+        self.broken = ""  # why serve() ended, when not by a clean close
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @classmethod
-    async def connect(cls, host: str, port: int, me: str, peer: str, purpose: str) -> Channel:
+    async def connect(
+        cls, host: str, port: int, me: str, peer: str, purpose: str, secret: RunSecret
+    ) -> Channel:
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
         channel = cls(reader, writer, peer, purpose)
-        await channel.send(Control(HELLO, {"from": me, "purpose": purpose}))
+        await channel.send(Control(HELLO, secret.hello(me, peer, purpose)))
         return channel
 
     async def send(self, control: Control | Message, *attachments: Message) -> int:
@@ -90,8 +101,24 @@ class Channel:
         message = await read_message(self.reader)
         if not isinstance(message, Control):
             return message
-        count = int(message.body.get("attach", 0))
-        attachments = [await read_message(self.reader) for _ in range(count)]
+        count = message.body.get("attach", 0)
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, int)
+            or not 0 <= count <= MAX_ATTACHMENTS
+        ):
+            raise BadControl(f"{message.kind}: attach must be 0..{MAX_ATTACHMENTS}, got {count!r}")
+        attachments: list[Message] = []
+        attached_bytes = 0
+        for _ in range(count):
+            attachment = await read_message(self.reader)
+            attached_bytes += attachment.nbytes if isinstance(attachment, KVChunk) else 0
+            attached_bytes += 4 * len(attachment.ids) if isinstance(attachment, TokenIds) else 0
+            if attached_bytes > MAX_ATTACHED_BYTES:
+                raise BadControl(
+                    f"{message.kind}: attachments exceed {MAX_ATTACHED_BYTES >> 20} MiB"
+                )
+            attachments.append(attachment)
         return Envelope(message.kind, message.body, attachments, self)
 
     async def serve(self, handle: Callable[[Envelope | Message, Channel], Awaitable[None]]) -> None:
@@ -103,7 +130,8 @@ class Channel:
                 except EndOfStream:
                     return
                 await handle(item, self)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, WireError) as error:
+            self.broken = f"{type(error).__name__}: {error}"
             return
         finally:
             self.close()

@@ -1,4 +1,5 @@
-"""`pddemu emulate`'s last step: the files of a run, and an exit status that tells a mismatch."""
+"""`pddemu emulate`'s last step: the files of a run, and an exit status that tells a mismatch
+or a partial run."""
 
 from __future__ import annotations
 
@@ -9,16 +10,33 @@ from pathlib import Path
 from metrics_samples import sample_instances, sample_records
 
 from pddemu.config import load_config
-from pddemu.emulate import DEFECT_EXIT, SystemRun, write_outputs
+from pddemu.emulate import (
+    DEFECT_EXIT,
+    INTERRUPTED_EXIT,
+    PARTIAL_EXIT,
+    SystemRun,
+    report,
+    write_outputs,
+)
 from pddemu.emulated_network import scale_model, wan_link
 
 
-def write(records: list, out: Path, protocol_errors: int = 0) -> int:
+def write(
+    records: list,
+    out: Path,
+    protocol_errors: int = 0,
+    not_run: list[str] | None = None,
+    **run_fields,
+) -> int:
     config = load_config()
     scale = scale_model(config)
-    run = SystemRun("pdd", records, {}, sample_instances(), protocol_errors)
+    run = SystemRun("pdd", records, {}, sample_instances(), protocol_errors, **run_fields)
     out.mkdir()
-    return write_outputs(config, scale, wan_link(config, scale), {"pdd": run}, out)
+    runs = {"pdd": run}
+    summaries, meta = write_outputs(
+        config, scale, wan_link(config, scale), runs, not_run or [], out
+    )
+    return report(summaries, meta, runs, out)
 
 
 def test_a_token_mismatch_makes_the_exit_status_non_zero(tmp_path: Path) -> None:
@@ -40,3 +58,36 @@ def test_failed_requests_are_results_not_an_error(tmp_path: Path) -> None:
 def test_an_answer_the_replayer_could_not_read_is_a_defect(tmp_path: Path) -> None:
     records = [replace(r, token_mismatch=False) for r in sample_records()]
     assert write(records, tmp_path / "unread", protocol_errors=1) == DEFECT_EXIT
+
+
+def test_a_partial_run_is_written_marked_and_told_by_its_exit_status(tmp_path: Path) -> None:
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    reason = "MD0 died 3.0 modelled s into the replay: killed by SIGKILL"
+    assert write(records, tmp_path / "partial", partial=[reason]) == PARTIAL_EXIT
+    summary = json.loads((tmp_path / "partial" / "summary.json").read_text())
+    assert summary["partial"] is True and summary["partial_reasons"] == {"pdd": [reason]}
+    assert summary["systems"]["pdd"]["partial"] is True
+    assert reason in (tmp_path / "partial" / "report.md").read_text()
+
+
+def test_systems_not_run_make_the_run_partial(tmp_path: Path) -> None:
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    assert write(records, tmp_path / "first", not_run=["naive", "indc"]) == PARTIAL_EXIT
+    summary = json.loads((tmp_path / "first" / "summary.json").read_text())
+    assert summary["partial"] is True and summary["systems_not_run"] == ["naive", "indc"]
+
+
+def test_an_interrupted_run_exits_130_with_its_results(tmp_path: Path) -> None:
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    out = tmp_path / "interrupted"
+    assert write(records, out, partial=["interrupted"], interrupted=True) == INTERRUPTED_EXIT
+    assert json.loads((out / "summary.json").read_text())["systems"]["pdd"]["partial"] is True
+    assert len((out / "requests.csv").read_text().splitlines()) == 1 + len(records)
+
+
+def test_a_clean_run_is_not_partial(tmp_path: Path) -> None:
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    assert write(records, tmp_path / "clean") == 0
+    summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
+    assert summary["partial"] is False and summary["systems"]["pdd"]["partial_reasons"] == []
+    assert "Partial run" not in (tmp_path / "clean" / "report.md").read_text()

@@ -47,6 +47,19 @@ def test_bad_arguments_get_one_line_and_exit_2(args: list[str], needle: str) -> 
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["set", "--rate", "10mbit"], ["link", "down"], ["link", "--link", "intra", "up"]],
+)
+def test_changing_a_run_that_does_not_exist_is_one_line(args: list[str]) -> None:
+    name = f"absent-{os.getpid()}"
+    done = subprocess.run(
+        [*NETEM, args[0], "--name", name, *args[1:]], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"netem: no run named {name!r} (netem ls lists the runs)"
+
+
 def start(name: str, *extra: str) -> tuple[subprocess.Popen, dict]:
     process = subprocess.Popen(
         [*NETEM, "up", "--name", name, "--delay", "5ms", *extra],

@@ -103,14 +103,19 @@ class Emulation:
             clock = ModelledClock(epoch, self.config.scale.time_scale)
             for policy, requests in phases:
                 if policy:
-                    async with aiohttp.ClientSession() as session:
+                    async with aiohttp.ClientSession(headers=deployment.headers) as session:
                         for name in deployment.specs:
                             async with session.post(
                                 deployment.url(name, "/admin/policy"), json=policy
                             ) as reply:
                                 assert reply.status == 200, await reply.text()
                 result = await replay(
-                    deployment.frontend_url, requests, clock, system, clock.now() + 0.5
+                    deployment.frontend_url,
+                    requests,
+                    clock,
+                    system,
+                    clock.now() + 0.5,
+                    headers=deployment.headers,
                 )
                 records += result.records
                 outputs.update(result.outputs)

@@ -162,6 +162,66 @@ def test_interrupted_or_killed_run_leaves_nothing(
     process.wait(60)
     if signum == signal.SIGINT:
         assert process.returncode == 130
+        summary = json.loads((out / "summary.json").read_text())
+        naive = summary["systems"]["naive"]
+        assert summary["partial"] is True and naive["partial"] is True
+        assert "interrupted" in naive["partial_reasons"][0]
+        total = naive["requests"]["total"]
+        assert (
+            0 < total <= 40
+            and total == naive["requests"]["completed"] + naive["requests"]["failed"]
+        )
+        with open(out / "requests.csv") as handle:
+            assert len(list(csv.DictReader(handle))) == total
+        assert "Partial run" in (out / "report.md").read_text()
+    assert wait_clean(out) == ([], [])
+
+
+def instance_pid(out: Path, name: str) -> int:
+    for pid in role_processes(out):
+        if f"/{name}.json".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no process for {name}")
+
+
+def test_an_instance_dying_unplanned_keeps_the_results_and_says_so(
+    clean_start: None, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [
+            *EMULATE,
+            "--out",
+            str(out),
+            "--system",
+            "naive",
+            "--requests",
+            "12",
+            "--set",
+            "workload.arrival_rate=2.0",
+            "--set",
+            "request_timeout_s=30",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "in flight" in line:
+            break
+    os.kill(instance_pid(out, "MD1"), signal.SIGKILL)
+    seen += process.stderr.readlines()
+    assert process.wait(600) == 5, "".join(seen)[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    naive = summary["systems"]["naive"]
+    assert summary["partial"] is True
+    assert any(r.startswith("MD1 died") and "SIGKILL" in r for r in naive["partial_reasons"])
+    assert naive["requests"]["total"] == 12
+    (event,) = naive["instance_events"]
+    assert (event["instance"], event["kind"], event["planned"]) == ("MD1", "died", False)
+    assert "MD1" in (out / "report.md").read_text()
     assert wait_clean(out) == ([], [])
 
 

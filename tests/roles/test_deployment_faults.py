@@ -1,0 +1,80 @@
+"""The deployment's instance faults on real processes in namespaces: kill, pause, resume and
+restart, each an event; an unplanned death noticed with its status; stats that survive both."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import uvloop
+
+from pddemu.deployment import Deployment
+from tests.conftest import require_namespaces
+from tests.roles.harness import Emulation, scenario_config
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        await asyncio.sleep(0.02)
+
+
+def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> None:
+    require_namespaces()
+    base = scenario_config()
+    config = base.model_copy(update={"systems": {**base.systems, "naive": {"P": 1, "MD": 2}}})
+    with Emulation(f"dfault{os.getpid() % 10000}", config, tmp_path) as emulation:
+
+        async def scenario() -> None:
+            deployment = Deployment("naive", config, emulation.network, tmp_path, time.monotonic())
+            try:
+                await deployment.start()
+                deployment.pause("MD0")
+                await until(
+                    lambda: process_state(deployment.processes["MD0"].pid) == "T", "stopped"
+                )
+                async with aiohttp.ClientSession() as session:
+                    try:
+                        async with session.get(
+                            deployment.url("MD0", "/health"), timeout=aiohttp.ClientTimeout(total=1)
+                        ):
+                            raise AssertionError("a paused instance answered")
+                    except TimeoutError:
+                        pass
+                deployment.resume("MD0")
+                await deployment.wait_healthy({"MD0"})
+                first = deployment.processes["P0"].pid
+                deployment.kill("P0")
+                await until(lambda: not deployment.alive("P0"), "P0 gone")
+                await deployment.restart("P0")
+                assert deployment.processes["P0"].pid != first and deployment.alive("P0")
+                os.kill(deployment.processes["MD1"].pid, signal.SIGKILL)  # nobody planned this
+                await until(lambda: deployment.unplanned, "the death noticed")
+                stats = await deployment.stats()
+            finally:
+                await deployment.stop()
+            kinds = [(e.instance, e.kind, e.planned) for e in deployment.events]
+            assert kinds == [
+                ("MD0", "paused", True),
+                ("MD0", "resumed", True),
+                ("P0", "killed", True),
+                ("P0", "restarted", True),
+                ("MD1", "died", False),
+            ]
+            assert "SIGKILL" in deployment.events[-1].detail
+            assert set(stats) == {"FE0", "P0", "MD0"}  # the restarted P0 answers
+            assert deployment.missing_stats == {"MD1": "the instance is not running"}
+            times = [e.at_s for e in deployment.events]
+            assert times == sorted(times)
+
+        uvloop.run(scenario())
