@@ -347,6 +347,39 @@ class WorkloadConfig(Section):
         return float(value)
 
 
+class FaultsConfig(Section):
+    """Faults, and how the system finds them
+
+    Every instance tells the router it is alive every `heartbeat_period` (modelled); an
+    instance silent for `suspect_after` is taken out of routing for new requests until it is
+    heard from again; one silent for `down_after`, or whose connection closed (a killed
+    process), is down: its requests are failed over (docs/architecture.md). Silence counts
+    only while the router runs on time and hears the other instances, so a slow host blames no
+    one."""
+
+    heartbeat_period_s: Annotated[float, DURATION] = Field(
+        0.1, alias="heartbeat_period", gt=0, description="modelled time between heartbeats"
+    )
+    suspect_after_s: Annotated[float, DURATION] = Field(
+        0.5,
+        alias="suspect_after",
+        gt=0,
+        description="modelled silence after which an instance leaves routing",
+    )
+    down_after_s: Annotated[float, DURATION] = Field(
+        2.0,
+        alias="down_after",
+        gt=0,
+        description="modelled silence after which an instance is down and its requests fail over",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FaultsConfig:
+        if not self.heartbeat_period_s < self.suspect_after_s <= self.down_after_s:
+            raise ValueError("need heartbeat_period < suspect_after <= down_after")
+        return self
+
+
 class ServeConfig(Section):
     """`pddemu serve`'s OpenAI-compatible front door."""
 
@@ -429,6 +462,7 @@ class Config(Section):
     slo: SLOConfig = Field(default_factory=SLOConfig)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     cache_page_tokens: int = Field(
         64,

@@ -92,6 +92,8 @@ class Instance:
         await runner.setup()
         await web.TCPSite(runner, self.spec.me.addr, self.spec.me.http_port).start()
         await self.start()
+        if self.role != "FE":
+            self.spawn(self.heartbeats(), "heartbeats")
         try:
             await self.stopping.wait()
         finally:
@@ -105,6 +107,21 @@ class Instance:
 
     def add_routes(self, app: web.Application) -> None:
         """Extra HTTP routes (the frontend's request API)."""
+
+    async def heartbeats(self) -> None:
+        """Tell the router this instance is alive, every heartbeat period of modelled time (a
+        late wake-up sends one heartbeat, never a burst)."""
+        routers = [a.name for a in self.spec.peers_with_role("FE")]
+        period = self.config.faults.heartbeat_period_s
+        due = self.clock.now()
+        while True:
+            for router in routers:
+                try:
+                    await self.tell(router, "heartbeat", {"at": self.clock.now()})
+                except OSError:
+                    pass  # the router is unreachable: the next heartbeat tries again
+            due = max(due + period, self.clock.now())
+            await self.clock.sleep_until(due)
 
     def spawn(self, coroutine: Any, what: str) -> asyncio.Task:
         """A background task whose failure is logged and counted, never silently lost."""
@@ -190,6 +207,7 @@ class Instance:
         self.channel_closed(channel)
 
     async def _dispatch(self, item: Envelope | Message, channel: Channel) -> None:
+        self.heard_from(channel.peer)
         try:
             if isinstance(item, Envelope):
                 handler = getattr(self, f"on_{item.kind}", None)
@@ -226,8 +244,12 @@ class Instance:
             if channel is None or channel.closed:
                 channel = await self.open(name, "control")
                 self._peers[name] = channel
-                self.spawn(channel.serve(self._dispatch), f"replies from {name}")
+                self.spawn(self._serve_replies(channel), f"replies from {name}")
             return channel
+
+    async def _serve_replies(self, channel: Channel) -> None:
+        await channel.serve(self._dispatch)
+        self.channel_closed(channel)
 
     async def open(self, name: str, purpose: str) -> Channel:
         address = self.address(name)
@@ -252,6 +274,9 @@ class Instance:
         self.busy_s += duration
         self.lag_samples_s.append(max(late, genuine - duration, 0.0))
         return end
+
+    def heard_from(self, peer: str) -> None:
+        """A message from `peer` arrived (the router counts it as a sign of life)."""
 
     def channel_closed(self, channel: Channel) -> None:
         """A peer's connection ended (subclasses forget what was in flight on it)."""

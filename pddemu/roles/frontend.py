@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -31,6 +31,7 @@ from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
+from pddemu.runtime.liveness import Change, Liveness
 from pddemu.wire import TokenIds
 from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
 
@@ -101,6 +102,9 @@ class Frontend(Instance):
         self.target_kv_bytes = load_target(self.config.target).kv_bytes_per_token
         self.scale = scale_model(self.config)
         self.max_request_tokens = self.request_token_limit()
+        faults = self.config.faults
+        self.liveness = Liveness(list(self.load), faults.suspect_after_s, faults.down_after_s)
+        self.liveness_changes: list[Change] = []
 
     def request_token_limit(self) -> int:
         """Modelled tokens (prompt and output) one request may have: what the smallest instance
@@ -109,6 +113,42 @@ class Frontend(Instance):
         return min(
             cost_model(self.config, self.system, role).kv_capacity_tokens() for role in roles
         )
+
+    async def start(self) -> None:
+        self.spawn(self.watch_liveness(), "liveness checks")
+
+    # -- who is alive -----------------------------------------------------------------------
+
+    async def watch_liveness(self) -> None:
+        """Judge the instances' silences every heartbeat period of modelled time; a check
+        that woke late judges nobody (this process, not they, was not listening)."""
+        period = self.config.faults.heartbeat_period_s
+        due = self.clock.now() + period
+        while True:
+            late = await self.clock.sleep_until(due)
+            await asyncio.sleep(0)  # what arrived meanwhile is read before anyone is judged
+            now = self.clock.now()
+            for change in self.liveness.check(now, on_time=late < period):
+                self.liveness_changed(change)
+            due = max(due + period, now)
+
+    def heard_from(self, peer: str) -> None:
+        change = self.liveness.heard(peer, self.clock.now())
+        if change is not None:
+            self.liveness_changed(change)
+
+    def channel_closed(self, channel: Any) -> None:
+        if channel.purpose == "control":
+            change = self.liveness.lost(channel.peer, self.clock.now(), "its connection closed")
+            if change is not None:
+                self.liveness_changed(change)
+
+    def liveness_changed(self, change: Change) -> None:
+        self.liveness_changes.append(change)
+
+    def routable(self, names: list[str]) -> list[str]:
+        """The instances among `names` to route to: those alive, or all if none is."""
+        return [name for name in names if self.liveness.routable(name)] or names
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
@@ -298,12 +338,13 @@ class Frontend(Instance):
 
     def pick(self, names: list[str], session: str | None) -> str:
         """Session affinity keeps a conversation on the instance whose cache holds its prefix."""
+        names = self.routable(names)
         if session is None:
             return self.pick_least_loaded(names)
         return names[zlib.crc32(session.encode()) % len(names)]
 
     def pick_least_loaded(self, names: list[str]) -> str:
-        return min(names, key=lambda name: (self.load[name], name))
+        return min(self.routable(names), key=lambda name: (self.load[name], name))
 
     def add_load(self, flight: Flight, name: str) -> None:
         self.load[name] += 1
@@ -351,6 +392,9 @@ class Frontend(Instance):
         record.gap_tokens = len(flight.pending)  # held back behind a position that never came
 
     # -- messages from the instances ------------------------------------------------------
+
+    async def on_heartbeat(self, _message: Envelope) -> None:
+        """Heard (as every message is, in `heard_from`)."""
 
     async def on_p_hit(self, message: Envelope) -> None:
         self._reply(message, "p_hit")
@@ -465,4 +509,5 @@ class Frontend(Instance):
             **super().stats(),
             "in_flight": len(self.flights),
             "wan_correction": self.wan.correction,
+            "liveness": [asdict(change) for change in self.liveness_changes],
         }

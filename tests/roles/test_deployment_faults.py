@@ -51,6 +51,7 @@ def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> Non
                             raise AssertionError("a paused instance answered")
                     except TimeoutError:
                         pass
+                await asyncio.sleep(2.0 / config.scale.time_scale)  # 2 modelled s
                 deployment.resume("MD0")
                 await deployment.wait_healthy({"MD0"})
                 first = deployment.processes["P0"].pid
@@ -76,5 +77,16 @@ def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> Non
             assert deployment.missing_stats == {"MD1": "the instance is not running"}
             times = [e.at_s for e in deployment.events]
             assert times == sorted(times)
+            # the router's view: each fault seen within 1 modelled second, nothing else seen
+            at = {(e.instance, e.kind): e.at_s for e in deployment.events}
+            seen = [(c["instance"], c["state"], c["at_s"]) for c in stats["FE0"]["liveness"]]
+            first = {}
+            for instance, state, when in seen:
+                first.setdefault((instance, state), when)
+            assert first[("MD0", "suspect")] - at[("MD0", "paused")] < 1.0
+            assert first[("P0", "down")] - at[("P0", "killed")] < 1.0
+            assert first[("MD0", "up")] > at[("MD0", "resumed")]
+            assert first[("P0", "up")] > at[("P0", "restarted")] - 1.0
+            assert {instance for instance, _, _ in seen} <= {"MD0", "P0", "MD1"}
 
         uvloop.run(scenario())

@@ -1,0 +1,96 @@
+"""Which instances are alive, as the router sees them, judged in modelled time.
+
+Every instance tells the router it is alive every `heartbeat_period_s` (modelled); anything
+else it sends counts as well. The router's view of an instance has three states:
+
+- up: heard from within `suspect_after_s`;
+- suspect: silent longer than that: out of routing for new requests (reversible: it is back the
+  moment it is heard from again);
+- down: its connection to the router closed (the process died: the kernel closes its sockets,
+  so a kill is known without any timing), or silent longer than `down_after_s`: its requests
+  are failed over.
+
+Silence is only held against an instance when the router could have heard it: the check must
+run on time (a router woken late, its own loop having been busy, judges nobody that round),
+and some other instance must have been heard meanwhile (a host too loaded to run anyone's
+loop blames no one). An instance not heard from yet (still starting) is not judged. A paused process is therefore told from a slow machine by construction,
+not by a threshold tuned to this host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+UP, SUSPECT, DOWN = "up", "suspect", "down"
+
+
+@dataclass
+class Change:
+    """A state change of one instance, at a modelled time."""
+
+    instance: str
+    state: str  # up | suspect | down
+    at_s: float
+    reason: str
+
+
+@dataclass
+class Liveness:
+    names: list[str]
+    suspect_after_s: float
+    down_after_s: float
+    last: dict[str, float] = field(default_factory=dict)  # modelled time last heard from
+    state: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.suspect_after_s <= self.down_after_s:
+            raise ValueError("need 0 < suspect_after_s <= down_after_s")
+        for name in self.names:
+            self.state.setdefault(name, UP)
+
+    def heard(self, name: str, now: float) -> Change | None:
+        """Anything from `name`: it is alive (again, if it was not)."""
+        if name not in self.state:
+            return None
+        self.last[name] = max(self.last.get(name, now), now)
+        if self.state[name] == UP:
+            return None
+        self.state[name] = UP
+        return Change(name, UP, now, "heard from again")
+
+    def lost(self, name: str, now: float, reason: str) -> Change | None:
+        """Its connection closed: down at once."""
+        if self.state.get(name, DOWN) == DOWN:
+            return None
+        self.state[name] = DOWN
+        return Change(name, DOWN, now, reason)
+
+    def check(self, now: float, on_time: bool) -> list[Change]:
+        """Judge silences at `now`; `on_time` says the check itself was not late."""
+        if not on_time:
+            return []
+        changes = []
+        for name in self.names:
+            if name not in self.last or self.state[name] == DOWN:
+                continue
+            silent = now - self.last[name]
+            others = [
+                self.last[o]
+                for o in self.names
+                if o != name and o in self.last and self.state[o] != DOWN
+            ]
+            if others and max(others) < now - self.suspect_after_s:
+                continue
+            if silent > self.down_after_s:
+                self.state[name] = DOWN
+                changes.append(Change(name, DOWN, now, f"silent for {silent:.2f} s"))
+            elif silent > self.suspect_after_s and self.state[name] == UP:
+                self.state[name] = SUSPECT
+                changes.append(Change(name, SUSPECT, now, f"silent for {silent:.2f} s"))
+        return changes
+
+    def routable(self, name: str) -> bool:
+        return self.state.get(name) == UP
+
+    def down(self, name: str) -> bool:
+        return self.state.get(name) == DOWN

@@ -1,0 +1,67 @@
+"""The router's view of who is alive, on made-up modelled times: silence makes an instance
+suspect then down, a closed connection makes it down at once, and a late check or a silent
+host blames no one."""
+
+from __future__ import annotations
+
+import pytest
+
+from pddemu.runtime.liveness import DOWN, SUSPECT, UP, Liveness
+
+
+def view() -> Liveness:
+    return Liveness(["P0", "MD0", "MD1"], suspect_after_s=0.5, down_after_s=2.0)
+
+
+def beat(live: Liveness, names: list[str], start: float, end: float, period: float = 0.1) -> None:
+    for i in range(round((end - start) / period) + 1):
+        for name in names:
+            live.heard(name, start + i * period)
+
+
+def test_a_silent_instance_is_suspect_then_down_while_the_others_are_heard() -> None:
+    live = view()
+    beat(live, ["P0", "MD0", "MD1"], 0.0, 1.0)
+    beat(live, ["P0", "MD1"], 1.1, 4.0)  # MD0 paused after 1.0
+    states = {}
+    for step in range(11, 41):
+        now = step / 10
+        for change in live.check(now, on_time=True):
+            states.setdefault(change.state, now)
+    assert states == {SUSPECT: pytest.approx(1.6), DOWN: pytest.approx(3.1)}
+    assert not live.routable("MD0") and live.routable("MD1") and live.down("MD0")
+    change = live.heard("MD0", 4.2)  # resumed
+    assert change is not None and change.state == UP and live.routable("MD0")
+
+
+def test_a_closed_connection_is_down_at_once_and_only_once() -> None:
+    live = view()
+    change = live.lost("MD1", 0.3, "connection closed")
+    assert change is not None and change.state == DOWN and change.at_s == 0.3
+    assert live.lost("MD1", 0.4, "again") is None
+
+
+def test_a_late_check_judges_nobody() -> None:
+    live = view()
+    beat(live, ["P0", "MD0", "MD1"], 0.0, 1.0)
+    assert live.check(5.0, on_time=False) == []
+    assert all(live.routable(n) for n in ("P0", "MD0", "MD1"))
+
+
+def test_when_nobody_was_heard_nobody_is_blamed() -> None:
+    live = view()
+    beat(live, ["P0", "MD0", "MD1"], 0.0, 1.0)
+    assert live.check(4.0, on_time=True) == []  # the whole host stalled, not one instance
+    live.heard("P0", 4.05)
+    assert {c.instance for c in live.check(4.1, on_time=True)} == {"MD0", "MD1"}
+
+
+def test_an_instance_not_heard_from_yet_is_not_judged() -> None:
+    live = view()
+    beat(live, ["P0", "MD0"], 0.0, 5.0)
+    assert live.check(5.0, on_time=True) == [] and live.routable("MD1")
+
+
+def test_suspect_must_not_exceed_down() -> None:
+    with pytest.raises(ValueError, match="suspect_after_s"):
+        Liveness(["P0"], suspect_after_s=3.0, down_after_s=2.0)
