@@ -1,0 +1,379 @@
+"""A clock shared by every process of an emulation: modelled time read from one memory page.
+
+Modelled time runs at `rate` modelled seconds per wall second from an anchor,
+
+    now = modelled_anchor + (CLOCK_MONOTONIC - wall_anchor) * rate,
+
+clamped to the earliest *hold*. Changing the rate re-anchors at the current instant, so
+modelled time is continuous and never goes back, whatever the rate does (time dilation).
+Readers take the anchor under a seqlock (a writer never blocks them); writers serialise with
+a lock on the page's file. CLOCK_MONOTONIC is system-wide on Linux, so every process, in any
+network namespace, reads the same modelled time.
+
+Holds: a participant about to do work that must be done before modelled time T (the genuine
+computation of a step that ends at T) posts a hold at T in its slot; no reader sees time pass
+T until the hold is released, and the release re-anchors, so time continues from T without a
+jump. A hold is never before the present: posting one at a time already passed holds the
+present instead.
+
+Slots: each participant claims one (by name, with its pid), posts its holds there and counts
+its lag there (how late, in modelled seconds, it did what was scheduled): monotonic counters
+written only by their owner, which the rate's controller reads as differences.
+
+The page is a small file on a tmpfs (a netem run's directory under /run), mapped by every
+participant.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"NMCLOCK1"
+PAGE_BYTES = 8192
+HEADER_BYTES = 256
+SLOT_BYTES = 128
+MAX_SLOTS = (PAGE_BYTES - HEADER_BYTES) // SLOT_BYTES
+NAME_BYTES = 32
+
+# Header: magic, then under the seqlock (seq, wall anchor, modelled anchor, rate, earliest
+# hold), then fields written under the writers' lock only.
+_MAGIC = struct.Struct("=8s")
+_SEQ = struct.Struct("=Q")  # offset 8; odd while a writer changes the anchor
+_ANCHOR = struct.Struct("=dddd")  # offset 16: wall, modelled, rate, hold
+_LAG_TARGET = struct.Struct("=d")  # offset 48: the mean lag the controller keeps within
+_FROZEN = struct.Struct("=d")  # offset 56: wall seconds the clock stood at a hold, in all
+_BINDING = struct.Struct("=d")  # offset 64: since when it stands at the earliest hold (or inf)
+_CEILING = struct.Struct("=d")  # offset 72: the fastest rate the clock may be set to
+SEQ_AT, ANCHOR_AT, LAG_TARGET_AT, FROZEN_AT, BINDING_AT, CEILING_AT = 8, 16, 48, 56, 64, 72
+
+# A slot: name, pid, the hold (under the lock), then its owner's counters.
+_SLOT = struct.Struct("=32sQdd QQ Qdd")
+_SLOT_HOLD = struct.Struct("=dd")  # offset 40 in a slot: hold at, wall seconds it froze time
+_SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stopped the clock
+_SLOT_LAG = struct.Struct("=Qdd")  # offset 72: count, sum, max
+SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT = 40, 56, 72
+
+
+class ClockError(RuntimeError):
+    """The clock page is missing, not a clock, or full."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One consistent reading of the page: modelled time is `modelled + (t - wall) * rate`
+    at monotonic time t, but never beyond `hold`."""
+
+    wall: float
+    modelled: float
+    rate: float
+    hold: float
+
+    def at(self, wall: float) -> float:
+        """Modelled time at monotonic time `wall`, clamped at the earliest hold."""
+        raw = self.modelled + (wall - self.wall) * self.rate
+        return raw if raw < self.hold else max(self.hold, self.modelled)
+
+    def wall_at(self, modelled: float) -> float:
+        """Monotonic time when modelled time reaches `modelled` at this rate, holds aside."""
+        return self.wall + (modelled - self.modelled) / self.rate
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """A slot's counters, as the controller reads them."""
+
+    index: int
+    name: str
+    pid: int
+    hold_at: float
+    frozen_wall_s: float
+    holds: int
+    holds_binding: int
+    lags: int
+    lag_sum_s: float
+    lag_max_s: float
+
+
+class SharedClock:
+    """A mapping of a clock page. `monotonic` is injectable so tests drive it with a fake
+    wall clock; every process of a real run uses time.monotonic."""
+
+    def __init__(self, path: str | Path, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.monotonic = monotonic
+        try:
+            self._fd = os.open(self.path, os.O_RDWR)
+        except OSError as error:
+            raise ClockError(f"clock page {self.path}: {error.strerror}") from None
+        try:
+            if os.fstat(self._fd).st_size != PAGE_BYTES:
+                raise ClockError(f"clock page {self.path}: not a clock page (wrong size)")
+            self._page = mmap.mmap(self._fd, PAGE_BYTES)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if _MAGIC.unpack_from(self._page, 0)[0] != MAGIC:
+            self.close()
+            raise ClockError(f"clock page {self.path}: not a clock page")
+        self._last = -math.inf  # this mapping's last reading: now() never goes back in it
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        rate: float = 1.0,
+        modelled: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        ceiling: float | None = None,
+    ) -> SharedClock:
+        """Make a new page at `path` (refused if it exists): time `modelled` now, at `rate`,
+        never to run faster than `ceiling` (default: `rate`)."""
+        _check_rate(rate)
+        ceiling = rate if ceiling is None else ceiling
+        _check_rate(ceiling)
+        page = bytearray(PAGE_BYTES)
+        _MAGIC.pack_into(page, 0, MAGIC)
+        _ANCHOR.pack_into(page, ANCHOR_AT, monotonic(), modelled, rate, math.inf)
+        _LAG_TARGET.pack_into(page, LAG_TARGET_AT, math.inf)
+        _BINDING.pack_into(page, BINDING_AT, math.inf)
+        _CEILING.pack_into(page, CEILING_AT, max(rate, ceiling))
+        for index in range(MAX_SLOTS):
+            _SLOT_HOLD.pack_into(page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, bytes(page))
+        finally:
+            os.close(fd)
+        return cls(path, monotonic)
+
+    def close(self) -> None:
+        if not self._page.closed:
+            self._page.close()
+            os.close(self._fd)
+
+    def __enter__(self) -> SharedClock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def anchor(self) -> Anchor:
+        """A consistent reading of the anchor (retried while a writer is changing it)."""
+        page = self._page
+        spins = 0
+        while True:
+            before = _SEQ.unpack_from(page, SEQ_AT)[0]
+            if before & 1:  # a writer is inside: out within microseconds, unless preempted
+                spins += 1
+                if spins % 64 == 0:
+                    os.sched_yield()
+                continue
+            values = _ANCHOR.unpack_from(page, ANCHOR_AT)
+            if _SEQ.unpack_from(page, SEQ_AT)[0] == before:
+                return Anchor(*values)
+
+    def now(self) -> float:
+        """Modelled seconds: continuous, never going back, never past a hold."""
+        anchor = self.anchor()
+        now = anchor.at(self.monotonic())  # read after the anchor: never before the re-anchor
+        if now < self._last:
+            return self._last
+        self._last = now
+        return now
+
+    @property
+    def rate(self) -> float:
+        return self.anchor().rate
+
+    def wall_delay(self, modelled: float) -> float:
+        """Wall seconds until modelled time reaches `modelled` if the rate stays as it is and
+        no hold stops it (a hold can only make it longer); 0 once that time has come."""
+        anchor = self.anchor()
+        return max(0.0, anchor.wall + (modelled - anchor.modelled) / anchor.rate - self.monotonic())
+
+    def earliest_wall_delay(self, modelled: float) -> float:
+        """The least wall time until modelled time reaches `modelled`, whatever the rate does
+        meanwhile (it never exceeds the ceiling): how long a sleeper may safely sleep."""
+        anchor = self.anchor()
+        wall = self.monotonic()
+        return max(0.0, (modelled - anchor.at(wall)) / self.ceiling)
+
+    @property
+    def ceiling(self) -> float:
+        return _CEILING.unpack_from(self._page, CEILING_AT)[0]
+
+    @property
+    def lag_target(self) -> float:
+        return _LAG_TARGET.unpack_from(self._page, LAG_TARGET_AT)[0]
+
+    @property
+    def frozen_wall_s(self) -> float:
+        """Wall seconds the clock has stood still at a hold since it was made."""
+        return _FROZEN.unpack_from(self._page, FROZEN_AT)[0]
+
+    def slots(self) -> list[SlotReport]:
+        """Every claimed slot's counters."""
+        reports = []
+        for index in range(MAX_SLOTS):
+            fields = _SLOT.unpack_from(self._page, _slot_at(index))
+            name = fields[0].rstrip(b"\0").decode()
+            if name:
+                reports.append(SlotReport(index, name, *fields[1:]))
+        return reports
+
+    # -- writing (serialised by the file lock) ----------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _write_anchor(self, wall: float, modelled: float, rate: float, hold: float) -> None:
+        page = self._page
+        seq = _SEQ.unpack_from(page, SEQ_AT)[0]
+        _SEQ.pack_into(page, SEQ_AT, seq + 1)
+        _ANCHOR.pack_into(page, ANCHOR_AT, wall, modelled, rate, hold)
+        _SEQ.pack_into(page, SEQ_AT, seq + 2)
+
+    def set_rate(self, rate: float) -> None:
+        """Run at `rate` modelled seconds per wall second from now on (at most the ceiling)."""
+        _check_rate(rate)
+        if rate > self.ceiling:
+            raise ClockError(f"rate {rate:g} is above the clock's ceiling {self.ceiling:g}")
+        with self._locked():
+            anchor = self.anchor()
+            wall = self.monotonic()
+            self._mark_binding(anchor, wall)  # before the anchor that dates it changes
+            self._write_anchor(wall, anchor.at(wall), rate, anchor.hold)
+
+    def set_ceiling(self, ceiling: float) -> None:
+        """The fastest the rate may become from now on (sleepers rely on it)."""
+        _check_rate(ceiling)
+        with self._locked():
+            if ceiling < self.anchor().rate:
+                raise ClockError(f"ceiling {ceiling:g} is below the rate {self.anchor().rate:g}")
+            _CEILING.pack_into(self._page, CEILING_AT, ceiling)
+
+    def set_lag_target(self, seconds: float) -> None:
+        """The mean lag (modelled seconds) the rate's controller keeps the participants within."""
+        with self._locked():
+            _LAG_TARGET.pack_into(self._page, LAG_TARGET_AT, seconds)
+
+    def claim(self, name: str, pid: int | None = None) -> int:
+        """A free slot for participant `name` (its index)."""
+        encoded = name.encode()[:NAME_BYTES]
+        if not encoded:
+            raise ClockError("a participant needs a name")
+        with self._locked():
+            for index in range(MAX_SLOTS):
+                at = _slot_at(index)
+                if not _SLOT.unpack_from(self._page, at)[0].rstrip(b"\0"):
+                    _SLOT.pack_into(
+                        self._page, at, encoded, pid or os.getpid(), math.inf, 0.0, 0, 0, 0,
+                        0.0, 0.0,
+                    )  # fmt: skip
+                    return index
+        raise ClockError(f"clock page {self.path}: all {MAX_SLOTS} slots are taken")
+
+    def free(self, index: int) -> None:
+        """Give a slot back (its hold, if any, is released first)."""
+        self.release(index)
+        with self._locked():
+            self._page[_slot_at(index) : _slot_at(index) + SLOT_BYTES] = bytes(SLOT_BYTES)
+            _SLOT_HOLD.pack_into(self._page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
+
+    def hold(self, index: int, at: float) -> float:
+        """Hold modelled time at `at` (or at the present, if `at` has passed) until `release`;
+        returns where it holds. A slot holds one time at most: a new hold replaces its last."""
+        with self._locked():
+            self._release(index)
+            anchor = self.anchor()
+            wall = self.monotonic()
+            at = max(at, anchor.at(wall))
+            where = _slot_at(index)
+            _, frozen = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
+            _SLOT_HOLD.pack_into(self._page, where + SLOT_HOLD_AT, at, frozen)
+            posted, binding = _SLOT_HOLDS.unpack_from(self._page, where + SLOT_HOLDS_AT)
+            _SLOT_HOLDS.pack_into(self._page, where + SLOT_HOLDS_AT, posted + 1, binding)
+            earliest = self._earliest_hold()
+            if earliest != anchor.hold:
+                self._write_anchor(wall, anchor.at(wall), anchor.rate, earliest)
+                self._mark_binding(self.anchor(), wall)
+            return at
+
+    def release(self, index: int) -> float:
+        """Release the slot's hold; returns the wall seconds it stood the clock still."""
+        with self._locked():
+            return self._release(index)
+
+    def _release(self, index: int) -> float:
+        where = _slot_at(index)
+        at, frozen = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
+        if at == math.inf:
+            return 0.0
+        anchor = self.anchor()
+        wall = self.monotonic()
+        self._mark_binding(anchor, wall)
+        since = _BINDING.unpack_from(self._page, BINDING_AT)[0]
+        stood = wall - since if since < math.inf and at <= anchor.hold else 0.0
+        _SLOT_HOLD.pack_into(self._page, where + SLOT_HOLD_AT, math.inf, frozen + stood)
+        if stood > 0:
+            posted, binding = _SLOT_HOLDS.unpack_from(self._page, where + SLOT_HOLDS_AT)
+            _SLOT_HOLDS.pack_into(self._page, where + SLOT_HOLDS_AT, posted, binding + 1)
+            total = _FROZEN.unpack_from(self._page, FROZEN_AT)[0]
+            _FROZEN.pack_into(self._page, FROZEN_AT, total + stood)
+        earliest = self._earliest_hold()
+        if at <= anchor.hold:  # the earliest hold went: time goes on, unless another holds
+            still = since < math.inf and earliest == anchor.hold  # the same instant
+            _BINDING.pack_into(self._page, BINDING_AT, wall if still else math.inf)
+        # Time stood at the earliest hold: it goes on from there, not from where the
+        # anchor's line has run to meanwhile.
+        self._write_anchor(wall, anchor.at(wall), anchor.rate, earliest)
+        return stood
+
+    def _mark_binding(self, anchor: Anchor, wall: float) -> None:
+        """Note when time began to stand at the earliest hold, if it has by `wall`."""
+        if anchor.hold == math.inf or _BINDING.unpack_from(self._page, BINDING_AT)[0] < math.inf:
+            return
+        if anchor.modelled + (wall - anchor.wall) * anchor.rate >= anchor.hold:
+            since = max(anchor.wall, anchor.wall_at(anchor.hold))
+            _BINDING.pack_into(self._page, BINDING_AT, since)
+
+    def _earliest_hold(self) -> float:
+        page = self._page
+        return min(
+            _SLOT_HOLD.unpack_from(page, _slot_at(i) + SLOT_HOLD_AT)[0] for i in range(MAX_SLOTS)
+        )
+
+    # -- a participant's own counters (written by the slot's owner only) --------------------
+
+    def count_lag(self, index: int, lag: float) -> None:
+        """Add one lag sample (modelled seconds, 0 when on time) to the slot's counters."""
+        where = _slot_at(index) + SLOT_LAG_AT
+        count, total, worst = _SLOT_LAG.unpack_from(self._page, where)
+        _SLOT_LAG.pack_into(self._page, where, count + 1, total + lag, max(worst, lag))
+
+
+def _slot_at(index: int) -> int:
+    if not 0 <= index < MAX_SLOTS:
+        raise ClockError(f"no slot {index}")
+    return HEADER_BYTES + index * SLOT_BYTES
+
+
+def _check_rate(rate: float) -> None:
+    if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
+        raise ClockError(f"a clock rate must be a positive number, got {rate!r}")

@@ -1,0 +1,257 @@
+"""The shared clock (netem.clock), driven by a fake wall clock: rate changes, holds, slots,
+and many processes reading it while it is written."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from netem.clock import MAX_SLOTS, ClockError, SharedClock
+
+
+class FakeWall:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def wall() -> FakeWall:
+    return FakeWall()
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Path:
+    return tmp_path / "clock"
+
+
+def test_time_runs_at_the_rate_from_the_anchor(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=4.0, modelled=10.0, monotonic=wall)
+    assert clock.now() == 10.0
+    wall.advance(0.5)
+    assert clock.now() == pytest.approx(12.0)
+    assert clock.wall_delay(14.0) == pytest.approx(0.5)
+    assert clock.wall_delay(11.0) == 0.0
+
+
+def test_the_rate_never_exceeds_the_ceiling(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=2.0, monotonic=wall, ceiling=4.0)
+    with pytest.raises(ClockError, match="above the clock's ceiling"):
+        clock.set_rate(8.0)
+    assert clock.earliest_wall_delay(8.0) == pytest.approx(2.0)  # were it to run at 4
+    assert clock.wall_delay(8.0) == pytest.approx(4.0)
+    with pytest.raises(ClockError, match="below the rate"):
+        clock.set_ceiling(1.0)
+
+
+def test_a_rate_change_reanchors_without_a_jump(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=8.0, monotonic=wall, ceiling=16.0)
+    wall.advance(1.0)
+    assert clock.now() == pytest.approx(8.0)
+    clock.set_rate(2.0)  # dilation: slower from here on
+    assert clock.now() == pytest.approx(8.0)
+    wall.advance(1.0)
+    assert clock.now() == pytest.approx(10.0)
+    clock.set_rate(16.0)
+    wall.advance(0.25)
+    assert clock.now() == pytest.approx(14.0)
+
+
+def test_time_never_goes_back_under_random_rate_changes(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall, ceiling=64.0)
+    other = SharedClock(page, monotonic=wall)  # another process's mapping of the same page
+    rng = random.Random(7)
+    last = expected = 0.0
+    rate = 1.0
+    for _ in range(2000):
+        step = rng.uniform(0, 0.01)
+        wall.advance(step)
+        expected += step * rate
+        if rng.random() < 0.3:
+            rate = rng.choice([0.05, 0.5, 1.0, 3.0, 64.0])
+            other.set_rate(rate)
+        now = clock.now()
+        assert now >= last
+        assert now == pytest.approx(expected, rel=1e-9, abs=1e-9)
+        last = now
+
+
+def test_a_hold_stops_time_and_its_release_continues_from_it(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=10.0, monotonic=wall)
+    worker = clock.claim("P0")
+    assert clock.hold(worker, 1.0) == 1.0
+    wall.advance(0.05)
+    assert clock.now() == pytest.approx(0.5)  # not yet at the hold
+    wall.advance(0.2)  # the genuine work overruns: time stands at 1.0
+    assert clock.now() == pytest.approx(1.0)
+    assert clock.wall_delay(1.5) == 0.0  # its line passed 1.5: only the hold stops it
+    stood = clock.release(worker)
+    assert stood == pytest.approx(0.15)  # it reached 1.0 after 0.1 s of wall time
+    assert clock.now() == pytest.approx(1.0)  # no jump
+    wall.advance(0.1)
+    assert clock.now() == pytest.approx(2.0)
+    assert clock.frozen_wall_s == pytest.approx(0.15)
+    report = clock.slots()[0]
+    assert (report.name, report.holds, report.holds_binding) == ("P0", 1, 1)
+    assert report.frozen_wall_s == pytest.approx(0.15)
+
+
+def test_a_hold_that_does_not_bind_changes_nothing(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=10.0, monotonic=wall)
+    worker = clock.claim("MD0")
+    clock.hold(worker, 1.0)
+    wall.advance(0.05)
+    assert clock.release(worker) == 0.0
+    assert clock.now() == pytest.approx(0.5)
+    wall.advance(0.05)
+    assert clock.now() == pytest.approx(1.0)
+    assert clock.slots()[0].holds_binding == 0
+
+
+def test_a_hold_in_the_past_holds_the_present(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=1.0, modelled=5.0, monotonic=wall)
+    worker = clock.claim("RLD0")
+    assert clock.hold(worker, 2.0) == 5.0  # never back in time
+    wall.advance(1.0)
+    assert clock.now() == 5.0
+    clock.release(worker)
+    assert clock.now() == 5.0
+
+
+def test_the_earliest_of_several_holds_binds(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall)
+    a, b = clock.claim("P0"), clock.claim("P1")
+    clock.hold(a, 3.0)
+    clock.hold(b, 2.0)
+    wall.advance(5.0)
+    assert clock.now() == 2.0
+    assert clock.release(a) == 0.0  # not the one that stood the clock still
+    assert clock.now() == 2.0
+    assert clock.release(b) == pytest.approx(3.0)
+    wall.advance(0.5)
+    assert clock.now() == pytest.approx(2.5)
+
+
+def test_equal_holds_keep_time_standing_until_both_release(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall)
+    a, b = clock.claim("MD0"), clock.claim("MD1")
+    clock.hold(a, 1.0)
+    clock.hold(b, 1.0)
+    wall.advance(2.0)
+    assert clock.release(a) == pytest.approx(1.0)
+    wall.advance(1.0)
+    assert clock.now() == 1.0
+    assert clock.release(b) == pytest.approx(1.0)
+    assert clock.frozen_wall_s == pytest.approx(2.0)
+    wall.advance(1.0)
+    assert clock.now() == pytest.approx(2.0)
+
+
+def test_a_rate_change_while_held_keeps_time_at_the_hold(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=4.0, monotonic=wall)
+    worker = clock.claim("P0")
+    clock.hold(worker, 1.0)
+    wall.advance(0.5)  # reached 1.0 at 0.25 s
+    clock.set_rate(1.0)
+    wall.advance(0.5)
+    assert clock.now() == 1.0
+    assert clock.release(worker) == pytest.approx(0.75)
+    wall.advance(0.5)
+    assert clock.now() == pytest.approx(1.5)
+
+
+def test_a_new_hold_of_a_slot_replaces_its_last(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall)
+    worker = clock.claim("MD0")
+    clock.hold(worker, 1.0)
+    clock.hold(worker, 3.0)
+    wall.advance(2.0)
+    assert clock.now() == pytest.approx(2.0)
+    wall.advance(2.0)
+    assert clock.now() == 3.0
+
+
+def test_slots_are_claimed_counted_and_freed(page: Path, wall: FakeWall) -> None:
+    clock = SharedClock.create(page, monotonic=wall)
+    clock.set_lag_target(0.002)
+    first = clock.claim("FE0", pid=123)
+    clock.count_lag(first, 0.001)
+    clock.count_lag(first, 0.005)
+    (report,) = clock.slots()
+    assert (report.name, report.pid, report.lags) == ("FE0", 123, 2)
+    assert (report.lag_sum_s, report.lag_max_s) == pytest.approx((0.006, 0.005))
+    clock.hold(first, 10.0)
+    clock.free(first)
+    assert clock.slots() == []
+    assert clock.anchor().hold == math.inf  # a freed slot's hold goes with it
+    for i in range(MAX_SLOTS):
+        clock.claim(f"p{i}")
+    with pytest.raises(ClockError, match="slots are taken"):
+        clock.claim("one too many")
+
+
+def test_a_file_that_is_not_a_clock_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.write_bytes(b"x" * 8192)
+    with pytest.raises(ClockError, match="not a clock page"):
+        SharedClock(other)
+    with pytest.raises(ClockError, match="No such file"):
+        SharedClock(tmp_path / "missing")
+    with pytest.raises(ClockError, match="positive"):
+        SharedClock.create(tmp_path / "bad", rate=0.0)
+
+
+def _read_many(path: str, seconds: float, queue: multiprocessing.Queue) -> None:
+    clock = SharedClock(path)
+    last, reads, backwards = -math.inf, 0, 0
+    bound = 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        now = clock.now()
+        backwards += now < last
+        last = now
+        reads += 1
+        bound = max(bound, now)
+    queue.put((reads, backwards, bound))
+
+
+def test_many_readers_in_other_processes_see_one_monotonic_time(page: Path) -> None:
+    """Readers in four processes never see time go back while a writer changes the rate and
+    posts and releases holds as fast as it can; nobody sees time beyond what it could be."""
+    clock = SharedClock.create(page, rate=1.0, ceiling=2.0)
+    worker = clock.claim("writer")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    readers = [context.Process(target=_read_many, args=(str(page), 1.5, queue)) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    rng = random.Random(3)
+    end = time.monotonic() + 1.5
+    writes = 0
+    while time.monotonic() < end:
+        clock.set_rate(rng.choice([0.5, 1.0, 2.0]))
+        with_hold = rng.random() < 0.5
+        if with_hold:
+            clock.hold(worker, clock.now() + rng.uniform(0, 0.001))
+            clock.release(worker)
+        writes += 1
+    results = [queue.get(timeout=30) for _ in readers]
+    for reader in readers:
+        reader.join(30)
+    assert writes > 1000
+    for reads, backwards, bound in results:
+        assert reads > 1000
+        assert backwards == 0
+        assert bound <= clock.now() + 1e-6
