@@ -41,6 +41,7 @@ from netem.registry import (
     process_start,
 )
 from netem.spec import LinkSpec, LossModel, changes_from_dict
+from netem.tcp import TcpTuning, route_metrics
 from netem.tun import DEFAULT_TUN_DEVICE
 
 BACKENDS = ("auto", "kernel", "userspace")
@@ -96,6 +97,7 @@ class Network:
     tun_device: str = DEFAULT_TUN_DEVICE
     seed: int = 0
     registry: Registry = field(default_factory=Registry)
+    tcp: TcpTuning | None = None  # on the routes that cross the WAN (netem.tcp)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -190,6 +192,44 @@ class Network:
     def set_link_state(self, link: str = "wan", up: bool = True, direction: str = "both") -> None:
         """Take a link down (everything on it is lost) or bring it back."""
         apply_state(self.registry, self.name, link, direction, up)
+
+    def retime_tcp(self, rate: float) -> None:
+        """Set the TCP parameters of the routes across the WAN for a clock running at `rate`
+        (the path's seconds per wall second): connections take them at their next send."""
+        if self.tcp is None:
+            raise TopologyError(f"run {self.name} has no TCP parameters to set")
+        metrics = self.tcp.metrics(rate)
+        for ns, dst in self.wan_routes():
+            with IPRoute(netns=ns, flags=0) as ipr:
+                (route,) = [r for r in ipr.get_routes(table=254) if _dst(r) == dst]
+                ipr.route(
+                    "replace",
+                    dst=dst,
+                    oif=route.get_attr("RTA_OIF"),
+                    gateway=route.get_attr("RTA_GATEWAY"),
+                    prefsrc=route.get_attr("RTA_PREFSRC"),
+                    flags=route["flags"],
+                    metrics=metrics,
+                )
+
+    def wan_routes(self) -> list[tuple[str, str]]:
+        """(namespace, destination) of every route whose traffic crosses the WAN."""
+        addr = self.addresses
+        return [
+            (self.a.netns, f"{addr.b}/32"),
+            (self.a2.netns, f"{addr.b}/32"),
+            (self.b.netns, addr.a_block),
+        ]
+
+    def tcp_metrics(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The metrics the WAN routes carry now, by (namespace, destination)."""
+        found = {}
+        for ns, dst in self.wan_routes():
+            with IPRoute(netns=ns, flags=0) as ipr:
+                for route in ipr.get_routes(table=254):
+                    if _dst(route) == dst:
+                        found[(ns, dst)] = route_metrics(route)
+        return found
 
     def stats(self) -> dict[str, Any]:
         record = self._require_record()
@@ -292,6 +332,8 @@ class Network:
             },
         )
         self._configure(self.b.netns, addr.b, {"wan": (mtu, [(addr.a_block, None)])})
+        if self.tcp is not None:
+            self.retime_tcp(1.0)
         with IPRoute() as ipr:
             index = ipr.link_lookup(ifname=record.host_link)[0]
             ipr.link("set", index=index, state="up")
@@ -323,6 +365,7 @@ class Network:
             "net.ipv4.tcp_rmem": TCP_MEMORY,
             "net.ipv4.tcp_wmem": TCP_MEMORY,
             "net.ipv4.tcp_no_metrics_save": "1",
+            **(self.tcp.sysctls() if self.tcp is not None else {}),
         }
         for key, value in settings.items():
             nsutil.write_sysctl(ns, key, value)
@@ -426,6 +469,10 @@ class Network:
             except subprocess.TimeoutExpired:
                 self._guardian.kill()
             self._guardian = None
+
+
+def _dst(route: Any) -> str:
+    return f"{route.get_attr('RTA_DST')}/{route['dst_len']}"
 
 
 def _readline_with_timeout(process: subprocess.Popen, timeout: float) -> str:
