@@ -190,6 +190,35 @@ class TokenIds:
         return cls(request_id, first_position, array)
 
 
+def _json_ok(value: Any, depth: int) -> bool:
+    """Whether `value` surely passes `_check_json`: its checks without the bookkeeping of
+    where a fault is, for the common case (a body that passes). False means: look closer."""
+    if depth > MAX_JSON_DEPTH:
+        return False
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return value.isascii() or _encodes(value)
+    if isinstance(value, list):
+        return all(_json_ok(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str) and (key.isascii() or _encodes(key)) and _json_ok(item, depth + 1)
+            for key, item in value.items()
+        )
+    return False
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_json(value: Any, path: str, depth: int) -> None:
     if depth > MAX_JSON_DEPTH:
         raise BadControl(f"body{path} nests deeper than {MAX_JSON_DEPTH} levels")
@@ -243,7 +272,8 @@ class Control:
             )
         if not isinstance(self.body, dict):
             raise BadControl(f"body must be a dict, got {type(self.body).__name__}")
-        _check_json(self.body, "", 0)
+        if not _json_ok(self.body, 0):
+            _check_json(self.body, "", 0)  # finds and names what is wrong
 
 
 Message = KVChunk | TokenIds | Control
