@@ -1,6 +1,10 @@
-"""`pddemu serve`'s door on the host: a listener that forwards the frontend's OpenAI API
-(`/v1/...`) and `/health`, and nothing else (the instances' control routes such as `/shutdown`
-and `/admin/policy` stay inside the emulated datacenter).
+"""`pddemu serve`'s door on the host: a listener that forwards the frontend's OpenAI routes
+and `/health`, and nothing else (the instances' control routes such as `/shutdown` and
+`/admin/policy` stay inside the emulated datacenter).
+
+Each route is forwarded to its own fixed path upstream, never to the path the client wrote: a
+path such as `/v1/../shutdown` or `/v1/%2e%2e/admin/policy` matches no route here, and could
+not reach another route upstream even if it did (an HTTP client resolves dot segments).
 
 The proxy adds the run's secret to what it forwards (the instances answer nothing else without
 it), so the host door is the only way in that does not need it. A client that goes away cancels
@@ -19,12 +23,22 @@ host (a socket belongs to the namespace it was made in).
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 FORWARDED_HEADERS = ("Content-Type", "Cache-Control", "x-should-retry", "Retry-After")
+# (method, path) of the frontend's routes a host client may reach: `OpenAIFrontDoor`'s routes
+# (a test keeps the two in step) and the health check. Written out here so that importing this
+# module, before a rootless run enters its namespace, loads neither aiohttp's server nor torch.
+FORWARDED_ROUTES = (
+    ("GET", "/health"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+)
 
 
 class ListenError(OSError):
@@ -69,7 +83,7 @@ def server_url(sock: socket.socket) -> str:
 
 
 class HostProxy:
-    """Forwards `/v1/...` and `/health` to `upstream` (the frontend's URL), with `credentials`
+    """Forwards `FORWARDED_ROUTES` to `upstream` (the frontend's URL), with `credentials`
     (the run's secret header)."""
 
     def __init__(self, upstream: str, credentials: dict[str, str]) -> None:
@@ -88,8 +102,8 @@ class HostProxy:
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
         )
         app = web.Application(client_max_size=64 * 1024**2)
-        app.router.add_route("*", "/v1/{tail:.*}", self.forward)
-        app.router.add_get("/health", self.forward)
+        for method, path in FORWARDED_ROUTES:
+            app.router.add_route(method, path, functools.partial(self.forward, path=path))
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
         await web.SockSite(self.runner, sock).start()
@@ -100,7 +114,8 @@ class HostProxy:
         if self.session is not None:
             await self.session.close()
 
-    async def forward(self, request: Any) -> Any:
+    async def forward(self, request: Any, path: str) -> Any:
+        """`request` sent on to the upstream's `path` (its route's own), with its query."""
         import aiohttp
         from aiohttp import web
 
@@ -109,7 +124,8 @@ class HostProxy:
         try:
             upstream = await self.session.request(
                 request.method,
-                self.upstream + request.rel_url.path_qs,
+                self.upstream + path,
+                params=request.rel_url.query,
                 data=await request.read(),
                 headers=headers,
             )

@@ -8,10 +8,10 @@ Prints one JSON line when ready:
    "model": "pddemu", "tokenizer": ".../pddemu/tokenizer", ...}
 `base_url` is for OpenAI clients (they append /completions); `url` is for benchmark tools that
 append the whole path themselves (AIPerf's --url, vllm bench serve's --base-url); `tokenizer` is
-the model's tokenizer as a Hugging Face directory (their --tokenizer). Only /v1/... and /health
-are served on the host. Runs until SIGINT or SIGTERM, then removes everything it made. Without
-root it runs in a private user namespace, as `pddemu emulate` does; the host port stays
-reachable.
+the model's tokenizer as a Hugging Face directory (their --tokenizer). Only the OpenAI routes
+(/v1/models, /v1/completions, /v1/chat/completions) and /health are served on the host. Runs
+until SIGINT or SIGTERM, then removes everything it made. Without root it runs in a private
+user namespace, as `pddemu emulate` does; the host port stays reachable.
 """
 
 from __future__ import annotations
