@@ -45,11 +45,22 @@ class ListenError(OSError):
     """The host address or port cannot be listened on."""
 
 
+def port_number(text: str) -> int:
+    """A TCP port from the command line: 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
+    return port
+
+
 def listen_arguments(argv: list[str]) -> tuple[str, int]:
     """`--host` and `--port` of a `pddemu serve` command line (the full parse comes later)."""
     parser = argparse.ArgumentParser(prog="pddemu serve", add_help=False)
     parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT)
     known, _ = parser.parse_known_args(argv)
     return known.host, known.port
 

@@ -31,7 +31,14 @@ from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
 from pddemu.emulated_network import intra_link, scale_model, wan_link
 from pddemu.hf_tokenizer import shipped_directory
-from pddemu.host_proxy import DEFAULT_HOST, DEFAULT_PORT, HostProxy, listen, server_url
+from pddemu.host_proxy import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    HostProxy,
+    listen,
+    port_number,
+    server_url,
+)
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
@@ -76,7 +83,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=DEFAULT_PORT,
         help=f"port to listen on (default {DEFAULT_PORT}; 0: any free port, printed when ready)",
     )

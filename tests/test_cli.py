@@ -40,3 +40,15 @@ def test_an_abbreviated_rootless_flag_is_refused(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as done:
         main(["emulate", "--rootl", "--out", "unused"])
     assert done.value.code == 2 and "--rootl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_serve_refuses_a_port_outside_tcps_range(
+    port: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """70000 must not wrap round to 4464, nor -1 end in a resolver's message."""
+    monkeypatch.setattr(netem.rootless, "ensure_network_privileges", refuse)
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--port", port])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "argument --port" in err and "cannot listen" not in err
