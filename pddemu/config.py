@@ -79,10 +79,16 @@ PERCENT = Unit(parse_percent, lambda p: f"{p * 100:g}%", '"0.5%" (a bare number 
 
 
 class Section(BaseModel):
-    """A config section: frozen, strict types (no "5" for 5), unknown keys refused."""
+    """A config section: frozen, strict types (no "5" for 5), finite numbers (TOML's `inf` and
+    `nan` are refused: an infinite time scale or timeout is no scenario), unknown keys refused."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, validate_by_name=True, validate_by_alias=True
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        allow_inf_nan=False,
+        validate_by_name=True,
+        validate_by_alias=True,
     )
 
     @field_validator("*", mode="before")
@@ -315,7 +321,6 @@ class WorkloadConfig(Section):
     arrival_rate: float | None = Field(
         0.5,
         gt=0,
-        allow_inf_nan=False,
         description='modelled requests per second (Poisson), or `"trace"` for a trace file\'s '
         "own timestamps (divided by `time_scale` on the wall clock; for `pdd-janfeb`, the "
         "generator's own Poisson arrivals at 1 req/s). `summary.json` records which",
@@ -408,7 +413,6 @@ class CostConfig(Section):
     leased_line_per_gbit_hour: float = Field(
         0.225,
         ge=0,
-        allow_inf_nan=False,
         description="price of 1 Gbit/s of leased WAN per hour. Default: AWS Direct Connect's "
         "dedicated 10 Gbit/s port, 2.25 USD per port-hour (US locations, public price list), "
         "per Gbit/s; an assumption and a lower bound: the carrier's circuit between the sites "

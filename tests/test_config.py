@@ -116,6 +116,9 @@ def test_units_are_read_as_netem_reads_them_and_json_keeps_base_units() -> None:
         ("model.n_layer=3", "model: unknown key"),
         ("prefill.chunk_tokens=100", "chunk_tokens must be a multiple of token_scale"),
         ("policy.adaptive_load_threshold=1.5", "adaptive_load_threshold: must be less than"),
+        ("scale.time_scale=inf", "scale.time_scale: must be a finite number, got inf"),
+        ("request_timeout_s=inf", "request_timeout_s: must be a finite number"),
+        ("slo.tpot_s=nan", "slo.tpot_s: must be a finite number"),
     ],
 )
 def test_bad_values_are_refused_in_one_line_naming_file_and_key(override: str, named: str) -> None:
