@@ -10,7 +10,9 @@ AIPerf's variants (aiperf/dataset/loader/models.py, `MooncakeTrace`):
 - `session_id` names a multi-turn session; `delay` (ms) is a turn's wait after the session's
   previous turn, in place of `timestamp`. A turn with a delay and no timestamp arrives that long
   after its session's previous turn when that one has a time; in a file with no timestamps at
-  all, turns keep their time within their session (sessions start at replay, as WEKA's do);
+  all, turns keep their time within their session (sessions start at replay, as WEKA's do),
+  and a line with no timestamp, no delay and no session has no time at all (a file of only
+  such lines, AIPerf's plainest, is replayed at an arrival rate, as ShareGPT is);
 - `text_input`, a literal prompt, in place of `input_length`: its length is the model's byte
   tokens, and its block ids, when `hash_ids` is absent, are a chained hash of its 64-token
   blocks (`content_blocks`);
@@ -62,9 +64,12 @@ class _Sessions:
     def place(
         self, session: str | None, timestamp_ms: float | None, delay_ms: float | None, where: str
     ) -> tuple[float | None, float | None]:
-        """(arrival s or None, time within the session s or None) of one turn."""
+        """(arrival s or None, time within the session s or None) of one turn; (None, None)
+        for a line that gives neither a time nor a session: it has no time of any kind."""
         key = session if session is not None else where
-        if timestamp_ms is not None:
+        if timestamp_ms is None and delay_ms is None and session is None:
+            arrival = None
+        elif timestamp_ms is not None:
             arrival = timestamp_ms / 1000.0
         elif key in self.last_arrival:
             arrival = self.last_arrival[key] + (delay_ms or 0.0) / 1000.0
@@ -81,6 +86,8 @@ class _Sessions:
         if arrival is not None:
             self.last_arrival[key] = arrival
             return arrival, None
+        if session is None and delay_ms is None:
+            return None, None
         self.elapsed[key] = self.elapsed.get(key, 0.0) + (delay_ms or 0.0) / 1000.0
         return None, self.elapsed[key]
 

@@ -5,8 +5,9 @@ Order and time: requests are replayed in arrival order. Mooncake, Bailian, Burst
 files have a global clock (shifted so the first request is at 0). WEKA files, and Mooncake files
 whose turns give only a `delay`, have per-session times only: sessions start at Poisson spacing
 (`session_rate` per modelled second, seeded), in file order, each keeping its recorded offsets.
-ShareGPT files have no times at all: they replay in file order at `arrival_rate`, which must be
-given. `arrival_rate` re-times any order as a Poisson process. `requests=N` keeps the first N
+ShareGPT files, and Mooncake files whose lines give no timestamp, delay or session, have no
+times at all: they replay in file order at `arrival_rate`, which must be given (a line of that
+kind in a file of sessions is a session of its own). `arrival_rate` re-times any order as a Poisson process. `requests=N` keeps the first N
 requests in arrival order, which keeps every session's prefix structure (a random subset would
 cut sessions apart); for pdd-janfeb it is the number of requests generated over the whole
 window.
@@ -188,11 +189,10 @@ def _in_arrival_order(
         for record in records:
             arrival = record.arrival_s
             if arrival is None:  # a session-relative turn: its session starts at replay
-                assert record.t_in_session_s is not None
                 key = record.session if record.session is not None else str(record.index)
                 if key not in session_starts:
                     session_starts[key] = next(starts)
-                arrival = session_starts[key] + record.t_in_session_s
+                arrival = session_starts[key] + (record.t_in_session_s or 0.0)
             timed.append((arrival, record.index, record))
     timed.sort(key=lambda item: (item[0], item[1]))
     timed = timed[:requests]

@@ -111,3 +111,21 @@ def test_replay_needs_a_rate_only_where_the_trace_has_no_times() -> None:
     assert by_session["a"][1] - by_session["a"][0] == pytest.approx(2.5)
     bailian = load_workload(SAMPLES["bailian"], requests=None, seed=0, token_scale=1)
     assert [r.arrival_s for r in bailian] == [0.0, 0.75, 3.5, 9.25]
+
+
+def test_a_mooncake_file_without_any_time_needs_a_rate(tmp_path: Path) -> None:
+    """AIPerf's plainest lines (`{"input_length": 10, "output_length": 4}`) carry no time: not one
+    session a line started at the WEKA conversation rate (a request a minute)."""
+    path = tmp_path / "plain.jsonl"
+    lines = [{"input_length": 100 * (i + 1), "output_length": 4} for i in range(3)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = list(read_trace(path))
+    assert [(r.arrival_s, r.t_in_session_s) for r in rows] == [(None, None)] * 3
+    with pytest.raises(WorkloadError, match="records no arrival times"):
+        load_workload(path, requests=None, seed=0, token_scale=1)
+    replayed = load_workload(path, requests=None, seed=0, token_scale=1, arrival_rate=1.0)
+    assert [r.input_tokens for r in replayed] == [100, 200, 300]  # file order, at the rate
+    mixed = tmp_path / "mixed.jsonl"
+    lines.insert(1, {"session_id": "s", "delay": 500, "input_length": 10, "output_length": 2})
+    mixed.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert len(load_workload(mixed, requests=None, seed=0, token_scale=1)) == 4
