@@ -152,6 +152,13 @@ def plot_ttft_cdf(
     return _save(figure, path)
 
 
+def share_at_least(gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The positive gaps in increasing order, and for each the share of all gaps (zeros
+    included, which a log axis cannot show) at least that long."""
+    positive = np.sort(gaps[gaps > 0])
+    return positive, (positive.size - np.arange(positive.size)) / max(gaps.size, 1)
+
+
 def plot_itl_cdf(
     path: Path | str, records_by_system: Mapping[str, Sequence[RequestRecord]]
 ) -> Path:
@@ -164,13 +171,15 @@ def plot_itl_cdf(
         (system, pooled_itls(r for r in records if r.state == "completed"))
         for system, records in records_by_system.items()
     ):
-        positive = np.sort(gaps[gaps > 0]) * 1e3
+        positive, at_least = share_at_least(gaps)
         if positive.size == 0:
             axes.plot([], [], label=f"{system}: nothing to show")
             continue
-        at_least = 1.0 - np.arange(positive.size) / gaps.size
-        label = f"{system} (n={gaps.size}, max {positive[-1]:.0f} ms)"
-        line = axes.step(positive, at_least, where="post", label=label)
+        zeros = gaps.size - positive.size
+        label = f"{system} (n={gaps.size}, max {positive[-1] * 1e3:.0f} ms" + (
+            f", {zeros} at 0 not shown)" if zeros else ")"
+        )
+        line = axes.step(positive * 1e3, at_least, where="post", label=label)
         p99 = float(np.percentile(gaps, 99)) * 1e3
         axes.plot([p99], [0.01], "^", color=line[0].get_color(), mec="black", mew=0.5)
         drawn = True

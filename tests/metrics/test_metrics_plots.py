@@ -23,6 +23,7 @@ from pddemu.metrics.plots import (
     plot_itl_cdf,
     plot_ttft_cdf,
     plot_wan_use,
+    share_at_least,
     write_plots,
 )
 
@@ -59,6 +60,13 @@ def by_system() -> dict:
 def test_ttft_and_itl_cdfs(tmp_path: Path) -> None:
     assert_png(plot_ttft_cdf(tmp_path / "ttft.png", by_system()), 7.0)
     assert_png(plot_itl_cdf(tmp_path / "itl.png", by_system()), 7.0)
+
+
+def test_itl_ccdf_counts_gaps_of_zero_below_every_drawn_point() -> None:
+    """Two of four gaps are 0 (tokens delivered together): no drawn gap has more than half of
+    all gaps at or above it."""
+    gaps, share = share_at_least(np.array([0.002, 0.0, 0.001, 0.0]))
+    assert gaps.tolist() == [0.001, 0.002] and share.tolist() == [0.5, 0.25]
 
 
 def test_cdf_of_systems_without_completed_requests_still_draws(tmp_path: Path) -> None:
