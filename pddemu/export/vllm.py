@@ -2,14 +2,13 @@
 vLLM's result JSON read pddemu's runs: vLLM's key names and units (latency statistics in ms,
 per-request lists in seconds, throughputs per second).
 
-Times are the emulator's modelled seconds. Following vLLM, the latency statistics and token
-totals are over successful requests, a failed request is listed with TTFT 0, no ITLs and its
+Times are the emulator's modelled seconds. Following vLLM, the latency statistics, token
+totals and peaks (output tokens per second, concurrent requests) are over successful requests, a failed request is listed with TTFT 0, no ITLs and its
 error text, and TPOT is per request over those with more than one output token.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -34,19 +33,21 @@ def _stats(name: str, seconds: list[float] | np.ndarray) -> dict[str, float]:
     return stats
 
 
-def _max_output_tokens_per_s(records: list[RequestRecord], start: float) -> float:
-    """The most output tokens delivered within one second of the run (vLLM's peak)."""
-    times = [t for r in records for t in r.token_times_s]
+def _max_output_tokens_per_s(ok: list[RequestRecord]) -> float:
+    """The most output tokens delivered within one second, counted in whole seconds from the
+    first successful request's arrival (vLLM's peak, over successful requests)."""
+    times = [t for r in ok for t in r.token_times_s]
     if not times:
         return 0.0
+    start = min(r.arrival_s for r in ok)
     return float(np.bincount(np.floor(np.asarray(times) - start).astype(np.int64)).max())
 
 
-def _max_concurrent(records: list[RequestRecord]) -> int:
+def _max_concurrent(ok: list[RequestRecord]) -> int:
+    """The most successful requests in flight at once, each over [arrival, finish) (vLLM's
+    sweep: a departure goes before an arrival at the same time)."""
     edges = sorted(
-        [(r.arrival_s, 1) for r in records]
-        + [(r.finish_s if r.finish_s is not None else math.inf, -1) for r in records],
-        key=lambda edge: (edge[0], edge[1]),
+        [(r.arrival_s, 1) for r in ok] + [(r.finish_s, -1) for r in ok if r.finish_s is not None]
     )
     running = peak = 0
     for _, step in edges:
@@ -96,8 +97,8 @@ def vllm_result(run: SystemRun) -> dict[str, Any]:
         "errors": [
             "" if r.state == "completed" else (r.failure_reason or "failed") for r in records
         ],
-        "max_output_tokens_per_s": _max_output_tokens_per_s(ok, start),
-        "max_concurrent_requests": _max_concurrent(records),
+        "max_output_tokens_per_s": _max_output_tokens_per_s(ok),
+        "max_concurrent_requests": _max_concurrent(ok),
     }
     result.update(_stats("ttft", [r.ttft_s for r in ok]))
     result.update(_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]))

@@ -91,6 +91,9 @@ def test_vllm_result_has_its_keys_and_units(run_dir: Path, tmp_path: Path) -> No
     assert result["total_output_tokens"] == 12 and result["duration"] == pytest.approx(6.0)
     assert result["output_throughput"] == pytest.approx(2.0)
     assert result["request_goodput"] == pytest.approx(0.5)
+    # vLLM's peaks count successful requests: at most two at once (r4, failed, is not one)
+    assert result["max_concurrent_requests"] == 2
+    assert result["max_output_tokens_per_s"] == 4.0  # r1's four tokens in its second second
 
 
 def test_aiperf_export_layout(run_dir: Path, tmp_path: Path) -> None:
