@@ -159,15 +159,17 @@ class HostProxy:
                     k: upstream.headers[k] for k in FORWARDED_HEADERS if k in upstream.headers
                 },
             )
-            await response.prepare(request)
             try:
+                await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
-            except aiohttp.ClientPayloadError:  # the frontend cut the stream: cut ours too
+                await response.write_eof()
+            except (aiohttp.ClientError, ConnectionResetError):
+                # The frontend cut the stream (a request failing midway): cut ours too. Or the
+                # client left (a write failed before aiohttp cancelled this handler): leaving
+                # this block closes the frontend's stream, which abandons the request there.
                 if request.transport is not None:
                     request.transport.close()
-                return response
-            await response.write_eof()
             return response
 
 

@@ -5,7 +5,10 @@ segments, percent-encoding, another method) reaches any other route."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -101,3 +104,83 @@ def test_the_door_forwards_exactly_the_front_doors_routes() -> None:
         if route.method != "HEAD"
     }
     assert served == set(FORWARDED_ROUTES) - {("GET", "/health")}
+
+
+async def streamed_through_the_door(frontend_stream: Any, client: Any) -> Any:
+    """`client(door_url, proxy)` against a door in front of one streaming route."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", frontend_stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    proxy = HostProxy(f"http://127.0.0.1:{port}", {"X-Pddemu-Key": "k"})
+    door = listen("127.0.0.1", 0)
+    try:
+        await proxy.start(door)
+        host, door_port = door.getsockname()[:2]
+        return await client(f"http://{host}:{door_port}", proxy)
+    finally:
+        await proxy.stop()
+        await runner.cleanup()
+
+
+def test_a_stream_the_frontend_cuts_is_cut_for_the_client() -> None:
+    async def frontend_stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: {}\n\n")
+        request.transport.close()  # a request failing midway: no end of the chunked body
+        return response
+
+    async def client(url: str, _proxy: HostProxy) -> tuple[bytes, bool]:
+        received = b""
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v1/completions", data=b"{}") as reply:
+                try:
+                    async for chunk in reply.content.iter_any():
+                        received += chunk
+                except aiohttp.ClientPayloadError:
+                    return received, True
+        return received, False
+
+    received, cut = asyncio.run(streamed_through_the_door(frontend_stream, client))
+    assert received == b"data: {}\n\n" and cut, "the client saw a clean end: a success"
+
+
+def test_a_client_leaving_midway_closes_the_frontends_stream_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No traceback on serve's terminal when a benchmark client gives up on a stream."""
+    seen: dict[str, Any] = {}
+
+    async def frontend_stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: 0\n\n")
+        try:  # the client has left: the door's writes to it fail, then it closes this stream
+            for _ in range(10_000):
+                await response.write(b"data: more\n\n")
+                await asyncio.sleep(0.001)
+        except ConnectionResetError:
+            seen["frontend"] = "closed"
+            return response
+        seen["frontend"] = "never closed"
+        return response
+
+    async def client(url: str, _proxy: HostProxy) -> None:
+        reader, writer = await asyncio.open_connection(*url.removeprefix("http://").split(":"))
+        writer.write(http("POST", "/v1/completions"))
+        await writer.drain()
+        await reader.readuntil(b"data: 0\n\n")
+        writer.close()
+        await writer.wait_closed()
+        while "frontend" not in seen:
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+        asyncio.run(streamed_through_the_door(frontend_stream, client))
+    assert seen["frontend"] == "closed"
+    errors = [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"]
+    assert not errors
