@@ -61,13 +61,16 @@ class Progress:
     _last: float = 0.0
     _started: float = field(default_factory=time.monotonic)
 
-    def eta_s(self, now: float) -> float | None:
+    def rate(self, now: float) -> float:
+        """Requests finished (done or failed) per wall-clock second since the replay began."""
+        return (self.done + self.failed) / max(now - self._started, 1e-9)
+
+    def eta_s(self, now: float) -> float:
         finished = self.done + self.failed
         until_arrivals = max(0.0, self.clock.wall_at(self.last_arrival_s) - now)
         if finished == 0:
             return until_arrivals if self.total else 0.0
-        rate = finished / max(now - self._started, 1e-9)
-        return max(until_arrivals, (self.total - finished) / rate)
+        return max(until_arrivals, (self.total - finished) / self.rate(now))
 
     def show(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -77,13 +80,11 @@ class Progress:
         width = 24
         finished = self.done + self.failed
         filled = int(width * finished / max(1, self.total))
-        rate = finished / max(now - self._started, 1e-9)
-        eta = self.eta_s(now)
-        left = "done" if final else (f"ETA {_duration(eta)}" if eta is not None else "ETA ?")
+        left = "done" if final else f"ETA {_duration(self.eta_s(now))}"
         line = (
             f"[{self.system:>5}] [{'#' * filled}{'.' * (width - filled)}] "
             f"{finished}/{self.total} done, {self.in_flight} in flight, "
-            f"{self.failed} failed, {rate:.2f} req/s, {left}, "
+            f"{self.failed} failed, {self.rate(now):.2f} req/s wall, {left}, "
             f"t={self.clock.now():.0f} s modelled"
         )
         if sys.stderr.isatty():

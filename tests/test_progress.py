@@ -30,4 +30,4 @@ def test_the_line_shows_rate_and_eta(capsys: pytest.CaptureFixture[str]) -> None
     progress.done = 1
     progress.show()
     line = capsys.readouterr().err
-    assert "1/4 done" in line and "req/s" in line and "ETA" in line
+    assert "1/4 done" in line and "req/s wall" in line and "ETA" in line
