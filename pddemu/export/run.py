@@ -41,7 +41,9 @@ def read_run(run_dir: Path, system: str | None, allow_all: bool = False) -> list
         ) from None
     except json.JSONDecodeError as error:
         raise ExportError(f"{summary_path}: not JSON: {error}") from None
-    systems = list(document.get("systems", {}))
+    if not isinstance(document, dict) or not isinstance(document.get("systems"), dict):
+        raise ExportError(f"{summary_path}: no 'systems' object: not a pddemu run's summary")
+    systems = list(document["systems"])
     if system is not None and system not in systems:
         raise ExportError(f"{run_dir} has no system {system!r}; it has {', '.join(systems)}")
     if system is None and not allow_all and len(systems) != 1:
@@ -57,8 +59,20 @@ def read_run(run_dir: Path, system: str | None, allow_all: bool = False) -> list
     )
     runs = []
     for name in chosen:
-        instances_path = run_dir / f"instances-{name}.json"
-        instances = json.loads(instances_path.read_text()) if instances_path.exists() else {}
+        instances = _instances(run_dir / f"instances-{name}.json")
         ours = sorted((r for r in records if r.system == name), key=lambda r: r.arrival_s)
         runs.append(SystemRun(name, document["systems"][name], ours, instances, meta))
     return runs
+
+
+def _instances(path: Path) -> dict[str, dict[str, Any]]:
+    """The instances' reports of one system (none for a run written before they were kept)."""
+    if not path.exists():
+        return {}
+    try:
+        instances = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ExportError(f"{path}: not JSON: {error}") from None
+    if not isinstance(instances, dict):
+        raise ExportError(f"{path}: expected an object of instance reports")
+    return instances

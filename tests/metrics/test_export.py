@@ -175,3 +175,19 @@ def test_a_run_of_several_systems_needs_one_named(
         main(["export", str(run_dir), "--format", "vllm", "--system", "naive", "--out", "x"]) == 2
     )
     assert "has no system 'naive'; it has pdd" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        ("instances-pdd.json", "{truncated", "instances-pdd.json: not JSON"),
+        ("summary.json", "[]", "summary.json: no 'systems' object"),
+    ],
+)
+def test_a_damaged_run_file_is_one_line(
+    run_dir: Path, name: str, content: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (run_dir / name).write_text(content)
+    assert main(["export", str(run_dir), "--format", "perfetto", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
