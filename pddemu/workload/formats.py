@@ -13,7 +13,7 @@ from pddemu.workload.bailian import read_bailian
 from pddemu.workload.burstgpt import REQUEST_TOKENS, RESPONSE_TOKENS, read_burstgpt
 from pddemu.workload.length_csv import CONTEXT_TOKENS, GENERATED_TOKENS, read_length_csv
 from pddemu.workload.lines import first_content_line
-from pddemu.workload.mooncake import read_mooncake
+from pddemu.workload.mooncake import UNREAD_PROMPTS, read_mooncake
 from pddemu.workload.records import TraceError, TraceRequest
 from pddemu.workload.sharegpt import read_sharegpt
 from pddemu.workload.weka import read_weka
@@ -28,7 +28,8 @@ FORMATS: dict[str, Reader] = {
     "bailian": read_bailian,
     "sharegpt": read_sharegpt,
 }
-MOONCAKE_PROMPTS = ("input_length", "text_input")
+# AIPerf's four prompt kinds; the last two are refused by the reader, which says why.
+MOONCAKE_PROMPTS = ("input_length", "text_input", *UNREAD_PROMPTS)
 
 
 def _json_format(record: object) -> str | None:
@@ -47,8 +48,8 @@ def detect_format(path: Path | str) -> str:
     """Name of the format of `path`, judged from its first non-blank line.
 
     JSON lines: an object with `requests` is a WEKA conversation, one with `chat_id` and
-    `parent_chat_id` a Bailian request, one with `input_length` or `text_input` a Mooncake
-    request; a file opening a JSON array is ShareGPT; a CSV header with `Request tokens` and
+    `parent_chat_id` a Bailian request, one with `input_length`, `text_input`, `messages` or
+    `payload` (AIPerf's prompt kinds) a Mooncake request; a file opening a JSON array is ShareGPT; a CSV header with `Request tokens` and
     `Response tokens` is BurstGPT, one with the token columns of a length CSV a length CSV.
     """
     path = Path(path)
@@ -69,8 +70,8 @@ def detect_format(path: Path | str) -> str:
         if found is None:
             raise TraceError(
                 f"{where}: unknown format (a JSON object with none of 'requests' (WEKA), "
-                "'chat_id' and 'parent_chat_id' (Bailian), 'input_length' or 'text_input' "
-                "(Mooncake))"
+                "'chat_id' and 'parent_chat_id' (Bailian), 'input_length', 'text_input', "
+                "'messages' or 'payload' (Mooncake, AIPerf))"
             )
         return found
     header = text.decode("utf-8", errors="replace")

@@ -129,3 +129,11 @@ def test_a_mooncake_file_without_any_time_needs_a_rate(tmp_path: Path) -> None:
     lines.insert(1, {"session_id": "s", "delay": 500, "input_length": 10, "output_length": 2})
     mixed.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert len(load_workload(mixed, requests=None, seed=0, token_scale=1)) == 4
+
+
+def test_an_aiperf_messages_prompt_is_refused_for_what_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    line = {"messages": [{"role": "user", "content": "hi"}], "output_length": 4}
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match="a 'messages' prompt is not read"):
+        list(read_trace(path))
