@@ -8,8 +8,12 @@ a prefix hash and numbered globally, so they are used as cache keys unchanged.
 
 AIPerf's variants (aiperf/dataset/loader/models.py, `MooncakeTrace`):
 - `session_id` names a multi-turn session; `delay` (ms) is a turn's wait after the session's
-  previous turn, in place of `timestamp`. A turn with a delay and no timestamp arrives that long
-  after its session's previous turn when that one has a time; in a file with no timestamps at
+  previous turn, in place of `timestamp`. AIPerf counts it from the previous turn's response
+  (its fixed-schedule replay sends a turn `delay` after the previous one returned); an
+  open-loop replay cannot wait for a response, so here it counts from the previous turn's
+  arrival, and a turn comes earlier than under AIPerf by its predecessor's latency. A turn
+  with a delay and no timestamp arrives that long after its session's previous turn when that
+  one has a time; in a file with no timestamps at
   all, turns keep their time within their session (sessions start at replay, as WEKA's do),
   and a line with no timestamp, no delay and no session has no time at all (a file of only
   such lines, AIPerf's plainest, is replayed at an arrival rate, as ShareGPT is);
