@@ -58,8 +58,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert not [n for n in list_namespaces() if n.startswith(run + "-")], "serve left some"
 
 
-def test_the_exported_tokenizer_loads_offline_in_transformers(served: Any, tmp_path: Path) -> None:
-    venv, _ = served
+def test_the_exported_tokenizer_loads_offline_in_transformers(tmp_path: Path) -> None:
+    """Needs AIPerf's venv (for transformers), not a server: runs without namespaces too."""
+    venv = aiperf_venv()
     directory = tmp_path / "tokenizer"
     subprocess.run(
         [sys.executable, "-m", "pddemu.cli", "tokenizer", "export", str(directory)], check=True
