@@ -70,7 +70,7 @@ def vllm_result(run: SystemRun) -> dict[str, Any]:
         "endpoint_type": "pddemu",
         "backend": "pddemu",
         "label": f"pddemu-{run.system}",
-        "model_id": run.meta.get("target", "pddemu"),
+        "model_id": "pddemu",  # the name `pddemu serve` gives its model (summary.json has no other)
         "tokenizer_id": "pddemu",
         "num_prompts": len(records),
         "request_rate": rate if isinstance(rate, int | float) else "inf",
