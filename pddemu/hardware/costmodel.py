@@ -80,6 +80,12 @@ class InstanceHardware:
         return self.chip.interconnect_bw * self.interconnect_efficiency
 
     @property
+    def achievable_host_bw(self) -> float:
+        """Bytes/s the whole instance moves from host memory to its chips (every chip over its
+        own host link, in parallel, at the links' efficiency)."""
+        return self.chip.host_bw * self.chips * self.interconnect_efficiency
+
+    @property
     def usable_memory_bytes(self) -> float:
         """Memory of all chips the engine may fill with weights and KV."""
         return self.chip.memory_bytes * self.chips * self.memory_utilization
@@ -123,8 +129,10 @@ class CostModel:
     """Step durations of `target` on `instance`.
 
     A forward step processes, for each request in it, `new` tokens on top of `context` tokens
-    already in the KV. Compute, memory traffic and tensor-parallel communication are assumed to
-    overlap, so the step takes the largest of the three plus a fixed per-step overhead.
+    already in the KV. It reads the weights its tokens touch (a mixture of experts: the
+    always-active weights and the experts the step's tokens pick, `TargetModel.weight_bytes_read`)
+    and every request's KV. Compute, memory traffic and tensor-parallel communication are assumed
+    to overlap, so the step takes the largest of the three plus a fixed per-step overhead.
 
     Prefill runs in chunks of at most `prefill_chunk_tokens`; with `pad_chunks` every chunk is
     costed as a full slot, as an engine with static step shapes runs it, so a small tail chunk
@@ -247,6 +255,16 @@ class CostModel:
         _count("extend context", context, 0)
         return self._terms(k, k * context + k * (k + 1) // 2, context).total_s
 
+    def kv_copy(self, tokens: int) -> float:
+        """Seconds to place `tokens` tokens of KV received over the network (in host memory)
+        into the instance's KV cache: the bytes over the chips' host links, plus one step's
+        fixed overhead (launching the copy and scattering it into the cache's pages). What MD
+        spends on a KV-delta handoff after the transfer; it runs beside the decode steps (copy
+        engines), delaying only the request it is for."""
+        _count("copied tokens", tokens, 1)
+        size = tokens * self.target.kv_bytes_per_token
+        return self.instance.step_overhead_s + size / self.instance.achievable_host_bw
+
     def _chunk(self, chunk: tuple[int, int]) -> tuple[int, int]:
         try:
             new, context = chunk
@@ -259,7 +277,9 @@ class CostModel:
         pairs that reads `context_read` tokens of existing KV."""
         instance, target = self.instance, self.target
         flops = self._linear_flops_per_token * tokens + self._attention_flops_per_pair * pairs
-        memory = target.weight_bytes + target.kv_bytes_per_token * (context_read + tokens)
+        memory = target.weight_bytes_read(tokens) + target.kv_bytes_per_token * (
+            context_read + tokens
+        )
         communication = self._comm_bytes_per_token * tokens
         return StepTime(
             compute_s=flops / instance.achievable_flops,

@@ -20,10 +20,3 @@ def cost_model(config: Config, system: str, role: str) -> CostModel:
     return CostModel(
         instance, load_target(config.target), config.prefill.chunk_tokens, config.prefill.pad_chunks
     )
-
-
-def kv_copy_time(cost: CostModel, modelled_tokens: int) -> float:
-    """Placing received KV (a KV-delta handoff) into device memory: one step's overhead plus the
-    bytes over the chip's host/peer interconnect."""
-    size = modelled_tokens * cost.target.kv_bytes_per_token
-    return cost.instance.step_overhead_s + size / cost.instance.achievable_interconnect_bw

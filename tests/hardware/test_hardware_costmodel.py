@@ -24,6 +24,7 @@ TOY_CHIP = ChipProfile(
     memory_bytes=10e9,
     memory_bw=1e11,
     interconnect_bw=1e10,
+    host_bw=2e10,
     price_per_hour=2.0,
     source="made up for tests",
 )
@@ -115,6 +116,7 @@ def test_interconnect_can_bound_a_step() -> None:
         memory_bytes=10e9,
         memory_bw=1e11,
         interconnect_bw=1e3,
+        host_bw=1e3,
         price_per_hour=1.0,
         source="made up",
     )
@@ -202,17 +204,61 @@ def test_chunks_for_splits_in_order() -> None:
     assert model.chunks_for(1, 7) == [(1, 7)]
 
 
+def expected_weight_bytes(tokens: int) -> float:
+    """The shipped target's weights read by a step of `tokens` tokens, written out by hand:
+    17.07 B always-active parameters plus, in each of 58 layers, the distinct experts of 256
+    that `tokens` tokens picking 8 each touch, 44 040 192 parameters each, 1 byte per parameter."""
+    routed = 58 * 256 * 44_040_192
+    touched = 256 * (1 - (1 - 8 / 256) ** tokens)
+    return (671e9 - routed) + 58 * touched * 44_040_192
+
+
+@pytest.mark.parametrize("chip", ["gpu-a", "gpu-b"])
+@pytest.mark.parametrize("batch", [1, 128])
+def test_decode_cost_follows_the_expert_touch_formula(chip: str, batch: int) -> None:
+    model = shipped(chip)
+    context = 8192
+    terms = model.explain([(1, context)] * batch)
+    kv = 51200 * (batch * context + batch)
+    bandwidth = model.instance.achievable_memory_bw
+    assert terms.memory_s == pytest.approx((expected_weight_bytes(batch) + kv) / bandwidth)
+    assert terms.bound == "memory"
+    assert model.decode_step([context] * batch) == pytest.approx(terms.memory_s + 0.005)
+
+
+def test_batch_1_reads_a_twentieth_of_the_experts_and_batch_128_nearly_all() -> None:
+    target = load_target("agentic-50kb")
+    assert target.experts_touched(1) == pytest.approx(8)
+    assert target.experts_touched(128) == pytest.approx(256 * (1 - (248 / 256) ** 128))
+    assert target.weight_bytes_read(1) == pytest.approx(37.5e9, rel=0.01)  # the active weights
+    assert 0.98 < target.weight_bytes_read(128) / target.weight_bytes < 0.99
+
+
+def test_a_dense_target_reads_all_its_weights_at_any_batch() -> None:
+    assert TOY_TARGET.weight_bytes_read(1) == TOY_TARGET.weight_bytes_read(10_000) == 8e9
+
+
 @pytest.mark.parametrize("chip", ["gpu-a", "gpu-b"])
 @pytest.mark.parametrize("k", [1, 4, 16, 100])
-def test_small_extend_costs_about_one_decode_step(chip: str, k: int) -> None:
+def test_an_extend_reads_the_experts_its_tokens_touch(chip: str, k: int) -> None:
     model = shipped(chip)
-    decode = model.decode_step([65536])
-    assert decode <= model.extend_step(k, 65536) <= 1.03 * decode
+    terms = model.explain([(k, 65536)])
+    kv = 51200 * (65536 + k)
+    assert terms.memory_s == pytest.approx(
+        (expected_weight_bytes(k) + kv) / model.instance.achievable_memory_bw
+    )
+    if k == 1:
+        assert model.extend_step(1, 65536) == pytest.approx(model.decode_step([65536]))
 
 
 def test_toy_extend_costs_about_one_decode_step() -> None:
     model = toy()
     assert model.extend_step(8, 5000) <= 1.03 * model.decode_step([5000])
+
+
+def test_kv_copy_is_the_bytes_over_the_host_links_plus_one_overhead() -> None:
+    # 100 tokens x 1000 B over 2 chips x 2e10 B/s x 0.5 = 2e10 B/s: 5 us, plus 1 ms.
+    assert toy().kv_copy(100) == pytest.approx(0.001 + 1e5 / 2e10)
 
 
 def test_shipped_chips_have_their_strengths() -> None:
@@ -243,6 +289,7 @@ def test_shipped_chips_have_their_strengths() -> None:
         (lambda m: m.extend_step(5, -1), "extend context"),
         (lambda m: m.chunks_for(0, 0), "new_tokens"),
         (lambda m: m.chunks_for(10, -1), "context"),
+        (lambda m: m.kv_copy(0), "copied tokens"),
     ],
 )
 def test_bad_steps_are_refused(call: object, message: str) -> None:

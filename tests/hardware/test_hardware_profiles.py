@@ -25,6 +25,7 @@ CHIP_FIELDS = {
     "memory_bytes": 10e9,
     "memory_bw": 1e11,
     "interconnect_bw": 1e10,
+    "host_bw": 1e10,
     "price_per_hour": 1.0,
     "source": "made up",
 }
@@ -116,7 +117,8 @@ def test_unreadable_or_malformed_files_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "field_name", ["peak_flops", "memory_bytes", "memory_bw", "interconnect_bw", "price_per_hour"]
+    "field_name",
+    ["peak_flops", "memory_bytes", "memory_bw", "interconnect_bw", "host_bw", "price_per_hour"],
 )
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "1", None])
 def test_every_chip_number_is_checked(field_name: str, bad: object) -> None:
@@ -150,6 +152,39 @@ def test_active_params_cannot_exceed_total() -> None:
     target = TargetModel(name="x", **TARGET_FIELDS)  # type: ignore[arg-type]
     with pytest.raises(ProfileError, match="active_params .* exceeds total_params"):
         replace(target, active_params=5e9)
+
+
+MOE_FIELDS = {
+    **TARGET_FIELDS,
+    "total_params": 10e9,
+    "active_params": 3e9,
+    "routed_experts": 64,
+    "experts_per_token": 4,
+    "moe_layers": 2,
+    "expert_params": 62.5e6,  # routed 8e9, always active 2e9, active 2e9 + 2 x 4 x 62.5e6 = 2.5e9
+}
+
+
+def test_a_mixture_of_experts_profile_loads() -> None:
+    target = TargetModel(name="moe", **{**MOE_FIELDS, "active_params": 2.5e9})  # type: ignore[arg-type]
+    assert target.routed_params == pytest.approx(8e9)
+    assert target.always_active_params == pytest.approx(2e9)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"active_params": 2.5e9, "experts_per_token": 65}, "experts_per_token .* exceeds"),
+        ({"active_params": 2.5e9, "moe_layers": 3}, "moe_layers .* exceeds n_layers"),
+        ({"active_params": 2.5e9, "expert_params": 80e6}, "leave nothing"),
+        ({}, "active parameters per token"),  # 3e9 stated, 2.5e9 from the experts
+        ({"active_params": 2.5e9, "routed_experts": 0}, "routed_experts"),
+        ({"active_params": 2.5e9, "expert_params": -1.0}, "expert_params"),
+    ],
+)
+def test_inconsistent_experts_are_refused(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        TargetModel(name="moe", **{**MOE_FIELDS, **changes})  # type: ignore[arg-type]
 
 
 def test_numbers_are_stored_as_floats() -> None:
