@@ -34,7 +34,12 @@ class RequestRecord:
     handoff_mode: str | None = None  # one_shot | catch_up, when a handoff happened
     handoff_payload: str | None = None  # extend | kv_delta
     handoff_position: int | None = None  # modelled output position where MD took over
-    handoff_stall_s: float | None = None  # gap between the relay's last token and MD's first
+    handoff_switch: int | None = None  # the position the relay's final part named for it
+    handoff_gap_s: float | None = None  # between the relay's last delivered token and MD's first
+    handoff_stall_s: float | None = None  # the user-visible stall: that gap minus the request's
+    # TPOT (0 when the gap is within it)
+    handoff_started_s: float | None = None  # the relay sent its first handoff part
+    handoff_resumed_s: float | None = None  # MD produced its first streamed token
     handoff_rounds: int = 0  # catch-up parts sent (1 for one-shot)
     rld_tokens: int = 0  # modelled output tokens the user got from the relay decode
     md_tokens: int = 0  # ... from the main decode (or the baseline's decode instance)
@@ -61,6 +66,13 @@ class RequestRecord:
         if self.finish_s is None:
             return None
         return self.finish_s - self.arrival_s
+
+    @property
+    def handoff_latency_s(self) -> float | None:
+        """MD's side of a handoff: from the relay's first part to MD's first streamed token."""
+        if self.handoff_started_s is None or self.handoff_resumed_s is None:
+            return None
+        return self.handoff_resumed_s - self.handoff_started_s
 
     @property
     def tpot_s(self) -> float | None:

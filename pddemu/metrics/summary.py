@@ -192,13 +192,22 @@ def _handoffs(records: Sequence[RequestRecord]) -> dict[str, Any]:
     handed = [r for r in records if r.handoff_mode is not None]
     modes = Counter(r.handoff_mode for r in handed)
     payloads = Counter(r.handoff_payload for r in handed if r.handoff_payload is not None)
-    stalls = [r.handoff_stall_s for r in handed if r.handoff_stall_s is not None]
+    taken = [r for r in handed if r.handoff_stall_s is not None]
+    stalls = [r.handoff_stall_s for r in taken]
+    in_tpots = [r.handoff_stall_s / r.tpot_s for r in taken if r.tpot_s]
     result: dict[str, Any] = {mode: modes[mode] for mode in HANDOFF_MODES}
     result.update(
         {
             "max_stall_s": max(stalls) if stalls else None,
             "p99_stall_s": percentile(stalls, 99),
             "mean_stall_s": float(np.mean(stalls)) if stalls else None,
+            "stall_s": describe(stalls),
+            "stall_tpots": describe(in_tpots),
+            "gap_s": describe([r.handoff_gap_s for r in taken if r.handoff_gap_s is not None]),
+            "md_latency_s": describe(
+                [r.handoff_latency_s for r in taken if r.handoff_latency_s is not None]
+            ),
+            "switch_mismatches": sum(1 for r in taken if r.handoff_position != r.handoff_switch),
             "rounds": sum(r.handoff_rounds for r in handed),
             "payloads": {payload: payloads[payload] for payload in HANDOFF_PAYLOADS},
         }

@@ -11,10 +11,13 @@ group is sent to the frontend when it is complete, or when the request stops her
 
 Request state: `outputs` are the genuine ids known; the KV covers the prompt and every output
 but the last (the one the next genuine decode feeds in). `emitted` counts modelled output
-positions already sent, `produced` holds the times of the current group's tokens not yet sent.
+positions already produced and passed on, `produced` holds the times of the current group's
+tokens not yet passed on. Positions before `stream_from` are produced but not sent: another
+instance (the relay) delivers them.
 
-Extends (MD catching up after a handoff) and KV appends (KV-delta handoffs) run as their own
-steps between decode steps.
+Extends (MD recomputing the KV of a relay's eager outputs at a handoff) run inside the batched
+decode step, as chunked prefill piggybacks on decode: one forward pass over the batch's decode
+tokens and the extend's tokens, costed by `CostModel.forward_step`.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class DecodeRequest:
     )  # times of the current group's unsent tokens
     decoding: bool = False  # in the batch
     streaming: bool = False  # sends its tokens to the frontend
+    stream_from: int = 0  # modelled position from which this instance delivers (a handoff's switch)
     finished: bool = False
     reserved: int = 0  # modelled tokens of KV memory held for this request
     on_step: Callable[[DecodeRequest], Awaitable[None]] | None = None  # role hook after each step
@@ -76,7 +80,7 @@ class DecodeInstance(Instance):
         super().__init__(spec)
         self.model = TinyTransformer(self.model_config)
         self.requests: dict[str, DecodeRequest] = {}
-        self.side_steps: deque[SideStep] = deque()
+        self.extends: deque[Extend] = deque()  # waiting for the next step
         self.work = asyncio.Event()
         self.tokens_generated = 0  # modelled
         self.memory = asyncio.Condition()
@@ -108,19 +112,20 @@ class DecodeInstance(Instance):
         leave this instance and fail at the frontend), never the loop."""
         while True:
             await self.work.wait()
-            if self.side_steps:
-                step = self.side_steps.popleft()
-                if step.request.rid not in self.requests:  # released while it waited
-                    continue
-                await self._guarded(self._side_step(step), [step.request])
-                continue
+            for extend in [e for e in self.extends if e.request.rid not in self.requests]:
+                self.extends.remove(extend)  # released while it waited
             batch = [r for r in self.requests.values() if r.decoding and not r.finished]
             batch = batch[: self.config.decode.max_batch]
-            if not batch:
+            if not batch and not self.extends:
                 self.work.clear()
                 self.last_end = -math.inf  # idle: the next step starts when its work arrives
                 continue
-            await self._guarded(self._decode_step(batch), batch)
+            started = self._start_time(-math.inf if batch else self.extends[0].ready_at)
+            extends = [e for e in self.extends if e.ready_at <= started]
+            for extend in extends:
+                self.extends.remove(extend)
+            involved = batch + [e.request for e in extends]
+            await self._guarded(self._step(started, batch, extends), involved)
 
     async def _guarded(self, step: Awaitable[None], requests: list[DecodeRequest]) -> None:
         try:
@@ -138,9 +143,22 @@ class DecodeInstance(Instance):
         start = self.last_end if 0 <= now - self.last_end < BACK_TO_BACK_S else now
         return max(start, ready_at)
 
-    async def _decode_step(self, batch: list[DecodeRequest]) -> None:
-        started = self._start_time()
+    def step_chunks(
+        self, batch: list[DecodeRequest], extends: list[Extend]
+    ) -> list[tuple[int, int]]:
+        """The step's (new tokens, context) chunks, modelled: one token for each request of the
+        batch, and each extend's tokens on top of what its request's KV holds."""
+        return [(1, self.modelled_context(r)) for r in batch] + [
+            (e.tokens, e.context) for e in extends
+        ]
+
+    async def _step(
+        self, started: float, batch: list[DecodeRequest], extends: list[Extend]
+    ) -> None:
+        """One forward pass: the batch's decode tokens and the extends' tokens together."""
         wall = time.monotonic()
+        for extend in extends:
+            extend.run()
         starting = [r for r in batch if r.position >= self.group_end(r, len(r.outputs) - 1)]
         if starting:
             step_kvs, logits = self.model.decode_batch(
@@ -150,7 +168,7 @@ class DecodeInstance(Instance):
                 request.kv.append(kv)
                 request.outputs.append(greedy(logits[i]))
         genuine = time.monotonic() - wall
-        duration = self.cost.decode_step([self.modelled_context(r) for r in batch])
+        duration = self.cost.forward_step(self.step_chunks(batch, extends))
         end = self.last_end = await self.finish_step(started, duration, genuine)
         for request in batch:
             if not request.decoding:  # stopped during the step (handed over)
@@ -161,16 +179,11 @@ class DecodeInstance(Instance):
                 await self.flush(request)
             if request.on_step is not None and not request.finished:
                 await request.on_step(request)
+        for extend in extends:
+            await extend.then(end)
 
-    async def _side_step(self, step: SideStep) -> None:
-        started = self._start_time(step.ready_at)
-        wall = time.monotonic()
-        duration = step.run()
-        self.last_end = await self.finish_step(started, duration, time.monotonic() - wall)
-        await step.then(self.last_end)
-
-    def add_side_step(self, step: SideStep) -> None:
-        self.side_steps.append(step)
+    def add_extend(self, extend: Extend) -> None:
+        self.extends.append(extend)
         self.work.set()
 
     def start_decoding(self, request: DecodeRequest) -> None:
@@ -182,14 +195,17 @@ class DecodeInstance(Instance):
 
     async def flush(self, request: DecodeRequest) -> None:
         """Send the current group's produced tokens (all of it, or what exists when the request
-        stops here mid-group); finish the request when its last token is out."""
+        stops here mid-group), those from `stream_from` on; finish the request when its last
+        token is out."""
         if not request.produced:
             return
         index = len(request.outputs) - 1
         times, request.produced = request.produced, []
         first = request.emitted
         request.emitted += len(times)
-        if request.streaming:
+        skip = max(0, request.stream_from - first)
+        times, first = times[skip:], first + skip
+        if request.streaming and times:
             await self.tell(
                 request.meta["frontend"],
                 "tokens",
@@ -372,10 +388,13 @@ class DecodeInstance(Instance):
 
 
 @dataclass
-class SideStep:
-    """Work that is not a decode step: an extend or a KV append for one request."""
+class Extend:
+    """Tokens whose KV a request lacks, to recompute in the next step (an Extend-Decode handoff
+    part): `run` does the genuine work, `then` follows with the step's modelled end."""
 
     request: DecodeRequest
-    run: Callable[[], float]  # does the genuine work, returns the modelled duration
-    then: Callable[[float], Awaitable[None]]  # called with the step's modelled end time
-    ready_at: float = -math.inf  # modelled time its input arrived
+    tokens: int  # modelled tokens the extend stands for
+    context: int  # modelled tokens already in the request's KV
+    run: Callable[[], None]
+    then: Callable[[float], Awaitable[None]]
+    ready_at: float  # modelled time its ids arrived

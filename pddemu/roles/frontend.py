@@ -51,7 +51,9 @@ class Flight:
     decode: str = ""
     rld: str = ""
     ids: dict[int, int] = field(default_factory=dict)  # genuine output index -> id
-    pending: dict[int, tuple[float, str]] = field(default_factory=dict)  # position -> (time, role)
+    pending: dict[int, tuple[float, str, float]] = field(
+        default_factory=dict
+    )  # position -> (delivery time, role, time its instance produced it)
     delivered: int = 0  # modelled output positions delivered in order
     replies: dict[str, asyncio.Future] = field(default_factory=dict)
     stream: asyncio.Queue = field(default_factory=asyncio.Queue)  # the user's tokens, then None
@@ -390,6 +392,11 @@ class Frontend(Instance):
         record.first_token_s = times[0] if times else None
         record.finish_s = times[-1] if times and record.state == "completed" else None
         record.gap_tokens = len(flight.pending)  # held back behind a position that never came
+        if record.handoff_position is not None:
+            position = record.handoff_position
+            record.handoff_gap_s = times[position] - times[position - 1]
+            tpot = record.tpot_s
+            record.handoff_stall_s = max(0.0, record.handoff_gap_s - (tpot or 0.0))
 
     # -- messages from the instances ------------------------------------------------------
 
@@ -441,6 +448,9 @@ class Frontend(Instance):
         record.handoff_mode = message.body["mode"]
         record.handoff_payload = "extend" if message.body["payload"] == "extend" else "kv_delta"
         record.handoff_rounds = int(message.body["rounds"])
+        record.handoff_started_s = float(message.body["started_at"])
+        if message.body["final"]:
+            record.handoff_switch = int(message.body["switch"])
         # A genuine id stands for token_scale modelled ids (4 bytes each); KV scales by bytes;
         # the frames' own headers are the same size in both worlds.
         sent, kv, ids = (
@@ -459,8 +469,8 @@ class Frontend(Instance):
     async def on_tokens(self, message: Envelope) -> None:
         """A group of modelled tokens from RLD, MD or D: positions `first`.. with their times.
 
-        The first copy of a position wins; a second one (RLD and MD overlap on purpose in a
-        catch-up handoff) is counted, and its genuine id must agree with the first's.
+        The first copy of a position wins; a second one (which a seamless handoff never sends)
+        is counted, and its genuine id must agree with the first's.
         """
         body = message.body
         flight = self.flights.get(body["rid"])
@@ -476,13 +486,13 @@ class Frontend(Instance):
             if position < flight.delivered or position in flight.pending:
                 flight.record.duplicate_tokens += 1
                 continue
-            flight.pending[position] = (float(time) + shift, body["role"])
+            flight.pending[position] = (float(time) + shift, body["role"], float(time))
         while flight.delivered in flight.pending:
             self.deliver(flight, *flight.pending.pop(flight.delivered))
         if flight.delivered >= flight.record.expected_output_tokens:
             flight.done.set()
 
-    def deliver(self, flight: Flight, time: float, role: str) -> None:
+    def deliver(self, flight: Flight, time: float, role: str, produced: float) -> None:
         """Hand the next modelled token to the user's stream. A stream is in order, so no token
         reaches the user before the one ahead of it (a message delayed by the frontend's own
         load or by jitter could otherwise make a later one look earlier)."""
@@ -496,7 +506,7 @@ class Frontend(Instance):
             record.md_tokens += 1
             if record.rld_tokens and record.handoff_position is None:
                 record.handoff_position = position
-                record.handoff_stall_s = time - record.token_times_s[-1]
+                record.handoff_resumed_s = produced
         record.token_times_s.append(time)
         flight.delivered += 1
         scale = self.config.scale.token_scale

@@ -3,8 +3,11 @@
 It keeps a decode-side radix cache (DRC) of prompt KV, so the frontend can ask how much of a
 prompt it already holds (`match`, which pins that prefix) and P sends only the rest. Then:
 - pipeline P-MD (and the baselines): MD owns the stream from the first token;
-- pipeline P-RLD-MD: MD tells the relay it has the KV (`md_ready`) and takes the request over
-  through the relay's handoff parts: token ids it extends in one forward pass, or KV it appends.
+- pipeline P-RLD-MD: MD tells the relay it has the KV (`md_ready`, with what the relay needs to
+  pick the handoff mode: MD's batch and the message's send time) and takes the request over
+  through the relay's handoff parts: token ids it recomputes inside its next batched step
+  (Extend-Decode), or KV it copies into its cache (KV-delta). The final part names the switch
+  position S: MD decodes on from the relay's position and streams from S, the relay up to S.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from typing import Any
 
 from pddemu.model import greedy
 from pddemu.model.kv import KV
-from pddemu.roles.decode import DecodeInstance, DecodeRequest, SideStep
+from pddemu.roles.decode import DecodeInstance, DecodeRequest, Extend
 from pddemu.roles.prefix_store import PrefixKVStore
-from pddemu.roles.sizing import kv_copy_time
 from pddemu.runtime.channel import Envelope
 
 
@@ -43,6 +45,7 @@ class MainDecodeInstance(DecodeInstance):
         self.released: set[str] = set()
         self.known: dict[str, list[int]] = {}  # outputs received in handoff parts (KV computed)
         self.predicted: dict[str, int] = {}  # the next output the last extend predicts
+        self.part_delays: dict[str, float] = {}  # relay -> how long its last part took to come
 
     # -- the frontend's questions ---------------------------------------------------------
 
@@ -124,9 +127,23 @@ class MainDecodeInstance(DecodeInstance):
         if request.meta["pipeline"] == "P-RLD-MD":
             self.requests[rid] = request
             self.known[rid] = []
-            await self.tell(request.meta["rld"], "md_ready", {"rid": rid})
+            rld = request.meta["rld"]
+            await self.tell(rld, "md_ready", {"rid": rid, **self.outlook(rld)})
             return
         await self.start_stream(request, first_token)
+
+    def outlook(self, relay: str) -> dict[str, Any]:
+        """What a relay needs to predict this instance's side of a handoff: the contexts of the
+        batch a part would join, when this was said (the relay measures the way back), and how
+        long the last part from that relay took to come (the way there)."""
+        batch = [r for r in self.requests.values() if r.decoding and not r.finished]
+        said = {
+            "batch_contexts": [self.modelled_context(r) for r in batch],
+            "sent": self.clock.now(),
+        }
+        if relay in self.part_delays:
+            said["part_delay"] = self.part_delays[relay]
+        return said
 
     # -- handoff from the relay -----------------------------------------------------------
 
@@ -141,48 +158,62 @@ class MainDecodeInstance(DecodeInstance):
             raise ValueError(
                 f"{rid}: handoff part starts at output {body['start']}, MD has {len(known)}"
             )
+        arrived = self.clock.now()
+        self.part_delays[request.meta["rld"]] = arrived - float(body["sent_at"])
         if body["payload"] == "extend":
             ids = message.token_ids()
-            run = lambda: self._extend(request, ids)  # noqa: E731
+            if not ids:
+                await self._after_part(request, body, arrived)
+                return
+            start = len(known)
+            tokens = self.group_start(start + len(ids)) - self.group_start(start)
+            context = int(request.meta["input_tokens"]) + self.group_start(start)
+            self.add_extend(
+                Extend(
+                    request,
+                    tokens,
+                    context,
+                    lambda: self._extend(request, ids),
+                    lambda at: self._after_part(request, body, at),
+                    arrived,
+                )
+            )
         else:
             chunks = message.kv_chunks()
-            run = lambda: self._append(request, chunks, [int(x) for x in body["ids"]])  # noqa: E731
-        ready = self.clock.now()
-        self.add_side_step(
-            SideStep(request, run, lambda at: self._after_part(request, body, at), ready)
-        )
+            ids = [int(x) for x in body["ids"]]
+            self.spawn(self._copy(request, body, chunks, ids, arrived), f"KV-delta part of {rid}")
 
-    def _extend(self, request: DecodeRequest, ids: list[int]) -> float:
-        """Recompute the KV of the eager outputs in one forward pass (Extend-Decode)."""
-        if not ids:
-            return 0.0
+    def _extend(self, request: DecodeRequest, ids: list[int]) -> None:
+        """Recompute the KV of the relay's eager outputs in one forward pass (Extend-Decode)."""
         known = self.known[request.rid]  # present: the loop skips released requests
         self._check_predicted(request.rid, ids[0])
-        context = int(request.meta["input_tokens"]) + self.group_start(len(known))
         kv, logits = self.model.extend(ids, request.kv)
         request.kv.append(kv)
         known.extend(ids)
         self.predicted[request.rid] = greedy(logits[-1])
-        return self.cost.extend_step(
-            max(1, self.group_start(len(known)) - self.group_start(len(known) - len(ids))), context
-        )
 
-    def _append(self, request: DecodeRequest, chunks: list, ids: list[int]) -> float:
-        """Place the eager outputs' KV as it came (KV-delta)."""
+    async def _copy(
+        self, request: DecodeRequest, body: dict[str, Any], chunks: list, ids: list[int], at: float
+    ) -> None:
+        """Place the eager outputs' KV as it came (KV-delta): the copy into the cache takes
+        `CostModel.kv_copy` beside the decode steps, then the request may go on."""
+        rid = request.rid
         tokens = sum(chunk.token_end - chunk.token_start for chunk in chunks)
         if tokens != len(ids):
-            raise ValueError(
-                f"{request.rid}: KV-delta part has KV of {tokens} tokens for {len(ids)} ids"
-            )
-        if not ids:
-            return 0.0
-        known = self.known[request.rid]
-        for chunk in chunks:
-            request.kv.append(self.received_kv(chunk))
-        known.extend(ids)
-        return kv_copy_time(
-            self.cost, self.group_start(len(known)) - self.group_start(len(known) - len(ids))
-        )
+            raise ValueError(f"{rid}: KV-delta part has KV of {tokens} tokens for {len(ids)} ids")
+        known = self.known.get(rid)
+        if known is None:
+            return
+        done = at
+        if ids:
+            start = len(known)
+            modelled = self.group_start(start + len(ids)) - self.group_start(start)
+            for chunk in chunks:
+                request.kv.append(self.received_kv(chunk))
+            known.extend(ids)
+            done = at + self.cost.kv_copy(modelled)
+            await self.clock.sleep_until(done)
+        await self._after_part(request, body, done)
 
     def _check_predicted(self, rid: str, token: int) -> None:
         """The next id the relay sends must be what this instance's own model predicts."""
@@ -193,21 +224,24 @@ class MainDecodeInstance(DecodeInstance):
             )
 
     async def _after_part(self, request: DecodeRequest, body: dict[str, Any], at: float) -> None:
+        """A part is absorbed. Not the last: tell the relay (it sends the next). The last: decode
+        on from the relay's position, streaming from the agreed switch position."""
         rid = request.rid
         known = self.known.get(rid)
-        if known is None:  # released during the step
+        if known is None or rid not in self.requests:  # released meanwhile
             return
         if not body["final"]:
-            await self.tell(request.meta["rld"], "caught_up", {"rid": rid, "upto": len(known)})
+            rld = request.meta["rld"]
+            await self.tell(rld, "caught_up", {"rid": rid, "upto": len(known), **self.outlook(rld)})
             return
         if body["payload"] == "extend":
             self._check_predicted(rid, int(body["last_id"]))
         request.outputs = [*known, int(body["last_id"])]
         request.emitted = int(body["position"])
+        request.stream_from = int(body["switch"])
         request.produced = []
         self.known.pop(rid, None)
         request.streaming = True
-        await self.tell(request.meta["rld"], "took_over", {"rid": rid, "position": request.emitted})
         if request.emitted >= request.total:
             request.finished = True
             await self.finished(request)

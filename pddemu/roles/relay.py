@@ -2,20 +2,18 @@
 intra-DC path and streams these eager tokens to the user while MD's copy of the KV crawls
 across the WAN; when MD has it, RLD hands the request over.
 
-Handoff modes (`policy.handoff_mode`):
-- one-shot: stop at once and send everything MD lacks; RLD is freed soonest, MD stalls once;
-- catch-up: keep decoding and send what MD lacks in parts; when at most
-  `catch_up_threshold_tokens` (modelled) are pending, send the last part and keep streaming until
-  MD says it has taken over, so the user sees no gap (positions both produced are deduplicated
-  by the frontend, which checks they agree);
-- adaptive (default): one-shot when this RLD's batch is at least `adaptive_load_threshold`
-  full, catch-up otherwise.
-Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV in one pass)
-or kv-delta (the eager tokens' KV).
+The handover is seamless by construction: the relay's final part names the switch position S;
+the relay streams every position before S and stops there, MD (which decodes on from the
+relay's position at the final part) streams every position from S. `pddemu.policy.handoff`
+picks the mode (one-shot, catch-up, or adaptively between them) and S, from the relay's and
+MD's step times and the WAN's one way, as the relay measures them.
+
+Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV inside its next
+batched step) or kv-delta (the eager tokens' KV, which MD copies into its cache).
 
 What MD needs at a handoff: the outputs whose KV exists here (all but the last id, see
-`decode.py`) as ids or KV, and, with the final part, the last id and the modelled position
-from which MD continues the stream.
+`decode.py`) as ids or KV, and, with the final part, the last id, the modelled position MD
+decodes on from and the switch position S from which it streams.
 """
 
 from __future__ import annotations
@@ -23,7 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pddemu.policy.handoff import (
+    ONE_SHOT,
+    DelayEstimate,
+    HandoffOutlook,
+    choose_mode,
+    lead_tokens,
+)
 from pddemu.roles.decode import DecodeInstance, DecodeRequest
+from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -32,9 +38,12 @@ from pddemu.wire.tensors import kv_chunk_from_tensor
 @dataclass
 class Handoff:
     mode: str  # one_shot | catch_up
+    md_batch: list[int]  # MD's batch contexts (modelled) when it last said
     sent_upto: int = 0  # genuine outputs MD holds (as KV) from the parts sent
     sent_position: int = 0  # modelled output position those parts cover
-    final_sent: bool = False
+    switch: int | None = None  # where MD takes over the stream (set with the final part)
+    finishing: bool = False  # the relay ends the request before any switch could come
+    started_at: float | None = None  # modelled time the first part was sent
     rounds: int = 0
     bytes: int = 0
     waiting: bool = False  # a part is in flight: wait for MD's answer
@@ -46,8 +55,12 @@ class RelayInstance(DecodeInstance):
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.handoffs: dict[str, Handoff] = {}
-        self.md_ready_early: set[str] = set()  # MD was ready before this relay had the request
+        self.md_ready_early: dict[str, dict[str, Any]] = {}  # MD was ready before the relay
         self.released: set[str] = set()  # ended while their KV was on its way here
+        self.md_cost = cost_model(self.config, spec.system, "MD")
+        wan = self.config.wan
+        self.to_md = DelayEstimate(wan.delay_s, wan.jitter_s)  # MD echoes its parts' delays
+        self.from_md = DelayEstimate(wan.delay_s, wan.jitter_s)  # MD's messages are stamped
 
     async def kv_arrived(
         self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
@@ -58,36 +71,69 @@ class RelayInstance(DecodeInstance):
             return
         request.on_step = self.after_step
         await self.start_stream(request, first_token)
-        if request.rid in self.md_ready_early and not request.finished:
-            self.md_ready_early.discard(request.rid)
-            self.handoffs[request.rid] = Handoff(self.choose_mode())
+        ready = self.md_ready_early.pop(request.rid, None)
+        if ready is not None and not request.finished:
+            self.open_handoff(request, ready)
 
-    def choose_mode(self) -> str:
-        policy = self.config.policy
-        if policy.handoff_mode == "one-shot":
-            return "one_shot"
-        if policy.handoff_mode == "catch-up":
-            return "catch_up"
-        load = sum(1 for r in self.requests.values() if r.decoding) / self.config.decode.max_batch
-        return "one_shot" if load >= policy.adaptive_load_threshold else "catch_up"
+    # -- the handoff's estimates -------------------------------------------------------
+
+    def outlook(self, request: DecodeRequest, handoff: Handoff) -> HandoffOutlook:
+        """The relay's and MD's step times and the WAN's one way, as they look now."""
+        batch = [r for r in self.requests.values() if r.decoding and not r.finished]
+        relay_step = self.cost.decode_step([self.modelled_context(r) for r in batch or [request]])
+        context = self.modelled_context(request)
+        md_batch = [(1, c) for c in handoff.md_batch]
+
+        def absorb(tokens: int) -> float:
+            """MD's fused step with a part of `tokens` (extend), or the KV's transfer and copy
+            (kv-delta)."""
+            tokens = max(1, tokens)
+            if self.config.policy.handoff_payload == "extend":
+                return self.md_cost.forward_step([*md_batch, (tokens, context)])
+            rate = self.config.wan.rate_bps or float("inf")
+            kv = tokens * self.md_cost.target.kv_bytes_per_token
+            return 8 * kv / rate + self.md_cost.kv_copy(tokens)
+
+        return HandoffOutlook(
+            pending_tokens=request.position - handoff.sent_position,
+            relay_step_s=relay_step,
+            md_step_s=self.md_cost.decode_step([c for _, c in md_batch] + [context]),
+            round_trip_s=self.to_md.margin() + self.from_md.margin(),
+            absorb_s=absorb,
+            relay_load=len(batch) / self.config.decode.max_batch,
+        )
+
+    def heard_from_md(self, body: dict[str, Any]) -> None:
+        """A message from MD: a sample of the WAN's way back, and of the way there when it
+        answers a handoff part (the part's delay, which MD measured)."""
+        if "sent" in body:
+            self.from_md.observe(max(0.0, self.clock.now() - float(body["sent"])))
+        if "part_delay" in body:
+            self.to_md.observe(max(0.0, float(body["part_delay"])))
+
+    def open_handoff(self, request: DecodeRequest, ready: dict[str, Any]) -> None:
+        handoff = Handoff(ONE_SHOT, list(ready.get("batch_contexts", [])))
+        handoff.mode = choose_mode(self.config.policy, self.outlook(request, handoff))
+        self.handoffs[request.rid] = handoff
 
     # -- messages from MD -----------------------------------------------------------------
 
     async def on_md_ready(self, message: Envelope) -> None:
         """MD holds the prompt KV: start the handoff (after the current step)."""
         rid = message.body["rid"]
+        self.heard_from_md(message.body)
         request = self.requests.get(rid)
         if request is None:  # still waiting for memory here, or already gone
-            self.md_ready_early.add(rid)
+            self.md_ready_early[rid] = message.body
             return
         if not request.finished:
-            self.handoffs[rid] = Handoff(self.choose_mode())
+            self.open_handoff(request, message.body)
 
     async def on_release(self, message: Envelope) -> None:
         """The request failed at the frontend: stop working on it."""
         rid = message.body["rid"]
         self.handoffs.pop(rid, None)
-        self.md_ready_early.discard(rid)
+        self.md_ready_early.pop(rid, None)
         request = self.requests.get(rid)
         if request is not None:
             await self.drop(request)
@@ -95,38 +141,61 @@ class RelayInstance(DecodeInstance):
             self.released.add(rid)
 
     async def on_caught_up(self, message: Envelope) -> None:
+        self.heard_from_md(message.body)
         handoff = self.handoffs.get(message.body["rid"])
         if handoff is not None:
             handoff.waiting = False
-
-    async def on_took_over(self, message: Envelope) -> None:
-        """MD streams from here on: send what this instance produced meanwhile, and stop."""
-        request = self.requests.get(message.body["rid"])
-        self.handoffs.pop(message.body["rid"], None)
-        if request is not None and not request.finished:
-            await self.flush(request)
-            await self.drop(request)
+            handoff.md_batch = list(message.body.get("batch_contexts", handoff.md_batch))
 
     # -- the handoff ----------------------------------------------------------------------
 
     async def after_step(self, request: DecodeRequest) -> None:
         handoff = self.handoffs.get(request.rid)
-        if handoff is None or handoff.final_sent or handoff.waiting:
+        if handoff is None or handoff.finishing:
+            return
+        if handoff.switch is not None:
+            if request.position >= handoff.switch:
+                await self.hand_over(request)
+            return
+        if handoff.waiting:
             return
         pending = request.position - handoff.sent_position
-        final = (
-            handoff.mode == "one_shot" or pending <= self.config.policy.catch_up_threshold_tokens
-        )
-        ready = len(request.outputs) - 1  # outputs whose KV exists here
-        if not final and ready <= handoff.sent_upto:
-            return  # nothing new to send yet
-        if final and handoff.mode == "one_shot":
-            await self.flush(request)  # the user keeps what was produced; MD continues from here
-            request.decoding = False
-        await self.send_part(request, handoff, final)
+        threshold = self.config.policy.catch_up_threshold_tokens
+        final = handoff.mode == ONE_SHOT or pending <= threshold
+        if not final:
+            if len(request.outputs) - 1 > handoff.sent_upto:  # new outputs with KV here
+                await self.send_part(request, handoff, None)
+            return
+        switch = self.switch_position(request, handoff)
+        if switch >= request.total:  # the relay ends the request first: nothing to hand over
+            handoff.finishing = True
+            return
+        await self.send_part(request, handoff, switch)
+        if request.position >= switch:
+            await self.hand_over(request)
 
-    async def send_part(self, request: DecodeRequest, handoff: Handoff, final: bool) -> None:
+    def switch_position(self, request: DecodeRequest, handoff: Handoff) -> int:
+        """Where MD is to take the stream over, named in the final part: here and now
+        (one-shot), or a lead later when the relay is the slower decoder (catch-up)."""
+        if handoff.mode == ONE_SHOT:
+            return request.position
+        part_tokens = self.group_start(len(request.outputs) - 1) - handoff.sent_position
+        threshold = self.config.policy.catch_up_threshold_tokens
+        return request.position + lead_tokens(
+            self.outlook(request, handoff), part_tokens, threshold
+        )
+
+    async def hand_over(self, request: DecodeRequest) -> None:
+        """The switch position is reached: the user keeps what was produced; MD streams on."""
+        self.handoffs.pop(request.rid, None)
+        await self.flush(request)
+        await self.drop(request)
+
+    async def send_part(self, request: DecodeRequest, handoff: Handoff, switch: int | None) -> None:
+        """Send MD the outputs it lacks; the final part (`switch` given) also the last id, the
+        position MD decodes on from and the one it streams from."""
         payload = self.config.policy.handoff_payload
+        final = switch is not None
         start, end = handoff.sent_upto, len(request.outputs) - 1
         ids = request.outputs[start:end]
         body: dict[str, Any] = {
@@ -137,6 +206,7 @@ class RelayInstance(DecodeInstance):
             "mode": handoff.mode,
             "payload": payload,
             "ids": ids if payload == "kv-delta" else None,
+            "sent_at": self.clock.now(),
         }
         if payload == "extend":
             attachments: list[Any] = [TokenIds.from_ints(request.rid, start, ids)] if ids else []
@@ -149,12 +219,16 @@ class RelayInstance(DecodeInstance):
             )
         if final:
             body["last_id"] = request.outputs[-1]
-            body["position"] = request.position  # MD produces the stream from here
+            body["position"] = request.position  # MD decodes on from here ...
+            body["switch"] = switch  # ... and streams from here
+        now = body["sent_at"]
+        if handoff.started_at is None:
+            handoff.started_at = now
         handoff.sent_upto = end
         handoff.sent_position = self.group_start(end)
         handoff.rounds += 1
         handoff.waiting = not final
-        handoff.final_sent = final
+        handoff.switch = switch
         sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
         handoff.bytes += sent
         kv_bytes = sum(a.nbytes for a in attachments if not isinstance(a, TokenIds))
@@ -170,11 +244,11 @@ class RelayInstance(DecodeInstance):
                 "ids": len(ids),  # genuine ids (each stands for token_scale modelled ones)
                 "final": final,
                 "payload": payload,
+                "switch": switch,
+                "started_at": handoff.started_at,
+                "sent_at": now,
             },
         )
-        if final and handoff.mode == "one_shot":
-            self.handoffs.pop(request.rid, None)
-            await self.drop(request)
 
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pddemu.config import config_to_json, load_config
+from pddemu.config import Config, config_to_json, load_config
 from pddemu.roles.frontend import Flight, Frontend
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.channel import Envelope
@@ -16,11 +16,13 @@ SCALE = load_config().scale.token_scale
 OUTPUT = 1 + 2 * SCALE  # genuine outputs 0 (position 0), 1 and 2 (SCALE positions each)
 
 
-def instance(cls: type, role: str) -> Any:
+def instance(cls: type, role: str, config: Config | None = None, epoch: float | None = None) -> Any:
+    """An instance of `cls` whose `tell` records what it says (`made.told`); instances meant
+    to talk (see `wire`) share one `epoch`, as a deployment's do."""
     me = Address(f"{role}0", role, "127.0.0.1", 1, 2)
-    spec = InstanceSpec(
-        me, "pdd", "", {me.name: me}, config_to_json(load_config()), time.monotonic()
-    )
+    config = config or load_config()
+    epoch = time.monotonic() if epoch is None else epoch
+    spec = InstanceSpec(me, "pdd", "", {me.name: me}, config_to_json(config), epoch)
     made = cls(spec)
     made.told = []
 
@@ -56,3 +58,37 @@ def admit(fe: Frontend, rid: str) -> Flight:
     return fe.admit(
         {"rid": rid, "prompt_ids": [1, 2, 3], "input_tokens": 96, "output_tokens": OUTPUT}
     )
+
+
+def wire(instances: dict[str, Any], one_way_s: dict[tuple[str, str], float]) -> None:
+    """Connect in-process instances by name: what one tells another reaches its handler after
+    the given wall-clock delay (per (from, to) pair; none: at once), in order per pair."""
+    import asyncio
+
+    from pddemu.runtime.channel import Envelope
+
+    queues: dict[tuple[str, str], asyncio.Queue] = {}
+
+    async def carry(pair: tuple[str, str], queue: asyncio.Queue) -> None:
+        target = instances[pair[1]]
+        while True:
+            due, kind, body, attachments = await queue.get()
+            delay = due - asyncio.get_running_loop().time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await getattr(target, f"on_{kind}")(Envelope(kind, body, list(attachments), None))
+
+    for sender_name, sender in instances.items():
+
+        async def tell(
+            name: str, kind: str, body: dict, *attachments: Any, _me: str = sender_name
+        ) -> int:
+            pair = (_me, name)
+            if pair not in queues:
+                queues[pair] = asyncio.Queue()
+                instances[_me].spawn(carry(pair, queues[pair]), f"wire {pair}")
+            due = asyncio.get_running_loop().time() + one_way_s.get(pair, 0.0)
+            queues[pair].put_nowait((due, kind, body, attachments))
+            return 100 + sum(getattr(a, "nbytes", 0) for a in attachments)
+
+        sender.tell = tell

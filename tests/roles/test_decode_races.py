@@ -36,6 +36,7 @@ def test_a_release_racing_a_handoff_part_leaves_the_decode_loop_running() -> Non
         md.requests["r1"] = prompt_request(md, "r1")
         md.known["r1"] = []
         part = {"rid": "r1", "start": 0, "end": 3, "final": False, "payload": "extend"}
+        part["sent_at"] = md.clock.now()
         await md.on_handoff(
             Envelope("handoff", part, [TokenIds.from_ints("r1", 0, [1, 2, 3])], None)
         )

@@ -89,6 +89,7 @@ def test_every_request_completes_with_the_reference_tokens(runs) -> None:
         ]
         assert not mismatched, f"{system}: tokens differ from the reference for {mismatched}"
         assert all(r.gap_tokens == 0 for r in records)
+        assert all(r.duplicate_tokens == 0 for r in records), "a position was delivered twice"
         for name, s in stats.items():
             assert not s["errors"], (system, name, s["errors"])
 
@@ -111,6 +112,10 @@ def test_every_mechanism_happens(runs) -> None:
     } <= modes
     positions = {r.handoff_position for r in records if r.handoff_position is not None}
     assert len(positions) >= 3, f"handoffs at too few points: {positions}"
+    # the relay and MD agreed where MD takes over, and MD took over exactly there
+    assert all(
+        r.handoff_position == r.handoff_switch for r in records if r.handoff_position is not None
+    )
     filtered = [r for r in records if r.anomaly_filtered]
     assert filtered and all(
         r.pipeline == "RLD-only" and r.wan_bytes == 0 and r.wan_bytes_cancelled > 0
