@@ -251,7 +251,9 @@ class PolicyConfig(Section):
     handoff_mode: Literal[HANDOFF_MODES] = Field(  # type: ignore[valid-type]
         "adaptive",
         description="`one-shot`, `catch-up`, or `adaptive`: one-shot when the RLD's batch is "
-        "at least `adaptive_load_threshold` full (free the relay fast), catch-up otherwise",
+        "at least `adaptive_load_threshold` full (free the relay fast), otherwise the mode with "
+        "the smaller predicted stall, catch-up only when it saves more than one relay step "
+        "(`pddemu/policy/handoff.py`, docs/architecture.md)",
     )
     catch_up_threshold_tokens: int = Field(
         64,
@@ -269,14 +271,25 @@ class PolicyConfig(Section):
     )
     anomaly_filter: bool = Field(
         True,
-        description="long input (≥ `anomaly_min_input_tokens`), short output (< "
-        "`anomaly_output_threshold`) and the relay predicted to finish before the KV would reach "
-        "MD: RLD-only, no WAN transfer",
+        description="PDD's anomalous-traffic filter. A relayed request the relay finishes before "
+        "its KV reaches MD has its WAN transfer cut off mid-way (the bytes not sent are saved); "
+        "and a long-input request (≥ `anomaly_min_input_tokens`) the output-length predictor "
+        "is confident (≥ `anomaly_confidence`) will be short (< `anomaly_output_threshold`), and "
+        "that the relay is predicted to finish before its KV would reach MD, goes RLD-only: no "
+        "WAN transfer at all",
     )
     anomaly_output_threshold: int = Field(
         500, ge=0, description='PDD: "very short output (under ~500 tokens)"'
     )
     anomaly_min_input_tokens: int = Field(16384, ge=0, description="ours (PDD gives none)")
+    anomaly_confidence: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="the predicted probability of an output under `anomaly_output_threshold` "
+        "that routes a long-input request RLD-only (the predictor: `pddemu/policy/"
+        "output_length.py`, its error in `bench/results/output_length.json`)",
+    )
     drc: bool = Field(
         True,
         description="MD keeps its decode-side radix cache (DRC); false sends every prompt whole",

@@ -48,8 +48,9 @@ class RequestRecord:
     wan_bytes: int = 0  # modelled bytes this request sent across the WAN
     wan_bytes_without_drc: int = 0  # what they would have been with no decode-side cache
     wan_bytes_genuine: int = 0  # bytes really sent on the emulated WAN
-    wan_bytes_cancelled: int = 0  # modelled bytes not sent because the anomaly filter cut it
-    anomaly_filtered: bool = False
+    wan_bytes_cancelled: int = 0  # modelled bytes not sent because the anomaly filter acted
+    anomaly_filtered: bool = False  # routed RLD-only, or its WAN transfer cut off mid-way
+    predicted_output_tokens: float | None = None  # the router's prediction (pdd)
     token_mismatch: bool = False  # the user's tokens differ from the single-process reference
     duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
     gap_tokens: int = 0  # positions received but held back behind a missing one when the request

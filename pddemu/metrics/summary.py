@@ -126,6 +126,8 @@ def summarize(
         "handoffs": _handoffs(records),
         "wan_bytes": _wan_bytes(records),
         "anomaly_filtered": sum(1 for r in records if r.anomaly_filtered),
+        "anomaly_filter": _anomaly_filter(records),
+        "output_length_prediction": _prediction_error(records),
         "hit_rate": _hit_rates(records),
         "token_mismatches": sum(1 for r in records if r.token_mismatch),
         "delivery": {
@@ -213,6 +215,34 @@ def _handoffs(records: Sequence[RequestRecord]) -> dict[str, Any]:
         }
     )
     return result
+
+
+def _anomaly_filter(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """What PDD's anomalous-traffic filter did: requests routed relay-only from the start
+    (the output length predictor's early routing), relayed requests whose WAN transfer it cut off
+    mid-way (the relay finished first), and the modelled WAN bytes that were not sent."""
+    filtered = [r for r in records if r.anomaly_filtered]
+    return {
+        "routed_rld_only": sum(1 for r in filtered if r.pipeline == "RLD-only"),
+        "cut_off": sum(1 for r in filtered if r.pipeline != "RLD-only"),
+        "wan_bytes_saved": sum(r.wan_bytes_cancelled for r in filtered),
+    }
+
+
+def _prediction_error(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The router's output length predictions against what the requests produced (completed
+    ones): median absolute log error (log 2 = 0.69 is a factor of 2) and the share within 2x."""
+    pairs = [
+        (r.predicted_output_tokens, r.output_tokens)
+        for r in records
+        if r.predicted_output_tokens is not None and r.state == "completed"
+    ]
+    errors = np.abs(np.log([max(p, 1e-9) for p, _ in pairs]) - np.log([o for _, o in pairs]))
+    return {
+        "requests": len(pairs),
+        "median_abs_log_error": float(np.median(errors)) if pairs else None,
+        "within_2x": float(np.mean(errors < math.log(2))) if pairs else None,
+    }
 
 
 def _wan_bytes(records: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 Default `wan-time`: a request whose predicted WAN transfer time (its increment beyond what MD
 already holds, see `WanEstimator`) is at most `wan_time_threshold_s` goes P->MD; any other goes
-P->RLD->MD. Before that, the anomalous-traffic filter: a request with long input
-(>= `anomaly_min_input_tokens`) and short output (< `anomaly_output_threshold`) that the relay is
-predicted to finish before its KV would reach MD completes on the relay alone (RLD-only), and
-its WAN transfer is not made. A general P->RLD pipeline is not offered.
+P->RLD->MD. Before that, the anomalous-traffic filter's early routing: a request with long input
+(>= `anomaly_min_input_tokens`) that the output-length predictor (`output_length.py`; the router
+never knows the true length) gives at least `anomaly_confidence` of producing fewer than
+`anomaly_output_threshold` tokens, and that the relay is predicted to finish before its KV would
+reach MD even at that confidence's output length, completes on the relay alone (RLD-only), and
+its WAN transfer is not made. (The filter's other half, cutting off the transfer of a relayed
+request the relay finished first, is the frontend's: `pddemu/roles/frontend.py`.) A general
+P->RLD pipeline is not offered.
 
 `always-relay` and `never-relay` are there to show how results move with the rule.
 """
@@ -20,17 +24,19 @@ from pddemu.config import PolicyConfig
 
 @dataclass(frozen=True)
 class RouteInputs:
+    """What the router knows when it routes (no output length: only its prediction)."""
+
     input_tokens: int  # modelled
-    output_tokens: int  # modelled
+    short_output_probability: float  # predicted P(output < anomaly_output_threshold)
     predicted_wan_s: float  # for this request's increment
-    predicted_relay_finish_s: float  # prefill excluded: both paths wait for it
+    predicted_relay_finish_s: float  # at the confidence's output length; prefill excluded
 
 
 def anomalous(policy: PolicyConfig, inputs: RouteInputs) -> bool:
     return (
         policy.anomaly_filter
         and inputs.input_tokens >= policy.anomaly_min_input_tokens
-        and inputs.output_tokens < policy.anomaly_output_threshold
+        and inputs.short_output_probability >= policy.anomaly_confidence
         and inputs.predicted_relay_finish_s < inputs.predicted_wan_s
     )
 

@@ -347,13 +347,15 @@ class DecodeInstance(Instance):
         await self.kv_arrived(request, first_token, begin, genuine_bytes)
 
     def channel_closed(self, channel: Any) -> None:
-        """A transfer cut off mid-way (P cancelled it, or died): forget what arrived of it."""
+        """A transfer cut off mid-way (P cancelled it, or died): what arrived of it is the
+        subclass's to keep or forget."""
         for rid in [rid for rid, state in self.receiving.items() if state["channel"] is channel]:
-            del self.receiving[rid]
-            self.transfer_cut(rid)
+            state = self.receiving.pop(rid)
+            self.transfer_cut(rid, state["kv"])
 
-    def transfer_cut(self, rid: str) -> None:
-        """A request's KV will not arrive (subclasses forget what they kept for it)."""
+    def transfer_cut(self, rid: str, kv: KV) -> None:
+        """A request's KV will not arrive complete; `kv` holds the prompt's first tokens that
+        did (subclasses forget what they kept for it, or keep it)."""
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:
         """KV of the first `offset` prompt tokens, which this instance already holds."""

@@ -5,7 +5,13 @@ Per request: P (by session affinity, for its prefix cache) gets the prompt and a
 hit; the decode side (MD, or a baseline's D, also by session affinity for the DRC) is asked in
 parallel how much of the prompt it holds, and pins it. The routing policy then picks the
 pipeline and P is told where to stream the KV from which token. Tokens come back from RLD and
-MD; a position delivered twice (a catch-up handoff overlaps on purpose) is checked and dropped.
+MD; a position delivered twice (which a seamless handoff never sends) is checked and dropped.
+
+The router never reads a request's output length (which only the emulated model's end of
+sequence knows): it predicts it (`pddemu/policy/output_length.py`) from the session's history and
+the prompt, and learns each request's length when it ends. The anomalous-traffic filter acts
+twice: early, routing a long-input request the predictor is confident is short RLD-only; and
+late, cutting off mid-way the WAN transfer of a relayed request the relay finished first.
 
 Every request ends completed or failed (with the reason); nothing is left without an end.
 """
@@ -23,6 +29,7 @@ from aiohttp import web
 from pddemu.emulated_network import scale_model
 from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
+from pddemu.policy.output_length import OutputLengthPredictor, OutputPrediction, PromptFeatures
 from pddemu.policy.routing import RouteInputs, choose_pipeline
 from pddemu.policy.wan import WanEstimator
 from pddemu.roles.base import Instance
@@ -75,6 +82,9 @@ class Flight:
         self.abandoned = reason
         if self.work is not None:
             self.work.cancel()
+    features: PromptFeatures | None = None  # what the router knew when it routed
+    prediction: OutputPrediction | None = None  # its output length prediction then
+    cut: bool = False  # the anomaly filter cut the WAN transfer off
 
     @property
     def output_ids(self) -> list[int]:
@@ -107,6 +117,7 @@ class Frontend(Instance):
         faults = self.config.faults
         self.liveness = Liveness(list(self.load), faults.suspect_after_s, faults.down_after_s)
         self.liveness_changes: list[Change] = []
+        self.predictor = OutputLengthPredictor()
 
     def request_token_limit(self) -> int:
         """Modelled tokens (prompt and output) one request may have: what the smallest instance
@@ -287,7 +298,11 @@ class Frontend(Instance):
         scale = self.config.scale.token_scale
         record.p_hit_tokens = min(p_hit * scale, record.input_tokens)
         increment = self.modelled_tokens(record, len(flight.prompt) - md_hit)
-        pipeline = self.decide(flight, increment)
+        flight.features = self.routing_features(flight)
+        if self.system == "pdd":
+            flight.prediction = self.predictor.predict(flight.features)
+            record.predicted_output_tokens = flight.prediction.tokens
+        pipeline = self.decide(flight.features, flight.prediction, increment)
         record.pipeline = pipeline
         record.wan_bytes_without_drc = (
             record.input_tokens * self.target_kv_bytes
@@ -315,28 +330,42 @@ class Frontend(Instance):
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         await flight.done.wait()
 
+    @staticmethod
+    def routing_features(flight: Flight) -> PromptFeatures:
+        """What the router knows of a request once P has said its hit: its session, its prompt
+        length and how much of it is new."""
+        record = flight.record
+        return PromptFeatures(
+            flight.session, record.input_tokens, record.input_tokens - record.p_hit_tokens
+        )
+
     def modelled_tokens(self, record: RequestRecord, genuine_prompt_tokens: int) -> int:
         return min(genuine_prompt_tokens * self.config.scale.token_scale, record.input_tokens)
 
-    def decide(self, flight: Flight, increment_tokens: int) -> str:
+    def decide(
+        self, features: PromptFeatures, prediction: OutputPrediction | None, increment_tokens: int
+    ) -> str:
+        """The pipeline, from what a router knows: the prompt, the WAN's state, the relay's
+        load and the predicted output length (never the true one)."""
         if self.system != "pdd":
             return "P-D" if self.system == "indc" else "P-MD"
-        record = flight.record
+        assert prediction is not None
+        policy = self.config.policy
         predicted_wan = self.wan.predict(increment_tokens * self.target_kv_bytes)
         relay_batch = max(
             1, sum(self.load[name] for name in self.rld_names) // max(1, len(self.rld_names))
         )
-        context = record.input_tokens + record.expected_output_tokens // 2
+        context = features.input_tokens + int(prediction.tokens) // 2
         per_token = self.relay_cost.decode_step(
             [context] * min(relay_batch + 1, self.config.decode.max_batch)
         )
         inputs = RouteInputs(
-            record.input_tokens,
-            record.expected_output_tokens,
+            features.input_tokens,
+            prediction.probability_below(policy.anomaly_output_threshold),
             predicted_wan,
-            per_token * record.expected_output_tokens,
+            per_token * prediction.quantile(policy.anomaly_confidence),
         )
-        return choose_pipeline(self.config.policy, inputs)
+        return choose_pipeline(policy, inputs)
 
     def pick(self, names: list[str], session: str | None) -> str:
         """Session affinity keeps a conversation on the instance whose cache holds its prefix."""
@@ -354,15 +383,29 @@ class Frontend(Instance):
 
     async def settle(self, flight: Flight) -> None:
         """Release what other instances hold for a request that is over: a failed one
-        everywhere; one the relay finished before MD took over, on MD (whose KV transfer still
-        completes, so its DRC stays aligned with P's cache)."""
+        everywhere; one the relay finished before MD took over, on MD, its WAN transfer cut off
+        mid-way if still under way (the anomaly filter; what reached MD stays in its DRC).
+        A completed request's delivered length teaches the output length predictor."""
         rid = flight.record.request_id
         for name in flight.loaded:
             self.load[name] -= 1
         failed = flight.record.state == "failed"
         routed_to_md = flight.record.pipeline not in ("", "RLD-only")
+        if not failed and flight.features is not None and flight.prediction is not None:
+            self.predictor.observe(flight.features, flight.record.output_tokens, flight.prediction)
         if failed and flight.p:
             await self._quietly(self.tell(flight.p, "cancel", {"rid": rid}))
+        if (
+            not failed
+            and self.config.policy.anomaly_filter
+            and flight.record.pipeline == "P-RLD-MD"
+            and not flight.md_took_over
+            and flight.decode in flight.transfers
+        ):
+            flight.cut = True
+            await self._quietly(
+                self.tell(flight.p, "cut", {"rid": rid, "destination": flight.decode})
+            )
         if failed and flight.rld:
             await self._quietly(self.tell(flight.rld, "release", {"rid": rid, "kv_expected": True}))
         if (
@@ -423,6 +466,13 @@ class Frontend(Instance):
             self.add_wan_bytes(flight, int(message.body["bytes"]))
             if message.body["cancelled"]:
                 self.wan.forget(flight.record.request_id)
+            unsent = int(message.body["tokens"]) - int(message.body["tokens_sent"])
+            if message.body["cancelled"] and flight.cut and unsent > 0:
+                modelled = self.modelled_tokens(flight.record, len(flight.prompt)) - (
+                    self.modelled_tokens(flight.record, len(flight.prompt) - unsent)
+                )
+                flight.record.anomaly_filtered = True
+                flight.record.wan_bytes_cancelled = modelled * self.target_kv_bytes
         flight.transfers.discard(destination)
         if not flight.transfers:
             flight.transfers_reported.set()

@@ -82,8 +82,13 @@ class MainDecodeInstance(DecodeInstance):
         self.known.pop(rid, None)
         self.predicted.pop(rid, None)
 
-    def transfer_cut(self, rid: str) -> None:
+    def transfer_cut(self, rid: str, kv: KV) -> None:
+        """The transfer was cut off mid-way: keep what arrived of the prompt (whole pages) in
+        the DRC, so the session's next turn sends less."""
         self.released.discard(rid)
+        pinned = self.matches.get(rid)
+        if self.config.policy.drc and pinned is not None and kv.tokens:
+            self.store.release(self.store.insert(pinned.prompt[: kv.tokens], kv))
         self._unpin_match(rid)
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:

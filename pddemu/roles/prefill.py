@@ -35,6 +35,7 @@ class Destination:
     meta: dict[str, Any]  # forwarded in kv_begin (pipeline, relay/main names, ...)
     task: asyncio.Task | None = None
     bytes_sent: int = 0
+    tokens_sent: int = 0  # genuine prompt tokens whose KV has been sent
 
 
 @dataclass
@@ -115,6 +116,16 @@ class PrefillInstance(Instance):
             self.store.release(job.node)
             self.jobs.pop(job.rid, None)
         self._forget_if_done(job)
+
+    async def on_cut(self, message: Envelope) -> None:
+        """Stop one destination's transfer mid-way (the anomaly filter: the relay finished the
+        request before its KV reached MD); the receiver sees the connection close."""
+        job = self.jobs.get(message.body["rid"])
+        if job is None:  # every transfer of it is over
+            return
+        for destination in job.destinations:
+            if destination.name == message.body["destination"] and destination.task is not None:
+                destination.task.cancel()
 
     # -- the prefill loop -----------------------------------------------------------------
 
@@ -200,6 +211,7 @@ class PrefillInstance(Instance):
                     job.rid, 0, position, job.kv.token_slice(position, end).tensor
                 )
                 destination.bytes_sent += await channel.send(chunk)
+                destination.tokens_sent += end - position
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
             await channel.control("kv_end", {"rid": job.rid, "first_token": job.first_token})
@@ -236,6 +248,7 @@ class PrefillInstance(Instance):
                 "destination": destination.name,
                 "bytes": destination.bytes_sent,
                 "tokens": len(job.prompt) - destination.offset,
+                "tokens_sent": destination.tokens_sent,
                 "started": started,
                 "ended": self.clock.now(),
                 "cancelled": cancelled,

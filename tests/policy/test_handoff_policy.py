@@ -20,7 +20,8 @@ from pddemu.policy.handoff import (
     stall_s,
 )
 
-POLICY = load_config().policy  # adaptive, threshold 64, load threshold 0.75
+CONFIG = load_config()
+POLICY = CONFIG.policy  # adaptive, threshold 64, load threshold 0.75
 
 
 def outlook(**changes: object) -> HandoffOutlook:
@@ -83,8 +84,10 @@ def test_adaptive_frees_a_loaded_relay_with_one_shot() -> None:
 
 def test_explicit_modes_are_obeyed() -> None:
     slow_relay = outlook(relay_step_s=0.030)
-    assert choose_mode(replace(POLICY, handoff_mode="one-shot"), slow_relay) == ONE_SHOT
-    assert choose_mode(replace(POLICY, handoff_mode="catch-up"), outlook()) == CATCH_UP
+    one_shot = CONFIG.with_policy(handoff_mode="one-shot").policy
+    catch_up = CONFIG.with_policy(handoff_mode="catch-up").policy
+    assert choose_mode(one_shot, slow_relay) == ONE_SHOT
+    assert choose_mode(catch_up, outlook()) == CATCH_UP
 
 
 def test_delay_estimate_follows_samples_with_a_margin() -> None:

@@ -24,8 +24,10 @@ MODES = [
 
 def workload(seed: int, phase: int, start: float):
     """Per phase: low-hit first turns of several lengths (P->RLD->MD, MD ready after various
-    numbers of eager tokens), their high-hit second turns (P->MD, DRC), and one long-input
-    short-output request (RLD-only)."""
+    numbers of eager tokens), their high-hit second turns (P->MD, DRC), and a turn of one
+    session whose every turn is a fresh long input with a short output (the anomaly filter:
+    its WAN transfer cut off while the relay finishes it, and, once the router has learnt the
+    session's habit, routed RLD-only)."""
     rng = random.Random(seed * 100 + phase)
     first, second = [], []
     t = start
@@ -37,7 +39,7 @@ def workload(seed: int, phase: int, start: float):
                 f"p{phase}-{i}a",
                 t,
                 genuine_input * 16,
-                rng.choice([400, 700, 1000]),
+                rng.choice([1200, 2000, 3000]),
                 session,
                 prompt,
             )
@@ -53,16 +55,14 @@ def workload(seed: int, phase: int, start: float):
             )
         )
         t += 1.5
-    anomaly = make_request(
-        f"p{phase}-x", t, 2048 * 16, 120, f"s{phase}-x", random_tokens(rng, 2048)
-    )
+    anomaly = make_request(f"p{phase}-x", t, 2048 * 16, 120, "sx", random_tokens(rng, 2048))
     return first + second + [anomaly]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     require_namespaces()
-    config = scenario_config()
+    config = scenario_config(anomaly_confidence=0.7)
     phases = [
         ({"handoff_mode": mode, "handoff_payload": payload}, workload(1, n, 0.0))
         for n, (mode, payload) in enumerate(MODES)
@@ -117,10 +117,11 @@ def test_every_mechanism_happens(runs) -> None:
         r.handoff_position == r.handoff_switch for r in records if r.handoff_position is not None
     )
     filtered = [r for r in records if r.anomaly_filtered]
-    assert filtered and all(
-        r.pipeline == "RLD-only" and r.wan_bytes == 0 and r.wan_bytes_cancelled > 0
-        for r in filtered
-    )
+    routed = [r for r in filtered if r.pipeline == "RLD-only"]
+    cut = [r for r in filtered if r.pipeline == "P-RLD-MD"]
+    assert routed and all(r.wan_bytes == 0 and r.wan_bytes_cancelled > 0 for r in routed)
+    # cut off mid-way (the relay finished first): the rest of the increment never crossed
+    assert cut and all(r.wan_bytes_cancelled > 0 and r.rld_tokens == r.output_tokens for r in cut)
     drc_hits = [r for r in records if r.md_hit_tokens]
     assert drc_hits, "the decode-side radix cache never hit"
     assert sum(r.wan_bytes for r in records) < sum(r.wan_bytes_without_drc for r in records)
