@@ -16,6 +16,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("tokenizer", "pddemu.hf_tokenizer"),
     ("export", "pddemu.export"),
     ("sweep", "pddemu.sweep.cli"),
+    ("bench", "pddemu.bench.cli"),
 ]
 
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             # The host-side socket is made in the host's namespace, before a private one
             # may be entered below: it stays reachable from the host.
             listener = listen(*listen_arguments(argv[1:]))
-        if command in ("emulate", "serve"):
+        if command in ("emulate", "serve", "bench"):
             # A user namespace can only be entered by a single-threaded process: before the
             # imports below start numpy's and torch's thread pools.
             ensure_network_privileges(force="--rootless" in argv)

@@ -264,6 +264,13 @@ class PolicyConfig(Section):
     adaptive_load_threshold: float = Field(
         0.75, ge=0, le=1, description="share of `[decode] max_batch`"
     )
+    handoff_after_eager_tokens: int = Field(
+        0,
+        ge=0,
+        description="the relay hands over no earlier than after this many eager tokens (modelled; "
+        "0: as soon as MD holds the KV). `pddemu bench handoff` sets it to reproduce PDD's "
+        "100-token handoff",
+    )
     handoff_payload: Literal[HANDOFF_PAYLOADS] = Field(  # type: ignore[valid-type]
         "extend",
         description="`extend`: token ids, MD recomputes their KV in one forward pass (PDD's "

@@ -116,6 +116,13 @@ ROWS: tuple[TableRow, ...] = (
     _metric("RLD token share", "rld_token_share", percent),
     _joined("handoffs one-shot / catch-up", ("handoffs.one_shot", "handoffs.catch_up")),
     _metric("max handoff stall", "handoffs.max_stall_s", seconds),
+    _metric("handoff stall p99", "handoffs.p99_stall_s", seconds),
+    _joined("duplicate / missing tokens", ("delivery.duplicate_tokens", "delivery.gap_tokens")),
+    _joined(
+        "anomaly filter: routed RLD-only / cut off",
+        ("anomaly_filter.routed_rld_only", "anomaly_filter.cut_off"),
+    ),
+    _metric("WAN bytes the filter saved", "anomaly_filter.wan_bytes_saved", byte_count),
     _metric("WAN bytes sent", "wan_bytes.sent", byte_count),
     _metric("WAN bytes without DRC", "wan_bytes.without_drc", byte_count),
     _metric("hit rate, P side (mean)", "hit_rate.p_side_mean", percent),

@@ -157,7 +157,7 @@ class RelayInstance(DecodeInstance):
             if request.position >= handoff.switch:
                 await self.hand_over(request)
             return
-        if handoff.waiting:
+        if handoff.waiting or request.position < self.config.policy.handoff_after_eager_tokens:
             return
         pending = request.position - handoff.sent_position
         threshold = self.config.policy.catch_up_threshold_tokens
