@@ -206,24 +206,24 @@ class DecodeInstance(Instance):
         skip = max(0, request.stream_from - first)
         times, first = times[skip:], first + skip
         if request.streaming and times:
-            await self.tell(
-                request.meta["frontend"],
-                "tokens",
-                {
-                    "rid": request.rid,
-                    "index": index,
-                    "id": request.outputs[index],
-                    "first": first,
-                    "times": times,
-                    "sent": self.clock.now(),
-                    "source": self.name,
-                    "role": self.role,
-                },
-            )
+            body = {
+                "rid": request.rid,
+                "index": index,
+                "id": request.outputs[index],
+                "first": first,
+                "times": times,
+                "source": self.name,
+                "role": self.role,
+            }
+            await self.send_tokens(request, body)
         if request.emitted >= request.total:
             request.finished = True
             request.decoding = False
             await self.finished(request)
+
+    async def send_tokens(self, request: DecodeRequest, body: dict[str, Any]) -> None:
+        """Hand a group's tokens to the frontend (the relay may hold them back: its pacing)."""
+        await self.tell(request.meta["frontend"], "tokens", {**body, "sent": self.clock.now()})
 
     async def finished(self, request: DecodeRequest) -> None:
         """The request produced its last token (subclasses release what they hold)."""

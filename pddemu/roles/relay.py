@@ -5,8 +5,10 @@ across the WAN; when MD has it, RLD hands the request over.
 The handover is seamless by construction: the relay's final part names the switch position S;
 the relay streams every position before S and stops there, MD (which decodes on from the
 relay's position at the final part) streams every position from S. `pddemu.policy.handoff`
-picks the mode (one-shot, catch-up, or adaptively between them) and S, from the relay's and
-MD's step times and the WAN's one way, as the relay measures them.
+picks the mode (one-shot, catch-up, or adaptively between them), S and the pace at which the
+relay delivers the positions between its final part and S (holding each token until its time,
+so that MD's delay is spread over them rather than seen at once), from the relay's and MD's
+step times and the WAN's delays, as the relay measures them.
 
 Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV inside its next
 batched step) or kv-delta (the eager tokens' KV, which MD copies into its cache).
@@ -21,13 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pddemu.policy.handoff import (
-    ONE_SHOT,
-    DelayEstimate,
-    HandoffOutlook,
-    choose_mode,
-    lead_tokens,
-)
+from pddemu.policy.handoff import ONE_SHOT, DelayEstimate, HandoffOutlook, choose_mode, lead
 from pddemu.roles.decode import DecodeInstance, DecodeRequest
 from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Envelope
@@ -42,6 +38,9 @@ class Handoff:
     sent_upto: int = 0  # genuine outputs MD holds (as KV) from the parts sent
     sent_position: int = 0  # modelled output position those parts cover
     switch: int | None = None  # where MD takes over the stream (set with the final part)
+    pace_s: float = 0.0  # the lead's positions reach the user at least this far apart
+    paced_from: int = 0  # the lead's first position (the relay's position at the final part)
+    delivered_at: float = 0.0  # when the last paced position reaches the user
     finishing: bool = False  # the relay ends the request before any switch could come
     started_at: float | None = None  # modelled time the first part was sent
     rounds: int = 0
@@ -166,30 +165,54 @@ class RelayInstance(DecodeInstance):
             if len(request.outputs) - 1 > handoff.sent_upto:  # new outputs with KV here
                 await self.send_part(request, handoff, None)
             return
-        switch = self.switch_position(request, handoff)
+        switch, pace = self.switch_position(request, handoff)
         if switch >= request.total:  # the relay ends the request first: nothing to hand over
             handoff.finishing = True
             return
+        if pace > 0:
+            handoff.pace_s, handoff.paced_from = pace, request.position
+            handoff.delivered_at = request.produced[-1] if request.produced else self.clock.now()
         await self.send_part(request, handoff, switch)
         if request.position >= switch:
             await self.hand_over(request)
 
-    def switch_position(self, request: DecodeRequest, handoff: Handoff) -> int:
-        """Where MD is to take the stream over, named in the final part: here and now
-        (one-shot), or a lead later when the relay is the slower decoder (catch-up)."""
+    def switch_position(self, request: DecodeRequest, handoff: Handoff) -> tuple[int, float]:
+        """Where MD is to take the stream over, named in the final part, and the pace of the
+        positions until then: here and now (one-shot), or after a lead (catch-up)."""
         if handoff.mode == ONE_SHOT:
-            return request.position
+            return request.position, 0.0
         part_tokens = self.group_start(len(request.outputs) - 1) - handoff.sent_position
         threshold = self.config.policy.catch_up_threshold_tokens
-        return request.position + lead_tokens(
-            self.outlook(request, handoff), part_tokens, threshold
-        )
+        planned = lead(self.outlook(request, handoff), part_tokens, threshold)
+        return request.position + planned.tokens, planned.pace_s
 
     async def hand_over(self, request: DecodeRequest) -> None:
         """The switch position is reached: the user keeps what was produced; MD streams on."""
-        self.handoffs.pop(request.rid, None)
         await self.flush(request)
+        self.handoffs.pop(request.rid, None)
         await self.drop(request)
+
+    async def send_tokens(self, request: DecodeRequest, body: dict[str, Any]) -> None:
+        """Positions of a paced lead reach the user `pace_s` apart at the earliest: each gets
+        its delivery time, and the group is held until its last one (an output buffer; the
+        relay decodes on meanwhile)."""
+        handoff = self.handoffs.get(request.rid)
+        if handoff is None or not handoff.pace_s:
+            await super().send_tokens(request, body)
+            return
+        paced = []
+        for position, produced in enumerate(body["times"], start=body["first"]):
+            if position >= handoff.paced_from:
+                handoff.delivered_at = max(produced, handoff.delivered_at + handoff.pace_s)
+                produced = handoff.delivered_at
+            paced.append(produced)
+        self.spawn(
+            self._send_at(request, {**body, "times": paced}), f"paced tokens of {request.rid}"
+        )
+
+    async def _send_at(self, request: DecodeRequest, body: dict[str, Any]) -> None:
+        await self.clock.sleep_until(body["times"][-1])
+        await super().send_tokens(request, body)
 
     async def send_part(self, request: DecodeRequest, handoff: Handoff, switch: int | None) -> None:
         """Send MD the outputs it lacks; the final part (`switch` given) also the last id, the

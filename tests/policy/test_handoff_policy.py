@@ -1,5 +1,5 @@
 """The handoff rule (pddemu.policy.handoff): the stall each mode is predicted to give, the lead
-that hides it, and the adaptive choice between one-shot and catch-up."""
+(and its pace) that hides it, and the adaptive choice between one-shot and catch-up."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from pddemu.config import load_config
 from pddemu.policy.handoff import (
     CATCH_UP,
     ONE_SHOT,
+    PACE_SLACK,
     DelayEstimate,
     HandoffOutlook,
+    Lead,
     choose_mode,
-    lead_tokens,
+    lead,
     predicted_stalls,
     stall_s,
 )
@@ -38,56 +40,62 @@ def outlook(**changes: object) -> HandoffOutlook:
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
-def test_stall_is_round_trip_plus_md_steps_plus_absorbing_the_part() -> None:
+def test_stopping_at_once_stalls_a_round_trip_plus_md_steps_plus_absorbing() -> None:
     o = outlook()
-    assert stall_s(o, 200, 0) == pytest.approx(0.040 + 0.012 + 0.012 + 0.02)
-    # each position of lead costs (m - r) more when MD is the slower decoder
-    assert stall_s(o, 200, 10) == pytest.approx(0.084 + 10 * 0.002)
+    assert stall_s(o, 200, Lead(0, 0.0)) == pytest.approx(0.040 + 0.012 + 0.012 + 0.02)
 
 
-def test_a_lead_hides_the_stall_only_when_the_relay_is_slower() -> None:
+def test_a_slower_relay_hides_the_gap_at_its_own_pace() -> None:
     slow_relay = outlook(relay_step_s=0.030)  # r - m = 18 ms
-    lead = lead_tokens(slow_relay, 10, most=64)
-    assert lead == math.ceil((0.040 + 0.012 + 0.013) / 0.018)
-    assert stall_s(slow_relay, 10, lead) == 0.0
-    assert lead_tokens(outlook(), 10, most=64) == 0  # a faster relay: no lead helps
-    assert lead_tokens(outlook(relay_step_s=0.0121), 10, most=64) == 64  # capped
+    planned = lead(slow_relay, 10, most=64)
+    assert planned == Lead(math.ceil((0.040 + 0.012 + 0.013) / 0.018), 0.030)
+    assert stall_s(slow_relay, 10, planned) == pytest.approx(0.030 - 0.012)  # its own pace
+    assert lead(outlook(relay_step_s=0.0121), 10, most=64).tokens == 64  # capped
 
 
-def test_adaptive_picks_catch_up_when_the_relay_is_the_slower_decoder() -> None:
-    slow_relay = outlook(relay_step_s=0.030)
-    stalls = predicted_stalls(slow_relay, 64)
-    assert stalls[CATCH_UP] == 0.0 < stalls[ONE_SHOT]
-    assert choose_mode(POLICY, slow_relay) == CATCH_UP
+def test_a_faster_relay_spreads_the_gap_over_its_lead() -> None:
+    o = outlook()  # r = 10 ms < m = 12 ms
+    behind = 0.040 + 0.012 + 0.013
+    planned = lead(o, 10, most=64)
+    assert planned.tokens == math.ceil(behind / (PACE_SLACK * 0.012))
+    assert planned.pace_s == pytest.approx(0.012 + behind / planned.tokens)
+    # MD's first token comes one MD step after the lead's last: no stall at the switch, and
+    # each of the lead's gaps is late by at most PACE_SLACK of an MD step
+    assert stall_s(o, 10, planned) == pytest.approx(behind / planned.tokens)
+    assert stall_s(o, 10, planned) <= PACE_SLACK * 0.012 + 1e-12
+    few = lead(o, 10, most=4)  # too few positions allowed: each gap takes a larger share
+    assert few.tokens == 4 and few.pace_s == pytest.approx(0.012 + behind / 4)
 
 
-def test_adaptive_picks_one_shot_when_catch_up_saves_less_than_a_relay_step() -> None:
-    cheap_parts = outlook(absorb_s=lambda k: 0.012)  # absorbing costs the same whatever k
-    stalls = predicted_stalls(cheap_parts, 64)
+def test_adaptive_picks_catch_up_when_the_relay_has_room() -> None:
+    for relay_step in (0.010, 0.030):  # faster or slower than MD
+        o = outlook(relay_step_s=relay_step)
+        stalls = predicted_stalls(o, 64)
+        assert stalls[ONE_SHOT] - stalls[CATCH_UP] > o.relay_step_s
+        assert choose_mode(POLICY, o) == CATCH_UP
+
+
+def test_adaptive_picks_one_shot_when_catch_up_cannot_do_better() -> None:
+    # no room for a lead (threshold 0): catch-up only shrinks the final part, and absorbing a
+    # part costs the same whatever its size
+    cheap = outlook(absorb_s=lambda k: 0.012)
+    no_lead = CONFIG.with_policy(catch_up_threshold_tokens=0).policy
+    stalls = predicted_stalls(cheap, 0)
     assert stalls[ONE_SHOT] == pytest.approx(stalls[CATCH_UP])
-    assert choose_mode(POLICY, cheap_parts) == ONE_SHOT
-
-
-def test_adaptive_picks_catch_up_when_a_big_part_is_slow_to_absorb() -> None:
-    # a KV-delta part: every token's KV crosses the WAN before MD has it
-    heavy_parts = outlook(absorb_s=lambda k: 0.005 + 0.0004 * k)
-    stalls = predicted_stalls(heavy_parts, 64)
-    assert stalls[ONE_SHOT] - stalls[CATCH_UP] > heavy_parts.relay_step_s
-    assert choose_mode(POLICY, heavy_parts) == CATCH_UP
+    assert choose_mode(no_lead, cheap) == ONE_SHOT
 
 
 def test_adaptive_frees_a_loaded_relay_with_one_shot() -> None:
-    loaded = outlook(relay_step_s=0.030, relay_load=0.8)
+    loaded = outlook(relay_load=0.8)
     assert predicted_stalls(loaded, 64)[CATCH_UP] < predicted_stalls(loaded, 64)[ONE_SHOT]
     assert choose_mode(POLICY, loaded) == ONE_SHOT
 
 
 def test_explicit_modes_are_obeyed() -> None:
-    slow_relay = outlook(relay_step_s=0.030)
     one_shot = CONFIG.with_policy(handoff_mode="one-shot").policy
     catch_up = CONFIG.with_policy(handoff_mode="catch-up").policy
-    assert choose_mode(one_shot, slow_relay) == ONE_SHOT
-    assert choose_mode(catch_up, outlook()) == CATCH_UP
+    assert choose_mode(one_shot, outlook()) == ONE_SHOT
+    assert choose_mode(catch_up, outlook(relay_load=0.9)) == CATCH_UP
 
 
 def test_delay_estimate_follows_samples_with_a_margin() -> None:

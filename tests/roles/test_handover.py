@@ -12,6 +12,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+
 from pddemu.config import load_config
 from pddemu.model import ModelConfig, greedy
 from pddemu.reference import reference_outputs
@@ -30,17 +32,24 @@ OUTPUT = 400  # modelled: genuine outputs 0..13
 WAN_S = 0.002  # wall-clock one way, relay <-> MD and MD -> frontend
 
 
+PACE_S = 0.03  # modelled: the pace of every other request's lead
+
+
 class SteeredRelay(RelayInstance):
     """A relay whose final part names the first position from its own on that lies at a
-    chosen offset inside its genuine output's group of G modelled positions (or the end)."""
+    chosen offset inside its genuine output's group of G modelled positions (or the end); odd
+    offsets' leads are paced."""
 
     offsets: dict[str, int]
+    finals: dict[str, int]  # the relay's position when it sent the final part
 
-    def switch_position(self, request: DecodeRequest, handoff: Any) -> int:
+    def switch_position(self, request: DecodeRequest, handoff: Any) -> tuple[int, float]:
         offset = self.offsets[request.rid]
+        self.finals[request.rid] = request.position
         if offset < 0:
-            return request.total
-        return request.position + (offset - (request.position - 1)) % G
+            return request.total, 0.0
+        switch = request.position + (offset - (request.position - 1)) % G
+        return switch, PACE_S if offset % 2 else 0.0
 
 
 def prompt(rid: str) -> list[int]:
@@ -48,13 +57,24 @@ def prompt(rid: str) -> list[int]:
     return [rng.randrange(256) for _ in range(24)]
 
 
-async def serve(offsets: dict[str, int]) -> tuple[dict[str, Any], list[str]]:
+async def serve(offsets: dict[str, int]) -> tuple[dict[str, Any], list[str], dict, dict]:
     """Every request of `offsets` through FE, the relay and MD; their final records."""
     epoch = time.monotonic()
     fe = instance(Frontend, "FE", CONFIG, epoch)
     rld = instance(SteeredRelay, "RLD", CONFIG, epoch)
     md = instance(MainDecodeInstance, "MD", CONFIG, epoch)
-    rld.offsets = offsets
+    rld.offsets, rld.finals = offsets, {}
+    relayed: dict[str, dict[int, tuple[float, float]]] = {}  # rid -> position -> (time, sent)
+    receive = fe.on_tokens
+
+    async def on_tokens(message: Any) -> None:
+        body = message.body
+        if body["role"] == "RLD":
+            for position, at in enumerate(body["times"], start=body["first"]):
+                relayed.setdefault(body["rid"], {})[position] = (at, body["sent"])
+        await receive(message)
+
+    fe.on_tokens = on_tokens
     wire(
         {"FE0": fe, "RLD0": rld, "MD0": md},
         {("RLD0", "MD0"): WAN_S, ("MD0", "RLD0"): WAN_S, ("MD0", "FE0"): WAN_S},
@@ -92,7 +112,7 @@ async def serve(offsets: dict[str, int]) -> tuple[dict[str, Any], list[str]]:
     for rid, flight in flights.items():
         fe.finish_record(flight)
         records[rid] = (flight.record, flight.output_ids)
-    return records, rld.errors + md.errors + fe.errors
+    return records, rld.errors + md.errors + fe.errors, relayed, rld.finals
 
 
 async def after(delay: float, coroutine: Any) -> None:
@@ -115,7 +135,7 @@ def reference(rids: list[str]) -> dict[str, list[int]]:
 def test_handover_at_every_position_of_a_group_and_relay_finishing_first() -> None:
     offsets = {f"offset{offset}": offset for offset in range(G)}
     offsets["finishes-first"] = -1  # the switch would come with the last token
-    records, errors = asyncio.run(serve(offsets))
+    records, errors, relayed, finals = asyncio.run(serve(offsets))
     assert errors == []
     expected = reference(list(offsets))
     switches = set()
@@ -130,7 +150,15 @@ def test_handover_at_every_position_of_a_group_and_relay_finishing_first() -> No
         assert record.handoff_position == record.handoff_switch
         assert record.rld_tokens == record.handoff_switch
         assert record.md_tokens == OUTPUT - record.handoff_switch
-        switches.add((record.handoff_switch - 1) % G)  # offset inside its genuine group
+        offset = (record.handoff_switch - 1) % G  # inside its genuine group
+        switches.add(offset)
+        if offset % 2 and record.handoff_switch > finals[rid]:
+            # a paced lead: its positions were sent at least PACE_S apart, each message once
+            # its last position's time had come
+            sent = relayed[rid]
+            lead = [sent[p][0] for p in range(finals[rid] - 1, record.handoff_switch)]
+            assert np.all(np.diff(lead) >= PACE_S - 1e-9), (rid, np.diff(lead).min())
+            assert all(at <= sent_at for at, sent_at in sent.values())
     assert switches == set(range(G)), f"switch offsets never reached: {set(range(G)) - switches}"
 
 
