@@ -12,7 +12,7 @@ def test_the_workload_mixes_samples_and_bulk_transfers() -> None:
     requests = workload(load_config(), samples=20, eager=100, seed=0)
     samples = [r for r in requests if r.request_id.startswith("sample:")]
     bulk = [r for r in requests if r.request_id.startswith("bulk:")]
-    assert len(samples) == 20 and len(bulk) == 20 // BULK_EVERY
+    assert len(samples) == 20 and len(bulk) == -(-20 // BULK_EVERY)
     assert all(r.output_tokens > 100 for r in samples)
     assert all(r.output_tokens == 1 and r.input_tokens == 65536 for r in bulk)
     arrivals = [r.arrival_s for r in requests]
