@@ -11,7 +11,9 @@ so that MD's delay is spread over them rather than seen at once), from the relay
 step times and the WAN's delays, as the relay measures them.
 
 Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV inside its next
-batched step) or kv-delta (the eager tokens' KV, which MD copies into its cache).
+batched step), sent on the control connection to MD; or kv-delta (the eager tokens' KV, which
+MD copies into its cache), sent on a KV connection, as bulk KV travels (its DSCP class, its
+queue on the WAN).
 
 What MD needs at a handoff: the outputs whose KV exists here (all but the last id, see
 `decode.py`) as ids or KV, and, with the final part, the last id, the modelled position MD
@@ -20,14 +22,15 @@ decodes on from and the switch position S from which it streams.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from pddemu.policy.handoff import ONE_SHOT, DelayEstimate, HandoffOutlook, choose_mode, lead
 from pddemu.roles.decode import DecodeInstance, DecodeRequest
 from pddemu.roles.sizing import cost_model
-from pddemu.runtime.channel import Envelope
-from pddemu.wire import TokenIds
+from pddemu.runtime.channel import Channel, Envelope
+from pddemu.wire import Control, TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
 
 
@@ -57,6 +60,7 @@ class RelayInstance(DecodeInstance):
         self.md_ready_early: dict[str, dict[str, Any]] = {}  # MD was ready before the relay
         self.released: set[str] = set()  # ended while their KV was on its way here
         self.md_cost = cost_model(self.config, spec.system, "MD")
+        self._kv_lock = asyncio.Lock()
         wan = self.config.wan
         self.to_md = DelayEstimate(wan.delay_s, wan.jitter_s)  # MD echoes its parts' delays
         self.from_md = DelayEstimate(wan.delay_s, wan.jitter_s)  # MD's messages are stamped
@@ -252,7 +256,11 @@ class RelayInstance(DecodeInstance):
         handoff.rounds += 1
         handoff.waiting = not final
         handoff.switch = switch
-        sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
+        if payload == "extend":
+            sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
+        else:
+            channel = await self.kv_channel(request.meta["md"])
+            sent = await channel.send(Control("handoff", body), *attachments)
         handoff.bytes += sent
         kv_bytes = sum(a.nbytes for a in attachments if not isinstance(a, TokenIds))
         await self.tell(
@@ -272,6 +280,16 @@ class RelayInstance(DecodeInstance):
                 "sent_at": now,
             },
         )
+
+    async def kv_channel(self, name: str) -> Channel:
+        """The connection KV-delta parts go to MD `name` on (opened once, reopened if closed):
+        a KV connection, not the control one."""
+        key = f"{name} (kv)"  # kept with the peers' connections, closed with them
+        async with self._kv_lock:
+            channel = self._peers.get(key)
+            if channel is None or channel.closed:
+                channel = self._peers[key] = await self.open(name, "kv")
+            return channel
 
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)
