@@ -146,8 +146,8 @@ class MainDecodeInstance(DecodeInstance):
             "batch_contexts": [self.modelled_context(r) for r in batch],
             "sent": self.clock.now(),
         }
-        if relay in self.part_delays:
-            said["part_delay"] = self.part_delays[relay]
+        if relay in self.part_delays:  # each measured delay is reported once
+            said["part_delay"] = self.part_delays.pop(relay)
         return said
 
     # -- handoff from the relay -----------------------------------------------------------
