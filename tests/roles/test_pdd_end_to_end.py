@@ -71,7 +71,7 @@ def runs(tmp_path_factory):
     name = "t" + uuid.uuid4().hex[:10]
     with Emulation(name, config, tmp_path_factory.mktemp("e2e")) as emulation:
         pdd = emulation.run("pdd", phases)
-        naive = emulation.run("naive", [({}, everything)])
+        naive = emulation.run("naive", [({}, requests) for _, requests in phases])
     reference = reference_outputs(everything, ModelConfig(**config.model), 512)
     return {"pdd": pdd, "naive": naive, "reference": reference, "requests": everything}
 
