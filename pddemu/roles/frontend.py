@@ -82,6 +82,7 @@ class Flight:
         self.abandoned = reason
         if self.work is not None:
             self.work.cancel()
+
     features: PromptFeatures | None = None  # what the router knew when it routed
     prediction: OutputPrediction | None = None  # its output length prediction then
     cut: bool = False  # the anomaly filter cut the WAN transfer off
