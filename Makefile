@@ -11,7 +11,7 @@ AIPERF_VERSION := 0.13.0
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
 
-.PHONY: install aiperf emulate test bench bench-netem lint docs clean
+.PHONY: install aiperf emulate test bench bench-netem lint docs reproduce clean
 
 install: $(STAMP)
 
@@ -45,6 +45,21 @@ bench: install
 
 bench-netem: install
 	$(BIN)/netem bench --out bench/results/netem.json
+
+# The paper's experiments (experiments/*.toml), then docs/validation.md's reproduction section
+# from their results, whose sweep.json, sweep.csv and search.json are kept in docs/reproduction/.
+# QUICK=1: the quick variants (docs/validation.md gives each one's wall time).
+# An experiment whose points fail does not stop the others; the report says what is missing.
+EXPERIMENTS ?= $(basename $(notdir $(wildcard experiments/*.toml)))
+REPRODUCE_OUT ?= runs/reproduce$(if $(QUICK),-quick)
+reproduce: install
+	status=0; for name in $(EXPERIMENTS); do \
+	  $(BIN)/pddemu sweep --experiment experiments/$$name.toml $(if $(QUICK),--quick) \
+	    --out $(REPRODUCE_OUT)/$$name || status=1; \
+	done; \
+	(cd $(REPRODUCE_OUT) && find . -path '*/points' -prune -o \( -name sweep.json -o -name \
+	  sweep.csv -o -name search.json \) -exec install -D -m 644 {} $(CURDIR)/docs/reproduction/{} \;); \
+	$(BIN)/pddemu sweep report docs/reproduction --out docs/validation.md; exit $$status
 
 lint: install
 	$(BIN)/ruff check netem pddemu tests

@@ -320,7 +320,8 @@ class WorkloadConfig(Section):
     trace: str = Field(
         "pdd-janfeb",
         min_length=1,
-        description="`pdd-janfeb`, or a path to a trace file of a format in `docs/traces.md`",
+        description="`pdd-janfeb`, `synthetic` (every request of the shape the `synthetic_` "
+        "keys give), or a path to a trace file of a format in `docs/traces.md`",
     )
     requests: int | None = Field(
         100,
@@ -345,6 +346,24 @@ class WorkloadConfig(Section):
         "own timestamps (divided by `time_scale` on the wall clock; for `pdd-janfeb`, the "
         "generator's own Poisson arrivals at 1 req/s). `summary.json` records which",
         json_schema_extra={"allowed": 'number > 0, or "trace"'},
+    )
+
+    synthetic_input_tokens: int = Field(
+        65536,
+        ge=1,
+        description="`synthetic`: prompt of every request, modelled tokens (PDD's 64K context)",
+    )
+    synthetic_output_tokens: int = Field(
+        1024, ge=1, description="`synthetic`: output of every request (PDD's 1K output)"
+    )
+    synthetic_hit_rate: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="`synthetic`: share of every prompt shared by all requests, found in an "
+        "instance's cache once it served one (PDD's 90 %; whole 64-token pages, at least one "
+        "page not shared)",
     )
 
     @field_validator("requests", mode="before")

@@ -61,6 +61,7 @@ from pddemu.replay import ReplayResult, replay
 from pddemu.runtime.clock import ModelledClock
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
+from pddemu.workload.synthetic import SyntheticShape
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
@@ -245,6 +246,11 @@ def workload_of(config: Config) -> list[Any]:
         token_scale=config.scale.token_scale,
         arrival_rate=config.workload.arrival_rate,
         block_size=config.workload.block_size,
+        synthetic=SyntheticShape(
+            config.workload.synthetic_input_tokens,
+            config.workload.synthetic_output_tokens,
+            config.workload.synthetic_hit_rate,
+        ),
     )
 
 

@@ -9,6 +9,7 @@ maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric agai
                   [--rate-tolerance F] [--max-probes N]]
     pddemu sweep --experiment experiments/NAME.toml [--quick] --out DIR
     pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
+    pddemu sweep report RESULTS [--experiments DIR] [--out docs/validation.md]
 
 Every point is one `pddemu emulate` of one system in its own namespaces. DIR gets a run
 directory per point (points/), sweep.json (one entry per point: settings, seed, system and the
@@ -23,7 +24,9 @@ cannot run; 2 for bad input; 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from netem.signals import on_termination, raise_keyboard_interrupt
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.sweep.driver import RATE_KEY, SearchGroup, Sweep, run_searches
 from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_cpus
-from pddemu.sweep.experiment import apply_experiment
+from pddemu.sweep.experiment import apply_experiment, experiment_parts
 from pddemu.sweep.grid import SEED_KEY, expand, grid_settings, parse_grid, sweep_seeds
 from pddemu.sweep.progress import Progress
 from pddemu.sweep.search import GoodputSearch, SearchError
@@ -118,6 +121,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plot.add_argument("--logx", action="store_true")
     plot.add_argument("--logy", action="store_true")
     plot.set_defaults(func=run_plot)
+    report = actions.add_parser(
+        "report", help="docs/validation.md's reproduction section from experiments' results"
+    )
+    report.add_argument(
+        "results", type=Path, help="a directory per experiment (as make reproduce writes)"
+    )
+    report.add_argument(
+        "--experiments", type=Path, default=Path("experiments"), help="(default: experiments)"
+    )
+    report.add_argument(
+        "--out", type=Path, default=Path("docs/validation.md"), help="(default: docs/validation.md)"
+    )
+    report.set_defaults(func=run_report)
 
 
 def systems_of(text: str) -> list[str]:
@@ -166,10 +182,52 @@ def make_executor(args: argparse.Namespace) -> LocalExecutor | RayExecutor:
 def run_cli(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("sweep: --out DIR is required")
-    if args.experiment is not None:
+    if args.experiment is None:
+        if args.quick:
+            raise ConfigError("--quick needs --experiment")
+        return run_sweep(args)
+    parts = experiment_parts(args.experiment)
+    if parts == [None]:
         apply_experiment(args, args.sweep_parser.get_default, args.experiment)
-    elif args.quick:
-        raise ConfigError("--quick needs --experiment")
+        return run_sweep(args)
+    # every part is checked before the first runs
+    part_args = []
+    for part in parts:
+        one = copy.copy(args)
+        apply_experiment(one, args.sweep_parser.get_default, args.experiment, part)
+        one.out = args.out / str(part)
+        part_args.append(one)
+    status = 0
+    for one in part_args:
+        print(f"pddemu sweep: part {one.out.name} of {args.experiment}", file=sys.stderr)
+        result = run_sweep(one)
+        if result == 130:
+            return result
+        status = status or result
+    return status
+
+
+def code_version() -> dict[str, Any] | None:
+    """The commit of the pddemu checkout running the sweep (and whether files differ from it),
+    recorded in sweep.json so that results say which code made them; None outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def run_sweep(args: argparse.Namespace) -> int:
     if args.config is not None:
         args.config = args.config.resolve()  # the same file from a Ray node's working directory
     overrides = base_overrides(args)
@@ -192,6 +250,7 @@ def run_cli(args: argparse.Namespace) -> int:
         "executor": args.executor,
         "rootless": args.rootless,
         "search": None,
+        "code": code_version(),
     }
     on_termination(raise_keyboard_interrupt)
     try:
@@ -299,4 +358,14 @@ def run_plot(args: argparse.Namespace) -> int:
 
     path = plot_sweep(args.dir, args.x, args.y, args.out, args.logx, args.logy)
     print(f"pddemu sweep: wrote {path}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from pddemu.sweep.report import write_report
+
+    if not args.experiments.is_dir():
+        raise ConfigError(f"--experiments {args.experiments}: not a directory")
+    write_report(args.experiments, args.results, args.out)
+    print(f"pddemu sweep: wrote the reproduction section of {args.out}")
     return 0

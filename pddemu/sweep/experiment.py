@@ -18,6 +18,11 @@ a `[quick]` table what its quick variant changes (fewer seeds, requests or value
     seeds = 1
     grid = { "wan.rate" = ["1gbit", "100gbit"] }
 
+An experiment of several sweeps (the same question asked along different keys) names them in
+`[part.NAME]` tables, each holding what its sweep adds to `[experiment]` and, in
+`[part.NAME.quick]`, what its quick variant changes; each part runs into DIR/NAME. `[[claim]]`
+tables say what `pddemu sweep report` reads from the results (`pddemu/sweep/report.py`).
+
 Arguments given on the command line as well as in the file are refused (one source each).
 """
 
@@ -54,27 +59,58 @@ KEYS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
 BARE_WORD = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
-def load_experiment(path: Path, quick: bool) -> dict[str, Any]:
-    """The file's `[experiment]` table with `[quick]` over it when `quick`; checked."""
+def read_experiment(path: Path) -> dict[str, Any]:
+    """The file's tables, their keys checked."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as error:
         raise ConfigError(f"cannot read experiment {path}: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    unknown_tables = set(data) - {"experiment", "quick"}
+    unknown_tables = set(data) - {"experiment", "quick", "part", "claim"}
     if unknown_tables or "experiment" not in data:
-        raise ConfigError(f"{path}: needs an [experiment] table (and optionally [quick]) only")
-    merged = dict(data["experiment"])
-    if quick:
-        merged.update(data.get("quick", {}))
-    for table in ("experiment", "quick"):
-        for key, value in data.get(table, {}).items():
+        raise ConfigError(
+            f"{path}: needs an [experiment] table (and optionally [quick], [part.NAME], "
+            "[[claim]]) only"
+        )
+    tables = {"experiment": data["experiment"], "quick": data.get("quick", {})}
+    parts = data.get("part", {})
+    if not isinstance(parts, dict) or not all(isinstance(t, dict) for t in parts.values()):
+        raise ConfigError(f"{path}: [part.NAME] must be tables")
+    for name, table in parts.items():
+        quick = table.get("quick", {})
+        if not isinstance(quick, dict):
+            raise ConfigError(f"{path}: [part.{name}] quick: must be a table")
+        tables[f"part.{name}"] = {k: v for k, v in table.items() if k != "quick"}
+        tables[f"part.{name}.quick"] = quick
+    for table, keys in tables.items():
+        for key, value in keys.items():
             if key not in KEYS:
                 raise ConfigError(f"{path}: [{table}] {key}: unknown key; known: {', '.join(KEYS)}")
             _, kind, wanted = KEYS[key]
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise ConfigError(f"{path}: [{table}] {key}: must be {wanted}, got {value!r}")
+    return data
+
+
+def experiment_parts(path: Path) -> list[str | None]:
+    """The file's parts in order, or [None] for a file of one sweep."""
+    parts = list(read_experiment(path).get("part", {}))
+    return parts or [None]
+
+
+def load_experiment(path: Path, quick: bool, part: str | None = None) -> dict[str, Any]:
+    """The arguments of one sweep of the file: `[experiment]`, then part `part`'s table, then
+    (when `quick`) `[quick]` and the part's quick table over them."""
+    data = read_experiment(path)
+    parts = data.get("part", {})
+    if (part is None) != (not parts) or (part is not None and part not in parts):
+        raise ConfigError(f"{path}: no part {part!r}; parts: {', '.join(parts) or 'none'}")
+    own = {k: v for k, v in parts.get(part, {}).items() if k != "quick"}
+    merged = {**data["experiment"], **own}
+    if quick:
+        merged.update(data.get("quick", {}))
+        merged.update(parts.get(part, {}).get("quick", {}))
     return merged
 
 
@@ -88,10 +124,14 @@ def value_text(value: Any) -> str:
 
 
 def apply_experiment(
-    args: argparse.Namespace, default_of: Callable[[str], Any], path: Path
+    args: argparse.Namespace,
+    default_of: Callable[[str], Any],
+    path: Path,
+    part: str | None = None,
 ) -> None:
-    """Fill `args` from the experiment file; an argument given both ways is refused."""
-    experiment = load_experiment(path, args.quick)
+    """Fill `args` from the experiment file (its part `part`); an argument given both ways is
+    refused."""
+    experiment = load_experiment(path, args.quick, part)
     for key, value in experiment.items():
         destination = KEYS[key][0]
         if not destination:

@@ -42,6 +42,7 @@ from pddemu.workload.janfeb_config import PddJanFebConfig
 from pddemu.workload.liso import LISO_RULE, LongInputShortOutputRule
 from pddemu.workload.records import TraceError, TraceRequest
 from pddemu.workload.stats import PrefixHitCounter
+from pddemu.workload.synthetic import SYNTHETIC, SyntheticShape, synthetic_records
 
 # WEKA conversations started per modelled second: with the file's mean of 69.5 requests per
 # conversation, about 1.2 requests/s once the conversations overlap.
@@ -123,10 +124,11 @@ def load_workload(
     length_only_prefix_tokens: int = DEFAULT_LENGTH_ONLY_PREFIX_TOKENS,
     liso_rule: LongInputShortOutputRule = LISO_RULE,
     block_size: int | None = None,
+    synthetic: SyntheticShape | None = None,
 ) -> list[WorkloadRequest]:
-    """The requests of `source` ("pdd-janfeb" or a trace file of any supported format) in
-    arrival order; the same arguments always give the same workload. `block_size`: tokens per
-    hash id of a Mooncake file whose lines do not say."""
+    """The requests of `source` ("pdd-janfeb", "synthetic" of the shape `synthetic`, or a trace
+    file of any supported format) in arrival order; the same arguments always give the same
+    workload. `block_size`: tokens per hash id of a Mooncake file whose lines do not say."""
     _check_arguments(requests, seed, token_scale, length_only_prefix_tokens)
     try:
         if arrival_rate is not None:
@@ -145,6 +147,15 @@ def load_workload(
         records = generate_pdd_janfeb(config, seed).records
         arrivals = np.array([r.arrival_s for r in records], dtype=np.float64)
         name = PDD_JANFEB
+    elif str(source) == SYNTHETIC:
+        if synthetic is None or requests is None or arrival_rate is None:
+            raise WorkloadError(
+                f"{SYNTHETIC!r} needs its request shape, a request count and an arrival rate"
+            )
+        records = synthetic_records(requests, synthetic)
+        arrivals = poisson_arrivals(len(records), arrival_rate, stream(seed, ARRIVAL_STREAM))
+        arrivals = arrivals - arrivals[0]
+        name = SYNTHETIC
     else:
         if janfeb is not None:
             raise WorkloadError(f"janfeb parameters apply to {PDD_JANFEB!r} only, not {source}")

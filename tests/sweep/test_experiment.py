@@ -10,16 +10,17 @@ import pytest
 from pddemu.cli import build_parser
 from pddemu.config import ConfigError
 from pddemu.sweep.cli import base_overrides, systems_of
-from pddemu.sweep.experiment import apply_experiment, value_text
+from pddemu.sweep.experiment import apply_experiment, experiment_parts, value_text
 from pddemu.sweep.grid import expand, parse_grid
+from pddemu.sweep.report import check_claims
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.toml"))
 
 
-def sweep_args(*argv: str):
+def sweep_args(*argv: str, part: str | None = None):
     args = build_parser().parse_args(["sweep", "--out", "unused", *argv])
     if args.experiment is not None:
-        apply_experiment(args, args.sweep_parser.get_default, args.experiment)
+        apply_experiment(args, args.sweep_parser.get_default, args.experiment, part)
     return args
 
 
@@ -27,20 +28,72 @@ def test_there_are_experiments() -> None:
     assert EXPERIMENTS
 
 
+# Every experiment the issue names, by that name.
+PAPER_EXPERIMENTS = {
+    "rld-share",
+    "regime",
+    "ttft-reduction",
+    "bcr",
+    "bathtub",
+    "handoff",
+    "wan-whatif",
+    "kv-transfer",
+}
+
+
+def test_every_paper_experiment_has_a_file() -> None:
+    assert PAPER_EXPERIMENTS <= {path.stem for path in EXPERIMENTS}
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("quick", [False, True])
 def test_each_experiment_loads_and_expands(path: Path, quick: bool) -> None:
-    args = sweep_args("--experiment", str(path), *(["--quick"] if quick else []))
-    points = expand(
-        args.config,
-        base_overrides(args),
-        parse_grid(args.grid),
-        args.seeds,
-        systems_of(args.system),
-    )
-    assert points and all(p.source.startswith("configs/") for p in points)
+    """Every part's points check against the config (an unknown key or bad value is refused);
+    a quick variant stays small and keeps the three seeds the report's spread needs."""
+    total = 0
+    for part in experiment_parts(path):
+        args = sweep_args("--experiment", str(path), *(["--quick"] if quick else []), part=part)
+        points = expand(
+            args.config,
+            base_overrides(args),
+            parse_grid(args.grid),
+            args.seeds,
+            systems_of(args.system),
+        )
+        assert points and all(p.source.startswith("configs/") for p in points)
+        assert args.seeds >= 3, "the report gives the spread over at least 3 seeds"
+        total += len(points)
     if quick:
-        assert len(points) <= 8, "a quick variant runs in minutes"
+        assert total <= 40, "a quick variant runs in minutes (all of them in about an hour)"
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_each_experiments_claims_check(path: Path) -> None:
+    claims = check_claims(path)
+    parts = experiment_parts(path)
+    for claim in claims:
+        assert claim.get("part") in parts
+        assert claim.get("versus_part", claim.get("part")) in parts
+
+
+def test_parts_add_to_the_experiment_and_have_quick_variants(tmp_path: Path) -> None:
+    path = tmp_path / "e.toml"
+    path.write_text(
+        '[experiment]\nsystems = ["pdd"]\nseeds = 3\nrequests = 50\n'
+        '[part.rate]\ngrid = { "wan.rate" = ["1gbit", "10gbit"] }\n'
+        'quick = { grid = { "wan.rate" = ["1gbit"] } }\n'
+        '[part.delay]\ngrid = { "wan.delay" = ["5ms"] }\n'
+        "[quick]\nrequests = 4\n"
+    )
+    assert experiment_parts(path) == ["rate", "delay"]
+    rate = sweep_args("--experiment", str(path), part="rate")
+    assert (rate.seeds, rate.requests, rate.grid) == (3, 50, ["wan.rate=1gbit,10gbit"])
+    quick = sweep_args("--experiment", str(path), "--quick", part="rate")
+    assert (quick.requests, quick.grid) == (4, ["wan.rate=1gbit"])
+    delay = sweep_args("--experiment", str(path), "--quick", part="delay")
+    assert (delay.requests, delay.grid) == (4, ["wan.delay=5ms"])
+    with pytest.raises(ConfigError, match="no part"):
+        sweep_args("--experiment", str(path))
 
 
 def test_the_quick_table_overrides_the_full_one(tmp_path: Path) -> None:
@@ -74,6 +127,7 @@ def test_grid_values_become_toml_text() -> None:
         ("[experiment]\nbogus = 1\n", [], "unknown key"),
         ("[experiment]\nseeds = '2'\n", [], "must be an integer"),
         ("[other]\n", [], r"needs an \[experiment\] table"),
+        ("[experiment]\n[part.a]\nbogus = 1\n", [], r"\[part.a\] bogus: unknown key"),
         ("[experiment]\ngrid = { 'wan.rate' = [] }\n", [], "non-empty list"),
     ],
 )

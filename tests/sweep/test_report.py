@@ -1,0 +1,193 @@
+"""`pddemu sweep report` on sweep outputs written here (no emulation): every kind of claim gives
+the figure and the seeds' spread it should, a missing run says so, and only the section
+between the markers of the page is replaced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pddemu.config import ConfigError
+from pddemu.sweep.report import BEGIN, END, check_claims, local_minima, render, write_report
+
+EXPERIMENT = """
+[experiment]
+description = "a test experiment"
+systems = ["pdd", "naive"]
+seeds = 3
+[part.load]
+grid = { "workload.arrival_rate" = [1.0, 2.0] }
+[part.base]
+systems = ["naive"]
+
+[[claim]]
+claim = "share"
+paper = "6.2 %"
+kind = "value"
+part = "load"
+system = "pdd"
+metric = "rld_token_share"
+where = { "workload.arrival_rate" = 1.0 }
+format = "percent"
+explain = "why share"
+
+[[claim]]
+claim = "reduction"
+paper = "-51.5 %"
+kind = "change"
+part = "load"
+versus_part = "base"
+system = "pdd"
+versus = "naive"
+metric = ["ttft_s.mean", "ttft_s.p99"]
+where = { "workload.arrival_rate" = 1.0 }
+versus_where = {}
+explain = "why reduction"
+
+[[claim]]
+claim = "regime"
+paper = "4.2 s"
+kind = "at-nearest"
+part = "load"
+system = "pdd"
+metric = "ttft_s.p99"
+key = "workload.arrival_rate"
+find_system = "naive"
+find_metric = "ttft_s.mean"
+target = 4.2
+format = "seconds"
+explain = "why regime"
+
+[[claim]]
+claim = "curve"
+paper = "dips"
+kind = "curve"
+part = "load"
+system = "pdd"
+metric = "ttft_s.mean"
+key = "workload.arrival_rate"
+dips = "high"
+format = "seconds"
+explain = "why curve"
+"""
+
+
+def entry(system: str, seed: int, settings: dict[str, str], **summary: Any) -> dict[str, Any]:
+    return {
+        "settings": settings,
+        "values": {k: float(v) for k, v in settings.items()},
+        "seed": seed,
+        "system": system,
+        "point": {"id": f"{system}-{seed}", "status": "done", "wall_s": 30.0},
+        **summary,
+    }
+
+
+def write_sweep(directory: Path, entries: list[dict[str, Any]], quick: bool = True) -> None:
+    directory.mkdir(parents=True)
+    meta = {"quick": quick, "code": {"commit": "0123456789abcdef", "dirty": False}}
+    (directory / "sweep.json").write_text(json.dumps({"sweep": meta, "points": entries}))
+
+
+@pytest.fixture
+def experiment(tmp_path: Path) -> Path:
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "demo.toml").write_text(EXPERIMENT)
+    return experiments
+
+
+def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    load = []
+    for seed in (0, 1, 2):
+        for rate in ("1.0", "2.0"):
+            fast = rate == "1.0"
+            load.append(
+                entry(
+                    "pdd",
+                    seed,
+                    {"workload.arrival_rate": rate},
+                    rld_token_share=0.05 + 0.01 * seed,
+                    ttft_s={"mean": 1.0 if fast else 3.0, "p99": 2.0 + seed},
+                )
+            )
+            load.append(
+                entry(
+                    "naive",
+                    seed,
+                    {"workload.arrival_rate": rate},
+                    ttft_s={"mean": 2.0 if fast else 4.0, "p99": 8.0},
+                )
+            )
+    write_sweep(results / "demo" / "load", load)
+    base = [entry("naive", s, {}, ttft_s={"mean": 2.0 * (s + 1), "p99": 10.0}) for s in (0, 1, 2)]
+    write_sweep(results / "demo" / "base", base)
+
+    text = render(experiment, results)
+
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
+    # value: mean of 5, 6, 7 % with the lowest and highest seed
+    assert "6.0 % (5.0 % to 7.0 %, 3 seeds)" in rows["share"]
+    # change, per seed against the other part: 1/2, 1/4, 1/6 - 1
+    mean = ((0.5 - 1) + (0.25 - 1) + (1 / 6 - 1)) / 3
+    assert f"{100 * mean:+.1f} % (-83.3 % to -50.0 %, 3 seeds)" in rows["reduction — `ttft_s.mean`"]
+    assert "-70.0 % (-80.0 % to -60.0 %, 3 seeds)" in rows["reduction — `ttft_s.p99`"]
+    assert "as above" in rows["reduction — `ttft_s.p99`"]
+    # at-nearest: naive's mean TTFT is 4.0 at 2 req/s, nearest 4.2; pdd's p99 there is 2, 3, 4
+    assert "at workload.arrival_rate=2.0" in rows["regime"]
+    assert "3.00 s (2.00 s to 4.00 s, 3 seeds)" in rows["regime"]
+    # curve: TTFT rises with the load; the peak is at the end
+    assert "peaks at workload.arrival_rate = 2.0" in rows["curve"]
+    assert "| 1.0 | 1.00 s (1.00 s to 1.00 s, 3 seeds) |" in text
+    assert "code at 0123456789" in text and "quick variant" in text
+    assert "6.0 min of emulation" in text  # 12 points of 30 s in part load
+
+
+def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) -> None:
+    text = render(experiment, tmp_path / "nothing")
+    assert "**Not run**" in text
+    claim_rows = [line for line in text.splitlines() if line.startswith("| share")]
+    assert claim_rows and "| not run |" in claim_rows[0]
+
+
+def test_only_the_section_between_the_markers_is_replaced(experiment: Path, tmp_path: Path) -> None:
+    page = tmp_path / "validation.md"
+    page.write_text("# Validation\n\nhand-written text\n")
+    write_report(experiment, tmp_path / "nothing", page)
+    first = page.read_text()
+    assert first.startswith("# Validation\n\nhand-written text\n") and BEGIN in first
+    page.write_text(first.replace(END, END + "\n\nmore hand-written text"))
+    write_report(experiment, tmp_path / "nothing", page)
+    second = page.read_text()
+    assert second.count(BEGIN) == 1 and second.count(END) == 1
+    assert "more hand-written text" in second and "hand-written text\n" in second
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        ('claim = "a"\npaper = "b"\nkind = "value"\nexplain = "c"\n', "needs system, metric"),
+        ('claim = "a"\npaper = "b"\nkind = "guess"\nexplain = "c"\n', "kind must be"),
+        ('claim = "a"\nkind = "value"\nsystem = "pdd"\nmetric = "x"\n', "needs paper"),
+        (
+            'claim = "a"\npaper = "b"\nkind = "value"\nsystem = "pdd"\nmetric = "x"\n'
+            'explain = "c"\nbogus = 1\n',
+            "unknown key bogus",
+        ),
+    ],
+)
+def test_bad_claims_are_refused(tmp_path: Path, claim: str, message: str) -> None:
+    path = tmp_path / "e.toml"
+    path.write_text(f"[experiment]\nseeds = 3\n[[claim]]\n{claim}")
+    with pytest.raises(ConfigError, match=message):
+        check_claims(path)
+
+
+def test_local_minima() -> None:
+    curve = [("0", 3.0), ("1", 1.0), ("2", 2.0), ("3", 0.5), ("4", 0.7)]
+    assert local_minima(curve) == ["1", "3"]
+    assert local_minima([("0", 1.0)]) == []
