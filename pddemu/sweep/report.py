@@ -315,7 +315,7 @@ def experiment_section(path: Path, results: Path) -> list[str]:
         if (directory / SWEEP_JSON).exists():
             runs[part] = load_results(directory)
     if not runs:
-        lines += [f"**Not run**: no results in `{results / name}`.", ""]
+        lines += ["**Not run**: no results of it among those the section was made from.", ""]
     for part, (entries, meta, _) in runs.items():
         lines.append(f"- {'part ' + part + ': ' if part else ''}{how_it_ran(name, entries, meta)}")
     not_run = [part for part in parts if part not in runs]
