@@ -32,12 +32,12 @@ from netem.registry import (
     remove_host_link,
     remove_namespace,
 )
+from netem.schedule import load_schedule
 from netem.signals import on_termination
 from netem.spec import (
     FIELD_PARSERS,
     LinkSpec,
     SpecError,
-    load_schedule,
     parse_assignments,
     parse_fields,
 )
@@ -84,6 +84,11 @@ def _add_link_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--rate", type=_field_type("rate"), help="e.g. 100mbit, 1gbit (default unlimited)"
     )
+    group.add_argument(
+        "--qdisc",
+        type=_field_type("qdisc"),
+        help="queueing discipline at the rate: fifo (default), fq, fq_codel, prio[:fq|:fq_codel]",
+    )
     group.add_argument("--delay", type=_field_type("delay"), help="one-way delay, e.g. 20ms")
     group.add_argument(
         "--jitter", type=_field_type("jitter"), help="standard deviation of the delay, e.g. 2ms"
@@ -110,7 +115,7 @@ def _add_link_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-LINK_OPTIONS = ("rate", "delay", "jitter", "dist", "loss", "limit", "reorder")
+LINK_OPTIONS = ("rate", "qdisc", "delay", "jitter", "dist", "loss", "limit", "reorder")
 
 
 def _link_changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,7 +138,11 @@ def build_parser() -> OneLineParser:
     up.add_argument("--backend", choices=("auto", "kernel", "userspace"), default="auto")
     _add_link_options(up)
     up.add_argument("--mtu", type=_field_type("mtu"), help="WAN MTU (default 1500)")
-    up.add_argument("--schedule", help="file of timed changes: '<seconds> key=value ...' per line")
+    up.add_argument(
+        "--schedule",
+        help="file of timed changes, '<seconds> [wan.|intra.][a2b.|b2a.]key=value ...' per line "
+        "(key: a link field or link=down|up); time 0 is when the run is ready",
+    )
     up.add_argument(
         "--a2b",
         type=_assignments,
@@ -194,9 +203,6 @@ def _link_specs(args: argparse.Namespace) -> tuple[Any, Any]:
     base = LinkSpec(**_link_changes(args))
     if args.mtu is not None:
         base = replace(base, mtu=args.mtu)
-    if args.schedule:
-        steps, period = load_schedule(args.schedule)
-        base = replace(base, schedule=steps, schedule_period_s=period)
     wan = LinkConfig(base.with_changes(**args.a2b), base.with_changes(**args.b2a))
     intra = LinkConfig.symmetric(LinkSpec().with_changes(**args.intra)) if args.intra else None
     return wan, intra
@@ -206,6 +212,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from netem import rootless
 
     wan, intra = _link_specs(args)
+    schedule = load_schedule(args.schedule) if args.schedule else None
     rootless.ensure_network_privileges(force=args.rootless)
     from netem.topology import Network, TopologyError
 
@@ -215,7 +222,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     kwargs = {"name": args.name} if args.name else {}
     try:
         network = Network(
-            wan, intra, backend=args.backend, tun_device=args.tun_device, seed=args.seed, **kwargs
+            wan,
+            intra,
+            backend=args.backend,
+            tun_device=args.tun_device,
+            seed=args.seed,
+            schedule=schedule,
+            **kwargs,
         )
     except TopologyError as exc:  # inconsistent arguments (e.g. two MTUs for one link)
         print(f"netem: error: {exc}", file=sys.stderr)

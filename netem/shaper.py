@@ -5,7 +5,9 @@ interface in each end's namespace, prints one JSON line when they exist, then fo
 IP packet the kernel routes out of one end is pushed into that direction's element chain and
 written into the other end when the chain releases it. One thread, one select() loop with
 microsecond timeouts (libuv timers have millisecond resolution, too coarse for the delay
-target). It dies with its parent (PR_SET_PDEATHSIG), and its TUN interfaces die with it.
+target). A schedule (`netem.schedule`) runs in the same loop: each step is applied at its own
+time, after every packet due before it has left. It dies with its parent (PR_SET_PDEATHSIG),
+and its TUN interfaces die with it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from netem.direction import Direction
+from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
 from netem.tun import DEFAULT_TUN_DEVICE, open_tun
 
@@ -57,7 +60,6 @@ class Shaper:
         self.by_fd: dict[int, Route] = {}
         self.links: dict[str, dict[str, Route]] = {}
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
-        now = time.monotonic()
         for index, link in enumerate(config["links"]):
             fd_a = open_tun(link["a"]["ifname"], link["a"]["netns"], tun_device)
             fd_b = open_tun(link["b"]["ifname"], link["b"]["netns"], tun_device)
@@ -65,14 +67,14 @@ class Shaper:
             a2b = Route(
                 link["name"],
                 "a2b",
-                Direction(LinkSpec.from_dict(link["a2b"]), seed, now),
+                Direction(LinkSpec.from_dict(link["a2b"]), seed),
                 fd_a,
                 fd_b,
             )
             b2a = Route(
                 link["name"],
                 "b2a",
-                Direction(LinkSpec.from_dict(link["b2a"]), seed + 1, now),
+                Direction(LinkSpec.from_dict(link["b2a"]), seed + 1),
                 fd_b,
                 fd_a,
             )
@@ -84,6 +86,10 @@ class Shaper:
         self.control.bind(config["control"])
         self.control.listen(8)
         self.clients: dict[int, tuple[socket.socket, bytearray]] = {}
+        self.cursor: Cursor | None = None
+        self.before_schedule: list[tuple[Route, LinkSpec, bool]] = []
+        if config.get("schedule"):
+            self.start_schedule(Schedule.from_dict(config["schedule"]), time.monotonic())
 
     def run(self) -> None:
         routes = self.routes
@@ -93,6 +99,8 @@ class Shaper:
         read = os.read
         while True:
             next_time = min(route.direction.next_time() for route in routes)
+            if self.cursor is not None:
+                next_time = min(next_time, self.cursor.next_time())
             if next_time == math.inf:
                 timeout = None
             else:
@@ -117,12 +125,54 @@ class Shaper:
                         break
                     push(packet, now)
             now = monotonic() + EARLY_S
-            for route in routes:
-                for packet, _ in route.direction.release(now):
-                    try:
-                        os.write(route.sink_fd, packet)
-                    except OSError:
-                        route.write_errors += 1
+            if self.cursor is not None:
+                for at, step in self.cursor.due(now):
+                    self._release(at)
+                    self._apply_step(step, at)
+            self._release(now)
+
+    def _release(self, now: float) -> None:
+        for route in self.routes:
+            for packet, _ in route.direction.release(now):
+                try:
+                    os.write(route.sink_fd, packet)
+                except OSError:
+                    route.write_errors += 1
+
+    # -- schedules ------------------------------------------------------------------------
+
+    def start_schedule(self, schedule: Schedule, start: float) -> None:
+        """Follow `schedule` from `start` (monotonic seconds, possibly ahead); the links as
+        they are now are kept, to return to when the schedule is stopped."""
+        for link in schedule.links():
+            if link not in self.links:
+                raise ValueError(
+                    f"the schedule changes link {link!r}, which this run does not shape"
+                )
+        self.stop_schedule(time.monotonic())
+        self.before_schedule = [
+            (route, route.direction.spec, route.direction.gate.up) for route in self.routes
+        ]
+        self.cursor = Cursor(schedule, start)
+
+    def stop_schedule(self, now: float) -> None:
+        """Stop following the schedule; every link returns to its spec and state from before."""
+        self.cursor = None
+        self._release(now)
+        for route, spec, up in self.before_schedule:
+            route.direction.apply(spec, now)
+            route.direction.set_up(up)
+        self.before_schedule = []
+
+    def _apply_step(self, step: Step, at: float) -> None:
+        apply_step(
+            step,
+            at,
+            {
+                name: {d: r.direction for d, r in routes.items()}
+                for name, routes in self.links.items()
+            },
+        )
 
     def _serve_control(self, fd: int) -> None:
         if fd == self.control.fileno():
@@ -160,11 +210,18 @@ class Shaper:
             if op == "set":
                 changes = changes_from_dict(request["changes"])
                 specs = [route.direction.spec.with_changes(**changes) for route in routes]
+                self._release(now)
                 for route, spec in zip(routes, specs, strict=True):
                     route.direction.apply(spec, now)
             elif op == "updown":
                 for route in routes:
                     route.direction.set_up(bool(request["up"]))
+            elif op == "schedule":
+                self.start_schedule(
+                    Schedule.from_dict(request["schedule"]), float(request["start"])
+                )
+            elif op == "unschedule":
+                self.stop_schedule(now)
             else:
                 return {"ok": False, "error": f"unknown op {op!r}"}
             return {"ok": True, "links": self.stats()}

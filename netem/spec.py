@@ -1,4 +1,4 @@
-"""What a link does, per direction: rate, delay, jitter, loss, queue limit, schedule.
+"""What a link does, per direction: rate, queueing discipline, delay, jitter, loss, queue limit.
 
 The parameter set is netem's (delay, jitter with a distribution, loss with a Gilbert-Elliott
 option, rate, limit) with two deliberate differences, both documented in docs/netem.md:
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from netem.qdisc import check_qdisc
 from netem.units import UnitError, parse_duration, parse_percent, parse_rate, parse_size
 
 JITTER_DISTRIBUTIONS = ("uniform", "normal", "pareto")
@@ -79,18 +79,13 @@ class LossModel:
 
 
 @dataclass(frozen=True)
-class ScheduleStep:
-    """From `at_s` seconds after the link came up, these fields replace the link's own."""
-
-    at_s: float
-    changes: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class LinkSpec:
-    """One direction of a link. `rate_bps=None` means unlimited (no serialization delay)."""
+    """One direction of a link. `rate_bps=None` means unlimited (no serialization delay, no
+    queue); 0 means stalled (packets queue, nothing leaves). `qdisc` orders and drops what
+    waits for the rate (see `netem.qdisc`)."""
 
     rate_bps: float | None = None
+    qdisc: str = "fifo"
     delay_s: float = 0.0
     jitter_s: float = 0.0
     jitter_dist: str = "uniform"
@@ -98,12 +93,14 @@ class LinkSpec:
     loss: LossModel = field(default_factory=LossModel)
     limit_bytes: int | None = None
     mtu: int = DEFAULT_MTU
-    schedule: tuple[ScheduleStep, ...] = ()
-    schedule_period_s: float | None = None
 
     def validate(self) -> LinkSpec:
-        if self.rate_bps is not None and not (self.rate_bps > 0 and math.isfinite(self.rate_bps)):
-            raise SpecError(f"rate must be a positive number of bit/s, got {self.rate_bps}")
+        if self.rate_bps is not None and not (self.rate_bps >= 0 and math.isfinite(self.rate_bps)):
+            raise SpecError(f"rate must be zero or a positive number of bit/s, got {self.rate_bps}")
+        try:
+            check_qdisc(self.qdisc)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
         if not (self.delay_s >= 0 and math.isfinite(self.delay_s)):
             raise SpecError(f"delay must be zero or more, got {self.delay_s} s")
         if not (self.jitter_s >= 0 and math.isfinite(self.jitter_s)):
@@ -118,23 +115,6 @@ class LinkSpec:
         if not 576 <= self.mtu <= 65535:
             raise SpecError(f"mtu {self.mtu} is outside 576..65535")
         self.loss.validate()
-        last = -1.0
-        for step in self.schedule:
-            if not (math.isfinite(step.at_s) and step.at_s >= 0):
-                raise SpecError(f"schedule times must be finite and not negative, got {step.at_s}")
-            if step.at_s <= last:
-                raise SpecError(f"schedule times must increase: {step.at_s} s after {last} s")
-            last = step.at_s
-            replace(self, schedule=(), schedule_period_s=None, **step.changes).validate()
-        if self.schedule_period_s is not None and not math.isfinite(self.schedule_period_s):
-            raise SpecError(f"schedule period must be finite, got {self.schedule_period_s}")
-        if self.schedule_period_s is not None and (
-            not self.schedule or self.schedule_period_s <= last
-        ):
-            raise SpecError(
-                f"schedule period {self.schedule_period_s} s must come after "
-                f"the last step ({last} s)"
-            )
         return self
 
     @property
@@ -158,19 +138,13 @@ class LinkSpec:
         return replace(self, **changes).validate()
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["schedule"] = [{"at_s": s.at_s, "changes": s.changes} for s in self.schedule]
-        return data
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LinkSpec:
         data = dict(data)
         if "loss" in data and isinstance(data["loss"], dict):
             data["loss"] = LossModel(**data["loss"])
-        if "schedule" in data:
-            data["schedule"] = tuple(
-                ScheduleStep(s["at_s"], changes_from_dict(s["changes"])) for s in data["schedule"]
-            )
         return cls(**data).validate()
 
 
@@ -181,9 +155,18 @@ def changes_from_dict(changes: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
+def changes_to_dict(changes: dict[str, Any]) -> dict[str, Any]:
+    """Changes in plain JSON (the loss model as a dict), for the shaper's control socket."""
+    return {k: (asdict(v) if isinstance(v, LossModel) else v) for k, v in changes.items()}
+
+
 # Human-facing field names (CLI flags, schedule files) and how to read them.
 FIELD_PARSERS: dict[str, tuple[str, Any]] = {
-    "rate": ("rate_bps", lambda t: None if t in ("unlimited", "none") else parse_rate(t)),
+    "rate": (
+        "rate_bps",
+        lambda t: None if t in ("unlimited", "none") else parse_rate(t, allow_zero=True),
+    ),
+    "qdisc": ("qdisc", check_qdisc),
     "delay": ("delay_s", parse_duration),
     "jitter": ("jitter_s", parse_duration),
     "dist": ("jitter_dist", str),
@@ -227,47 +210,3 @@ def parse_assignments(text: str) -> dict[str, Any]:
             raise UnitError(f"expected key=value, got {item!r}")
         pairs[key.strip()] = value.strip()
     return parse_fields(pairs)
-
-
-def load_schedule(path: str | Path) -> tuple[tuple[ScheduleStep, ...], float | None]:
-    """A time-varying schedule: one step a line, `<seconds> key=value ...`, '#' comments; an
-    optional last line `<seconds> repeat` makes it start over with that period.
-
-    Example (rate drop at 10 s, longer delay at 15 s, all again every 30 s):
-        0   rate=100mbit delay=20ms
-        10  rate=10mbit
-        15  rate=100mbit delay=50ms
-        30  repeat
-
-    Returns the steps and the period (None: the last step holds for ever).
-    """
-    steps: list[ScheduleStep] = []
-    period: float | None = None
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise SpecError(f"cannot read schedule {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        if period is not None:
-            raise SpecError(f"{path}:{number}: nothing may follow the 'repeat' line")
-        try:
-            at = float(words[0])
-            if words[1:] == ["repeat"]:
-                period = at
-                continue
-            pairs = {}
-            for word in words[1:]:
-                key, sep, value = word.partition("=")
-                if not sep:
-                    raise UnitError(f"expected key=value, got {word!r}")
-                pairs[key] = value
-            steps.append(ScheduleStep(at, parse_fields(pairs)))
-        except ValueError as exc:
-            raise SpecError(f"{path}:{number}: {exc}") from None
-    if not steps:
-        raise SpecError(f"{path}: schedule has no steps")
-    return tuple(steps), period

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyroute2 import IPRoute, netns
@@ -40,7 +40,8 @@ from netem.registry import (
     namespace_name,
     process_start,
 )
-from netem.spec import LinkSpec, LossModel, changes_from_dict
+from netem.schedule import Schedule
+from netem.spec import LinkSpec, LossModel, changes_from_dict, changes_to_dict
 from netem.tcp import TcpTuning, route_metrics
 from netem.tun import DEFAULT_TUN_DEVICE
 
@@ -71,11 +72,7 @@ class LinkConfig:
     @property
     def shaped(self) -> bool:
         return any(
-            s.rate_bps is not None
-            or s.delay_s > 0
-            or s.jitter_s > 0
-            or s.loss.kind != "none"
-            or s.schedule
+            s.rate_bps is not None or s.delay_s > 0 or s.jitter_s > 0 or s.loss.kind != "none"
             for s in (self.a2b, self.b2a)
         )
 
@@ -88,7 +85,12 @@ class Endpoint:
 
 @dataclass
 class Network:
-    """A run: build with `up()` (or `with Network(...) as net:`), remove with `down()`."""
+    """A run: build with `up()` (or `with Network(...) as net:`), remove with `down()`.
+
+    With a `schedule`, the links it touches are served by the userspace shaper; its time 0 is
+    when the run is up, or, with `schedule_from_up=False`, whatever `start_schedule` says
+    (pddemu starts it with each replay).
+    """
 
     wan: LinkConfig
     intra: LinkConfig | None = None
@@ -98,6 +100,8 @@ class Network:
     seed: int = 0
     registry: Registry = field(default_factory=Registry)
     tcp: TcpTuning | None = None  # on the routes that cross the WAN (netem.tcp)
+    schedule: Schedule | None = None
+    schedule_from_up: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -108,6 +112,10 @@ class Network:
         self.wan.b2a.validate()
         if self.wan.a2b.mtu != self.wan.b2a.mtu:
             raise TopologyError("both directions of the WAN must have the same mtu")
+        if self.schedule is not None:
+            self.schedule.validate()
+            if "intra" in self.schedule.links() and self.intra is None:
+                self.intra = LinkConfig.symmetric(LinkSpec())  # served by the shaper to switch
         self.record: RunRecord | None = None
         self._tun_links: set[str] = set()
         self.shaper: subprocess.Popen | None = None
@@ -231,6 +239,25 @@ class Network:
                         found[(ns, dst)] = route_metrics(route)
         return found
 
+    def start_schedule(self, start: float, schedule: Schedule | None = None) -> None:
+        """Follow the run's schedule (or `schedule`, which may only touch the links the run's
+        own schedule touches) from `start`, a time.monotonic() instant, possibly ahead."""
+        schedule = schedule or self.schedule
+        if schedule is None:
+            raise TopologyError(f"run {self.name} has no schedule to start")
+        record = self._require_record()
+        if not record.control:
+            raise TopologyError(f"run {self.name} has no userspace shaper to follow a schedule")
+        control.request(
+            record.control, {"op": "schedule", "schedule": schedule.to_dict(), "start": start}
+        )
+
+    def stop_schedule(self) -> None:
+        """Stop following the schedule: every link returns to what it was before it began."""
+        record = self._require_record()
+        if record.control:
+            control.request(record.control, {"op": "unschedule"})
+
     def stats(self) -> dict[str, Any]:
         record = self._require_record()
         if record.control:
@@ -248,14 +275,22 @@ class Network:
         if self.backend == "userspace":
             return "userspace"
         links = [self.wan] + ([self.intra] if self.intra is not None else [])
-        if any(spec.schedule for config in links for spec in (config.a2b, config.b2a)):
+        if self.schedule is not None:
             if self.backend == "kernel":
                 raise TopologyError(
                     "the kernel backend cannot follow a schedule: use --backend userspace"
                 )
             self.backend_reason = "a schedule needs the userspace shaper"
             return "userspace"
-        available, why = kernel.probe(namespace_name(self.name, "probe"))
+        if any(spec.rate_bps == 0 for config in links for spec in (config.a2b, config.b2a)):
+            if self.backend == "kernel":
+                raise TopologyError("the kernel backend cannot stall a link (rate 0)")
+            self.backend_reason = "a stalled link (rate 0) needs the userspace shaper"
+            return "userspace"
+        qdiscs = tuple(
+            {spec.qdisc for config in links for spec in (config.a2b, config.b2a) if config.shaped}
+        )
+        available, why = kernel.probe(namespace_name(self.name, "probe"), qdiscs)
         if available:
             return "kernel"
         if self.backend == "kernel":
@@ -269,7 +304,9 @@ class Network:
         hosts = ("a", "a2", "b")
         record.backend = backend
         record.namespaces = [namespace_name(self.name, h) for h in hosts]
-        intra_shaped = self.intra is not None and self.intra.shaped
+        intra_shaped = self.intra is not None and (
+            self.intra.shaped or (self.schedule is not None and "intra" in self.schedule.links())
+        )
         record.links = {"wan": self._link_record(self.wan, shaper=backend == "userspace")}
         if self.intra is not None:
             record.links["intra"] = self._link_record(
@@ -393,6 +430,9 @@ class Network:
             "links": links,
             "control": record.control,
             "tun_device": self.tun_device,
+            "schedule": self.schedule.to_dict()
+            if self.schedule is not None and self.schedule_from_up
+            else None,
             "die_with_parent": threading.current_thread() is threading.main_thread(),
         }
         self.shaper = subprocess.Popen(
@@ -526,23 +566,30 @@ def apply_change(
         record = _run_record(registry, name)
         entry = _link_entry(record, link)
         changes = changes_from_dict(changes)
+        old = {d: _kernel_spec(entry, d) for d in _directions(direction)}
         new = {
             d: LinkSpec.from_dict(entry[d]).with_changes(**changes) for d in _directions(direction)
         }
         for d, spec in new.items():
             entry[d] = spec.to_dict()
         if _is_shaped(record, link):
-            encoded = {
-                k: (asdict(v) if isinstance(v, LossModel) else v) for k, v in changes.items()
-            }
             control.request(
                 record.control,
-                {"op": "set", "link": link, "direction": direction, "changes": encoded},
+                {
+                    "op": "set",
+                    "link": link,
+                    "direction": direction,
+                    "changes": changes_to_dict(changes),
+                },
             )
         elif record.backend == "kernel":
             for d in new:
                 kernel.apply_netem(
-                    _sender_namespace(record, link, d), link, _kernel_spec(entry, d), replace=True
+                    _sender_namespace(record, link, d),
+                    link,
+                    _kernel_spec(entry, d),
+                    replace=True,
+                    previous=old[d],
                 )
         else:
             raise TopologyError(

@@ -55,9 +55,12 @@ def _split(text: str, what: str) -> tuple[float, str]:
     return value, unit.lower()
 
 
-def parse_rate(text: str) -> float:
-    """Rate in bit/s from e.g. '100mbit', '1gbit', '12.5mbps' (bytes/s, as in tc)."""
+def parse_rate(text: str, allow_zero: bool = False) -> float:
+    """Rate in bit/s from e.g. '100mbit', '1gbit', '12.5mbps' (bytes/s, as in tc). With
+    `allow_zero`, '0' (any unit or none) is a stalled link's rate."""
     value, unit = _split(text, "rate")
+    if allow_zero and value == 0 and (unit == "" or unit in _RATE_UNITS):
+        return 0.0
     if unit not in _RATE_UNITS:
         raise UnitError(f"unknown rate unit in {text!r}: use one of {', '.join(_RATE_UNITS)}")
     rate = value * _RATE_UNITS[unit]

@@ -41,9 +41,11 @@ class Sink(Element):
     def __init__(self) -> None:
         super().__init__()
         self.out: list[tuple[bytes, float]] = []
+        self.bytes = 0
 
     def push(self, packet: bytes, at: float) -> None:
         self.passed += 1
+        self.bytes += len(packet)
         self.out.append((packet, at))
 
     def take(self) -> list[tuple[bytes, float]]:

@@ -10,8 +10,9 @@ import pytest
 from pyroute2 import IPRoute
 
 from netem.registry import Registry, list_namespaces
+from netem.schedule import parse_schedule
 from netem.shaper import EARLY_S
-from netem.spec import LinkSpec, LossModel, ScheduleStep
+from netem.spec import LinkSpec, LossModel
 from netem.topology import LinkConfig, Network
 from tests.netem.helpers import iperf3, median, ping_rtts
 
@@ -79,8 +80,8 @@ def test_link_down_then_up(run_name: str, tools: None) -> None:
 
 
 def test_schedule_changes_delay_over_time(run_name: str, tools: None) -> None:
-    steps = (ScheduleStep(0.0, {"delay_s": 0.005}), ScheduleStep(1.5, {"delay_s": 0.040}))
-    with network(run_name, LinkSpec(schedule=steps), LinkSpec()) as net:
+    schedule = parse_schedule("0 a2b.delay=5ms\n1.5 a2b.delay=40ms\n")
+    with network(run_name, LinkSpec(), schedule=schedule) as net:
         early = median(ping_rtts(net, 5, 0.05))
         time.sleep(1.5)
         late = median(ping_rtts(net, 5, 0.05))

@@ -19,7 +19,8 @@ from netem.registry import (
     process_start,
     run_of_namespace,
 )
-from netem.spec import LinkSpec, ScheduleStep
+from netem.schedule import parse_schedule
+from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network, TopologyError
 from tests.netem.helpers import median, ping_rtts
 
@@ -100,9 +101,11 @@ def test_a_shaped_intra_link_stays_changeable_at_zero_delay(run_name: str, tools
 
 
 def test_the_kernel_backend_refuses_a_schedule(run_name: str) -> None:
-    spec = LinkSpec(schedule=(ScheduleStep(0.0, {"delay_s": 0.01}),))
+    schedule = parse_schedule("0 delay=10ms\n")
     with pytest.raises(TopologyError, match="schedule"):
-        Network(LinkConfig.symmetric(spec), name=run_name, backend="kernel").up()
+        Network(
+            LinkConfig.symmetric(LinkSpec()), name=run_name, backend="kernel", schedule=schedule
+        ).up()
     assert run_name not in Registry().names()
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from netem.spec import LinkSpec, LossModel, SpecError, load_schedule, parse_assignments
+from netem.spec import LinkSpec, LossModel, SpecError, parse_assignments
 from netem.units import UnitError, parse_duration, parse_percent, parse_rate, parse_size
 
 
@@ -63,7 +63,8 @@ def test_default_queue_is_at_least_one_bdp() -> None:
     [
         ({"delay_s": -0.001}, "delay"),
         ({"jitter_s": math.nan}, "jitter"),
-        ({"rate_bps": 0.0}, "rate"),
+        ({"rate_bps": -1.0}, "rate"),
+        ({"qdisc": "codel"}, "unknown qdisc"),
         ({"jitter_dist": "cauchy"}, "distribution"),
         ({"limit_bytes": 100}, "below one packet"),
         ({"mtu": 100}, "mtu"),
@@ -99,34 +100,9 @@ def test_assignments() -> None:
         parse_assignments("speed=10mbit")
 
 
-def test_schedule_file(tmp_path) -> None:
-    path = tmp_path / "wan.schedule"
-    path.write_text(
-        "# drop then recover\n0 rate=100mbit delay=20ms\n10 rate=10mbit\n15 rate=100mbit\n30 repeat\n"
-    )
-    steps, period = load_schedule(path)
-    assert [s.at_s for s in steps] == [0, 10, 15]
-    assert steps[1].changes == {"rate_bps": 10e6}
-    assert period == 30
-    LinkSpec(schedule=steps, schedule_period_s=period).validate()
-
-
-@pytest.mark.parametrize(
-    ("text", "needle"),
-    [
-        ("0 rate=1mbit\n0 rate=2mbit\n", "must increase"),
-        ("nan rate=1mbit\n", "finite"),
-        ("-1 rate=1mbit\n", "not negative"),
-        ("0 rate=1mbit\ninf repeat\n", "finite"),
-        ("0 rate=fast\n", ":1: rate"),
-        ("zero rate=1mbit\n", ":1:"),
-        ("0 rate=1mbit\n5 repeat\n6 rate=1mbit\n", "nothing may follow"),
-        ("# empty\n", "no steps"),
-    ],
-)
-def test_bad_schedules(tmp_path, text: str, needle: str) -> None:
-    path = tmp_path / "bad.schedule"
-    path.write_text(text)
-    with pytest.raises(SpecError, match=needle):
-        steps, period = load_schedule(path)
-        LinkSpec(schedule=steps, schedule_period_s=period).validate()
+def test_a_stalled_link_is_rate_zero_where_fields_are_read() -> None:
+    assert parse_rate("0mbit", allow_zero=True) == 0.0
+    assert parse_assignments("rate=0,qdisc=prio:fq") == {"rate_bps": 0.0, "qdisc": "prio:fq"}
+    assert LinkSpec(rate_bps=0.0).validate().queue_limit_bytes == 100 * 1500
+    with pytest.raises(UnitError, match="unknown qdisc"):
+        parse_assignments("qdisc=cake")
