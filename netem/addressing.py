@@ -22,6 +22,8 @@ class Addresses:
     a2: str  # DC A's second host, behind the intra-DC path
     b: str  # DC B
     a_block: str  # A side /29, routed over the WAN from B
+    cross_a: str  # cross-traffic's endpoint in DC A's namespace a (other tenants' hosts)
+    cross_b: str  # and in DC B's
 
     @classmethod
     def for_slot(cls, slot: int) -> Addresses:
@@ -35,4 +37,6 @@ class Addresses:
             a2=str(base_a + 3),
             b=str(base_b + 2),
             a_block=f"{base_a}/29",
+            cross_a=str(base_a + 4),
+            cross_b=str(base_b + 3),
         )

@@ -52,7 +52,8 @@ def wait_listening(netns: str, port: int, timeout: float = 10.0) -> None:
     suffix = f":{port:04X}"
     while time.monotonic() < deadline:
         with nsutil.inside(netns):
-            table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+            # thread-self: /proc/net follows the main thread, not the one that entered netns
+            table = Path("/proc/thread-self/net/tcp").read_text().splitlines()[1:]
         if any(f[1].endswith(suffix) and f[3] == "0A" for f in (line.split() for line in table)):
             return
         time.sleep(0.02)

@@ -79,6 +79,15 @@ def _assignments(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _cross_traffic(text: str) -> Any:
+    from netem.crosstraffic import parse_cross_traffic
+
+    try:
+        return parse_cross_traffic(text)
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_link_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("link (both directions unless overridden)")
     group.add_argument(
@@ -142,6 +151,13 @@ def build_parser() -> OneLineParser:
         "--schedule",
         help="file of timed changes, '<seconds> [wan.|intra.][a2b.|b2a.]key=value ...' per line "
         "(key: a link field or link=down|up); time 0 is when the run is ready",
+    )
+    up.add_argument(
+        "--cross-traffic",
+        type=_cross_traffic,
+        metavar="KEY=VALUE,...",
+        help="other tenants' TCP flows on the WAN, e.g. utilisation=0.5,sizes=pareto,mean=1mb,"
+        "arrivals=poisson|paced,dir=a2b|b2a|both,schedule=FILE; its report goes to stderr at exit",
     )
     up.add_argument(
         "--a2b",
@@ -228,6 +244,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             tun_device=args.tun_device,
             seed=args.seed,
             schedule=schedule,
+            cross_traffic=args.cross_traffic,
             **kwargs,
         )
     except TopologyError as exc:  # inconsistent arguments (e.g. two MTUs for one link)
@@ -249,6 +266,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     finally:
         network.down()
+        if network.cross_traffic_report is not None:
+            print(
+                f"netem: cross-traffic: {json.dumps(network.cross_traffic_report)}", file=sys.stderr
+            )
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from pyroute2 import IPRoute, netns
 
 from netem import control, kernel, nsutil
 from netem.addressing import Addresses
+from netem.crosstraffic import CrossTraffic, CrossTrafficError, CrossTrafficSpec
 from netem.registry import (
     HOST_LINK_PREFIX,
     Registry,
@@ -102,6 +103,7 @@ class Network:
     tcp: TcpTuning | None = None  # on the routes that cross the WAN (netem.tcp)
     schedule: Schedule | None = None
     schedule_from_up: bool = True
+    cross_traffic: CrossTrafficSpec | None = None  # started when the run is up
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -122,6 +124,8 @@ class Network:
         self.backend_reason = ""
         self._guardian: subprocess.Popen | None = None
         self._guardian_pipe: int | None = None
+        self._cross: CrossTraffic | None = None
+        self.cross_traffic_report: dict[str, Any] | None = None
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -137,6 +141,9 @@ class Network:
         try:
             self._start_guardian()
             self._build()
+            if self.cross_traffic is not None:
+                self._cross = CrossTraffic(self, self.cross_traffic)
+                self._cross.start()
         except BaseException:
             self.down()
             raise
@@ -144,6 +151,12 @@ class Network:
 
     def down(self) -> None:
         """Remove everything this run made. Safe to call more than once."""
+        cross, self._cross = self._cross, None
+        if cross is not None:
+            try:
+                self.cross_traffic_report = cross.stop()
+            except CrossTrafficError:
+                pass  # the run's cleanup stops whatever is left in its namespaces
         if self.shaper and self.shaper.poll() is None:
             self.shaper.terminate()
             try:
@@ -187,6 +200,11 @@ class Network:
             "a2": vars(self.a2),
             "host": {"addr": self.addresses.host},
             "pid": os.getpid(),
+            **(
+                {"cross_traffic": {"a": self.addresses.cross_a, "b": self.addresses.cross_b}}
+                if self.cross_traffic is not None
+                else {}
+            ),
         }
 
     # -- live changes -------------------------------------------------------------------
@@ -353,7 +371,7 @@ class Network:
             self.a.netns,
             addr.a,
             {
-                "wan": (mtu, [(f"{addr.b}/32", None)]),
+                "wan": (mtu, [(f"{addr.b}/32", None), (f"{addr.cross_b}/32", None)]),
                 "intra": (intra_mtu, [(f"{addr.a2}/32", None)]),
                 "host": (LinkSpec().mtu, [(f"{addr.host}/32", None)]),
             },
@@ -369,6 +387,10 @@ class Network:
             },
         )
         self._configure(self.b.netns, addr.b, {"wan": (mtu, [(addr.a_block, None)])})
+        for ns, cross in ((self.a.netns, addr.cross_a), (self.b.netns, addr.cross_b)):
+            with IPRoute(netns=ns, flags=0) as ipr:  # cross-traffic's endpoints (other tenants)
+                lo = ipr.link_lookup(ifname="lo")[0]
+                ipr.addr("add", index=lo, address=cross, prefixlen=32)
         if self.tcp is not None:
             self.retime_tcp(1.0)
         with IPRoute() as ipr:
@@ -469,6 +491,11 @@ class Network:
                 index = found[0]
                 queue = {"txqlen": TUN_TX_QUEUE} if ifname in self._tun_links else {}
                 ipr.link("set", index=index, state="up", mtu=mtu, **queue)
+                if queue:
+                    # One FIFO where packets wait for the shaper to read them: the kernel's
+                    # default pfifo_fast would sort them by TOS (putting DSCP AF classes
+                    # behind best effort) before the emulated bottleneck is even reached.
+                    ipr.tc("replace", kind="pfifo", index=index, handle=0x10000, limit=TUN_TX_QUEUE)
                 for dst, gateway in routes:
                     if gateway is None:
                         ipr.route("add", dst=dst, oif=index, prefsrc=address)
