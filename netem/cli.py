@@ -7,6 +7,7 @@ netem set --name N [--link wan] [--dir both] --rate 10mbit ...   (live change)
 netem link --name N [--link wan] down|up
 netem exec --name N --host a|a2|b -- COMMAND...
 netem ls [--json]      netem down --name N | --all      netem bench --out FILE
+netem trace import mahimahi UPLINK DOWNLINK --out FILE [--bin 10ms]
 """
 
 from __future__ import annotations
@@ -205,6 +206,27 @@ def build_parser() -> OneLineParser:
     ex.add_argument("--host", choices=("a", "a2", "b"), required=True)
     ex.add_argument("argv", nargs=argparse.REMAINDER)
 
+    trace = sub.add_parser("trace", help="link traces from other tools")
+    trace_sub = trace.add_subparsers(
+        dest="trace_command", required=True, parser_class=OneLineParser
+    )
+    importer = trace_sub.add_parser("import", help="convert a trace into a netem schedule")
+    formats = importer.add_subparsers(dest="format", required=True, parser_class=OneLineParser)
+    mahimahi = formats.add_parser(
+        "mahimahi", help="mahimahi delivery traces (one millisecond per 1500-byte opportunity)"
+    )
+    mahimahi.add_argument("uplink", help="uplink trace (becomes a2b)")
+    mahimahi.add_argument("downlink", help="downlink trace (becomes b2a)")
+    mahimahi.add_argument("--out", required=True, help="schedule file to write")
+    mahimahi.add_argument(
+        "--bin", type=_field_type("delay"), default=0.010, help="rate step length (default 10ms)"
+    )
+    mahimahi.add_argument(
+        "--duration",
+        type=_field_type("delay"),
+        help="cover this long without repeating (default: repeat when the periods match)",
+    )
+
     bench = sub.add_parser("bench", help="measure the link with ping and iperf3 (writes JSON)")
     bench.add_argument("--out", default="bench/results/netem.json")
     bench.add_argument(
@@ -366,6 +388,17 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 127
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    from netem import mahimahi
+
+    bin_ms = round(args.bin * 1000)
+    if abs(bin_ms - args.bin * 1000) > 1e-6 or bin_ms < 1:
+        print("netem: error: --bin must be a whole number of milliseconds", file=sys.stderr)
+        return EXIT_USAGE
+    print(mahimahi.import_traces(args.uplink, args.downlink, args.out, bin_ms, args.duration))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from netem import bench
 
@@ -379,6 +412,7 @@ COMMANDS = {
     "set": cmd_set,
     "link": cmd_link,
     "exec": cmd_exec,
+    "trace": cmd_trace,
     "bench": cmd_bench,
 }
 
