@@ -34,11 +34,29 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def ping(
-    net: Network, count: int, interval: float, src: str = "a", dst: str | None = None
+    net: Network,
+    count: int,
+    interval: float,
+    src: str = "a",
+    dst: str | None = None,
+    tos: int | None = None,
 ) -> list[float]:
     """Round-trip times (ms) of `count` pings from host `src` of the run (DC A's a by default)
-    to `dst` (DC B by default); lost pings are simply missing."""
-    argv = ["ping", "-n", "-c", str(count), "-i", str(interval), "-W", "2", dst or net.b.addr]
+    to `dst` (DC B by default), with the TOS byte `tos` when given; lost pings are simply
+    missing."""
+    marks = ["-Q", str(tos)] if tos is not None else []
+    argv = [
+        "ping",
+        "-n",
+        *marks,
+        "-c",
+        str(count),
+        "-i",
+        str(interval),
+        "-W",
+        "2",
+        dst or net.b.addr,
+    ]
     out = subprocess.run(
         command_in(getattr(net, src).netns, argv), capture_output=True, text=True, check=False
     ).stdout
@@ -66,13 +84,15 @@ def iperf(
     *extra: str,
     server_ns: str | None = None,
     server_addr: str | None = None,
+    server_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One iperf3 run from DC A to DC B (or another server namespace); its JSON report."""
     server_ns = server_ns or net.b.netns
     server_addr = server_addr or net.b.addr
     server = subprocess.Popen(
         command_in(
-            server_ns, ["iperf3", "-s", "-1", "-J", "-B", server_addr, "-p", str(IPERF_PORT)]
+            server_ns,
+            ["iperf3", "-s", "-1", "-J", "-B", server_addr, "-p", str(IPERF_PORT), *server_args],
         ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

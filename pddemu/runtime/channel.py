@@ -8,6 +8,16 @@ prompt's token ids, a handoff's token ids or KV), and are delivered to the handl
 A connection that breaks mid-frame or carries a frame that breaks the wire format ends
 `serve` the same way a clean close does: the caller's cleanup (forgetting what was in flight on
 the connection) runs in every case; `broken` says why it ended, if not cleanly.
+
+Every connection's packets carry the DSCP class of its purpose (IP_TOS), both ways, so a WAN
+queueing discipline can treat them as a real network would (RFC 4594's classes):
+- `control`, the long-lived connection between two instances (requests, token ids streamed to
+  the frontend, handoffs, md_ready, caught_up, took_over, release, transfer reports): AF21,
+  low-latency data;
+- `kv`, one connection per bulk KV transfer in flight (kv_begin, KV chunks, kv_end): AF11,
+  high-throughput data.
+The connecting side marks its socket before connecting (the SYN is marked too); the accepting
+side marks its socket as soon as the hello names the purpose.
 """
 
 from __future__ import annotations
@@ -25,6 +35,14 @@ from pddemu.wire.errors import BadControl, EndOfStream, WireError
 HELLO = "hello"
 MAX_ATTACHMENTS = 4096  # frames one message may carry (a prompt's ids are one frame)
 MAX_ATTACHED_BYTES = 512 << 20  # payload they may carry together (each frame is capped too)
+AF11 = 10
+AF21 = 18
+DSCP_BY_PURPOSE = {"control": AF21, "kv": AF11}
+
+
+def mark_socket(sock: socket.socket, purpose: str) -> None:
+    """Set the socket's DSCP to its purpose's class (best effort for an unknown purpose)."""
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, DSCP_BY_PURPOSE.get(purpose, 0) << 2)
 
 
 @dataclass
@@ -60,19 +78,39 @@ class Channel:
         self.reader = reader
         self.writer = writer
         self.peer = peer
-        self.purpose = purpose
         self._lock = asyncio.Lock()
         self.bytes_sent = 0
         self.broken = ""  # why serve() ended, when not by a clean close
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.purpose = purpose
+
+    @property
+    def purpose(self) -> str:
+        return self._purpose
+
+    @purpose.setter
+    def purpose(self, purpose: str) -> None:
+        """What the connection is for; its socket's DSCP mark follows."""
+        self._purpose = purpose
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_INET:
+            mark_socket(sock, purpose)
 
     @classmethod
     async def connect(
         cls, host: str, port: int, me: str, peer: str, purpose: str, secret: RunSecret
     ) -> Channel:
-        reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            mark_socket(sock, purpose)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        except BaseException:
+            sock.close()
+            raise
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
         channel = cls(reader, writer, peer, purpose)
         await channel.send(Control(HELLO, secret.hello(me, peer, purpose)))
         return channel

@@ -1,0 +1,302 @@
+"""`make bench-netem`, the shared WAN: queueing disciplines, fairness, cross-traffic, a
+replayed delivery trace and a scheduled outage, measured from outside with ping and iperf3.
+
+Each function takes its sizes as arguments: the benchmark runs them at full size, the
+integration tests at small ones, so a test checks the very code that produces the figures.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from netem import mahimahi, nsutil
+from netem.bench import _network, iperf, ping
+from netem.crosstraffic import CrossTraffic, CrossTrafficSpec
+from netem.nsexec import command_in
+from netem.schedule import load_schedule, parse_schedule
+from netem.spec import LinkSpec
+from netem.topology import LinkConfig, Network
+
+AF21_TOS = 18 << 2  # the class pddemu's control connections carry (prio's band 1)
+TARGET_EXCESS_MS = {"fq": 5.0, "fq_codel": 5.0, "prio": 2.0}
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def qdisc_latency(
+    qdisc: str,
+    rate_bps: float = 100e6,
+    delay_s: float = 0.020,
+    seconds: float = 15.0,
+    warmup_s: float = 3.0,
+    pings: int = 500,
+) -> dict[str, Any]:
+    """Ping RTT idle, then under one saturating iperf3 TCP flow, with `qdisc` at the
+    bottleneck (A->B); prio's pings carry pddemu's control mark (DSCP AF21)."""
+    spec = LinkSpec(rate_bps=rate_bps, delay_s=delay_s, qdisc=qdisc)
+    tos = AF21_TOS if qdisc.startswith("prio") else None
+    interval = min(0.05, (seconds - 1.0) / pings)
+    with _network(f"bench-q{qdisc.replace('_', '')[:7]}", spec) as net:
+        idle = ping(net, 100, 0.02, tos=tos)
+        report: dict[str, Any] = {}
+        flow = threading.Thread(
+            target=lambda: report.update(iperf(net, warmup_s + seconds, "-O", str(warmup_s)))
+        )
+        flow.start()
+        time.sleep(warmup_s)
+        loaded = ping(net, pings, interval, tos=tos)
+        flow.join()
+    excess = _median(loaded) - _median(idle)
+    result = {
+        "config": f"{qdisc} at {rate_bps / 1e6:g} Mbit/s, delay {delay_s * 1e3:g} ms each way, "
+        "queue limit 1 BDP of the round trip (the default)",
+        "tool": f"ping -i {interval:g}{' -Q 0x48 (AF21)' if tos else ''} during iperf3 TCP "
+        f"{seconds:g}s after {warmup_s:g}s; idle: 100 pings before",
+        "idle_rtt_p50_ms": _median(idle),
+        "loaded_rtt_p50_ms": _median(loaded),
+        "loaded_rtt_p90_ms": _quantile(loaded, 0.9),
+        "loaded_rtt_p99_ms": _quantile(loaded, 0.99),
+        "loaded_samples": len(loaded),
+        "excess_p50_ms": excess,
+        "bulk_goodput_bps": report["end"]["sum_received"]["bits_per_second"],
+    }
+    kind = qdisc.split(":")[0]
+    if kind in TARGET_EXCESS_MS:
+        limit = TARGET_EXCESS_MS[kind]
+        result["targets"] = {f"p50_at_most_{limit:g}ms_above_idle": excess <= limit}
+    else:
+        result["targets"] = {"queue_visible_at_least_10ms": excess >= 10.0}
+    return result
+
+
+def jain(values: list[float]) -> float:
+    """Jain's fairness index: 1 when all are equal, 1/n when one takes everything."""
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def fairness(
+    flows: int = 4, rate_bps: float = 100e6, seconds: float = 15.0, qdisc: str = "fq"
+) -> dict[str, Any]:
+    """Jain's index of `flows` competing iperf3 TCP streams through `qdisc`."""
+    spec = LinkSpec(rate_bps=rate_bps, delay_s=0.020, qdisc=qdisc)
+    with _network(f"bench-fair{qdisc.replace('_', '')[:6]}", spec) as net:
+        report = iperf(net, seconds, "-P", str(flows), "-O", "3")
+    rates = [s["receiver"]["bits_per_second"] for s in report["end"]["streams"]]
+    index = jain(rates)
+    return {
+        "config": f"{qdisc} at {rate_bps / 1e6:g} Mbit/s, delay 20 ms each way",
+        "tool": f"iperf3 -P {flows} TCP {seconds:g}s after 3s omitted (receiver's rates)",
+        "stream_bps": rates,
+        "jain_index": index,
+        "targets": {"jain_at_least_0.95": index >= 0.95},
+    }
+
+
+def wan_rx_bytes(net: Network) -> int:
+    """Bytes the kernel of DC B received on its WAN interface (all traffic, IP headers in)."""
+    with nsutil.inside(net.b.netns):
+        table = Path("/proc/thread-self/net/dev").read_text().splitlines()
+    for line in table:
+        name, _, counters = line.partition(":")
+        if name.strip() == "wan":
+            return int(counters.split()[0])
+    raise RuntimeError(f"no wan interface in {net.b.netns}")
+
+
+def cross_traffic_utilisation(
+    target: float = 0.5,
+    rate_bps: float = 100e6,
+    seconds: float = 20.0,
+    arrivals: str = "paced",
+    sizes: str = "exponential",
+    mean_bytes: int = 200_000,
+) -> dict[str, Any]:
+    """Cross-traffic alone on the WAN: the utilisation its receivers saw (TCP payload) and the
+    one DC B's kernel counted on its WAN interface (IP bytes, headers in)."""
+    spec = LinkSpec(rate_bps=rate_bps, delay_s=0.020, qdisc="fq_codel")
+    cross = CrossTrafficSpec(
+        utilisation=target, sizes=sizes, mean_bytes=mean_bytes, arrivals=arrivals, seed=1
+    )
+    with _network(f"bench-cross{arrivals[:4]}", spec) as net:
+        traffic = CrossTraffic(net, cross)
+        before, started = wan_rx_bytes(net), time.monotonic()
+        traffic.start(started)
+        time.sleep(seconds)
+        report = traffic.stop()
+        wire = (wan_rx_bytes(net) - before) * 8 / (rate_bps * (time.monotonic() - started))
+    a2b = report["directions"]["a2b"]
+    error = abs(a2b["utilisation"] - target) / target
+    result = {
+        "config": f"{arrivals} arrivals of {sizes} flows, mean {mean_bytes / 1e3:g} kB, target "
+        f"{target:g} of {rate_bps / 1e6:g} Mbit/s A->B, {seconds:g}s",
+        "tool": "the generator's receivers (TCP payload); DC B's kernel interface counter",
+        "utilisation": a2b["utilisation"],
+        "wire_utilisation": wire,
+        "relative_error": error,
+        "flows": a2b["flows"],
+        "bytes": a2b["bytes"],
+    }
+    if arrivals == "paced":
+        result["targets"] = {"within_5pct_of_target": error <= 0.05}
+    return result
+
+
+def synthetic_trace(period_ms: int, seed: int = 1) -> list[int]:
+    """A mahimahi trace of steps of 100-400 ms at 24-96 Mbit/s (2-8 opportunities a ms)."""
+    rng = random.Random(seed)
+    times: list[int] = []
+    ms, credit = 1, 0.0
+    while ms <= period_ms:
+        rate = rng.uniform(24e6, 96e6) / (1500 * 8 * 1000)  # opportunities per ms
+        for _ in range(rng.randint(100, 400)):
+            if ms > period_ms:
+                break
+            credit += rate
+            times += [ms] * int(credit)
+            credit -= int(credit)
+            ms += 1
+    if times[-1] != period_ms:
+        times.append(period_ms)
+    return times
+
+
+def _cumulative(rates_bps: list[int], bin_s: float) -> list[float]:
+    out = [0.0]
+    for rate in rates_bps:
+        out.append(out[-1] + rate * bin_s / 8)
+    return out
+
+
+def _capacity(cumulative: list[float], bin_s: float, period_s: float, t: float) -> float:
+    """Bytes the looping trace can deliver in [0, t]."""
+    passes, rest = divmod(t, period_s)
+    index = min(int(rest / bin_s), len(cumulative) - 2)
+    within = cumulative[index] + (cumulative[index + 1] - cumulative[index]) * (
+        rest / bin_s - index
+    )
+    return passes * cumulative[-1] + within
+
+
+def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]:
+    """A mahimahi trace pair imported with `netem trace import mahimahi`, replayed A->B under a
+    saturating iperf3 UDP flow of 1500-byte packets: bytes delivered per 100 ms (the receiver's
+    intervals) against the trace's, after aligning the two time origins."""
+    bin_ms = mahimahi.DEFAULT_BIN_MS
+    with tempfile.TemporaryDirectory() as scratch:
+        up, down, out = (Path(scratch) / name for name in ("t.up", "t.down", "t.schedule"))
+        trace = synthetic_trace(period_ms)
+        up.write_text("\n".join(map(str, trace)) + "\n")
+        down.write_text(f"{period_ms}\n")
+        mahimahi.import_traces(up, down, out, bin_ms)
+        schedule = load_schedule(out)
+    rates = mahimahi.binned_rates(trace, bin_ms, period_ms)
+    spec = LinkSpec(rate_bps=1e6, limit_bytes=1_000_000)
+    with Network(
+        LinkConfig.symmetric(spec),
+        name=f"bench-trace-{random.randrange(10**6)}",
+        backend="userspace",
+        schedule=schedule,
+    ) as net:
+        report = iperf(
+            net,
+            seconds,
+            "-u",
+            "-b",
+            "130M",
+            "-l",
+            "1472",
+            "--get-server-output",
+            server_args=("-i", "0.1"),
+        )
+    intervals = [
+        (i["sum"]["start"], i["sum"]["end"], i["sum"]["bytes"] * 1500 / 1472)
+        for i in report["server_output_json"]["intervals"]
+    ][1:-1]  # the first and last are cut by the test's start and end
+    cumulative = _cumulative(rates, bin_ms / 1000)
+    period = period_ms / 1000
+
+    def errors(offset: float) -> list[float]:
+        return [
+            got
+            - (
+                _capacity(cumulative, bin_ms / 1000, period, offset + end)
+                - _capacity(cumulative, bin_ms / 1000, period, offset + start)
+            )
+            for start, end, got in intervals
+        ]
+
+    offset = min((k / 1000 for k in range(period_ms)), key=lambda o: sum(e * e for e in errors(o)))
+    relative = [
+        abs(e) / (got - e) for e, (_, _, got) in zip(errors(offset), intervals, strict=True)
+    ]
+    worst = max(relative)
+    return {
+        "config": f"synthetic mahimahi trace, steps of 100-400 ms at 24-96 Mbit/s, period "
+        f"{period_ms} ms, imported in {bin_ms} ms bins; {seconds:g}s",
+        "tool": "iperf3 UDP 130 Mbit/s of 1472-byte datagrams; the receiver's 0.1 s intervals",
+        "intervals": len(intervals),
+        "relative_error_p50": _median(relative),
+        "relative_error_max": worst,
+        "time_offset_s": offset,
+        "targets": {"every_100ms_within_2pct": worst <= 0.02},
+    }
+
+
+def outage(down_at_s: float = 2.0, outage_s: float = 5.0, delay_s: float = 0.020) -> dict[str, Any]:
+    """A schedule takes the WAN down at `down_at_s` for `outage_s`; ping every 10 ms sees a
+    gap between replies of the outage plus one round trip."""
+    schedule = parse_schedule(f"{down_at_s:g} link=down\n{down_at_s + outage_s:g} link=up\n")
+    spec = LinkSpec(delay_s=delay_s)
+    with Network(
+        LinkConfig.symmetric(spec),
+        name=f"bench-outage-{random.randrange(10**6)}",
+        backend="userspace",
+        schedule=schedule,
+    ) as net:
+        count = int((down_at_s + outage_s + 1.5) / 0.01)
+        argv = ["ping", "-n", "-D", "-c", str(count), "-i", "0.01", "-W", "1", net.b.addr]
+        out = subprocess.run(
+            command_in(net.a.netns, argv), capture_output=True, text=True, check=False
+        ).stdout
+    replies = [
+        (float(stamp), float(rtt))
+        for stamp, rtt in re.findall(r"^\[([0-9.]+)\].*time=([0-9.]+) ms", out, re.MULTILINE)
+    ]
+    gaps = [(b[0] - a[0], b) for a, b in zip(replies, replies[1:], strict=False)]
+    gap, _ = max(gaps)
+    rtt = _median([r for _, r in replies]) / 1000
+    seen = gap - rtt
+    return {
+        "config": f"schedule: link down at {down_at_s:g}s for {outage_s:g}s, delay "
+        f"{delay_s * 1e3:g} ms each way",
+        "tool": "ping -D -i 0.01: the longest gap between replies, less one round trip",
+        "replies": len(replies),
+        "outage_seen_s": seen,
+        "error_s": seen - outage_s,
+        "targets": {"within_50ms": abs(seen - outage_s) <= 0.050},
+    }
+
+
+STEPS = [
+    *[(f"qdisc_{q}", lambda q=q: qdisc_latency(q)) for q in ("fifo", "fq", "fq_codel", "prio")],
+    ("fairness_fq", lambda: fairness()),
+    ("cross_traffic_paced", lambda: cross_traffic_utilisation(arrivals="paced")),
+    ("cross_traffic_poisson", lambda: cross_traffic_utilisation(arrivals="poisson")),
+    ("trace_replay", lambda: trace_replay()),
+    ("outage", lambda: outage()),
+]

@@ -1,0 +1,84 @@
+"""The roles' connections carry their purpose's DSCP class, both ways: on the sockets, and on
+the packets a prio WAN sorts into its bands."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from netem import nsutil
+from netem.spec import LinkSpec
+from netem.topology import LinkConfig, Network
+from pddemu.runtime.auth import HelloCheck, RunSecret
+from pddemu.runtime.channel import AF11, AF21, HELLO, Channel, Envelope
+from pddemu.wire import Control, TokenIds
+from tests.conftest import require_namespaces
+from tests.netem.conftest import run_name  # noqa: F401 - the fixture, for this module
+
+
+def tos(channel: Channel) -> int:
+    return channel.writer.get_extra_info("socket").getsockopt(socket.IPPROTO_IP, socket.IP_TOS)
+
+
+async def exchange(host: str, listener: socket.socket, purpose: str) -> tuple[int, int, int]:
+    """Connect with `purpose`, say hello and send one message; the TOS of both ends."""
+    accepted: asyncio.Future[Channel] = asyncio.get_running_loop().create_future()
+    secret = RunSecret.new()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        channel = Channel(reader, writer, peer="?", purpose="?")
+        hello = await channel.receive()
+        assert isinstance(hello, Envelope) and hello.kind == HELLO
+        HelloCheck(secret, "you").verify(hello.body)
+        channel.purpose = hello.body["purpose"]  # as the roles' accept loop does
+        await channel.receive()
+        accepted.set_result(channel)
+        await channel.send(Control("ack", {}))
+
+    server = await asyncio.start_server(accept, sock=listener)
+    async with server:
+        client = await Channel.connect(
+            host, listener.getsockname()[1], "me", "you", purpose, secret
+        )
+        await client.send(Control("handoff", {"rid": "r"}), TokenIds.from_ints("r", 0, [1, 2, 3]))
+        far = await asyncio.wait_for(accepted, 10)
+        await client.receive()
+        result = tos(client), tos(far), far.writer.get_extra_info("socket").fileno()
+        client.close()
+        far.close()
+    return result
+
+
+def test_each_purpose_marks_both_ends_of_its_connection() -> None:
+    for purpose, dscp in (("control", AF21), ("kv", AF11), ("other", 0)):
+        listener = socket.create_server(("127.0.0.1", 0))
+        near, far, _ = asyncio.run(exchange("127.0.0.1", listener, purpose))
+        assert (near >> 2, far >> 2) == (dscp, dscp), purpose
+
+
+def test_a_prio_wan_sees_control_in_band_1_and_kv_in_band_2(run_name: str) -> None:  # noqa: F811
+    """Real packets through the shaper: the prio discipline counts where each class went."""
+    require_namespaces()
+    spec = LinkSpec(rate_bps=100e6, delay_s=0.001, qdisc="prio")
+    with Network(LinkConfig.symmetric(spec), name=run_name, backend="userspace") as net:
+        for purpose in ("control", "kv"):
+            before = net.stats()["wan"]
+            with nsutil.inside(net.b.netns):
+                listener = socket.create_server((net.b.addr, 0))
+            with nsutil.inside(net.a.netns):
+                asyncio.run(exchange(net.b.addr, listener, purpose))
+            after = net.stats()["wan"]
+            band = 1 if purpose == "control" else 2
+            for direction in ("a2b", "b2a"):
+                counts = [
+                    a - b
+                    for a, b in zip(
+                        after[direction]["qdisc"]["band_packets"],
+                        before[direction]["qdisc"]["band_packets"],
+                        strict=True,
+                    )
+                ]
+                # the accepting side marks after the hello: its SYN-ACK is still unmarked
+                assert counts[band] >= 3 and counts[0] == 0, (purpose, direction, counts)
+                if purpose == "control" and direction == "a2b":  # marked from its SYN on
+                    assert counts[2] == 0, counts
