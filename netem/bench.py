@@ -141,9 +141,13 @@ BACKENDS_USED: set[str] = set()
 
 
 @contextmanager
-def _network(name: str, a2b: LinkSpec, b2a: LinkSpec | None = None) -> Iterator[Network]:
+def _network(
+    name: str, a2b: LinkSpec, b2a: LinkSpec | None = None, **options: Any
+) -> Iterator[Network]:
     """A run named for the benchmark step (a unique suffix keeps parallel runs apart)."""
-    with Network(LinkConfig(a2b, b2a or a2b), name=f"{name}-{os.getpid()}", backend="auto") as net:
+    with Network(
+        LinkConfig(a2b, b2a or a2b), name=f"{name}-{os.getpid()}", backend="auto", **options
+    ) as net:
         BACKENDS_USED.add(net.record.backend if net.record else "?")
         yield net
 
@@ -259,6 +263,8 @@ def bench_overhead(quick: bool) -> dict[str, Any]:
 
 
 def main(out: str, quick: bool = False) -> int:
+    from netem import bench_wan
+
     started = time.time()
     results: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()}
@@ -277,6 +283,7 @@ def main(out: str, quick: bool = False) -> int:
         ("reordering_on", lambda: bench_reordering(True, quick)),
         ("loss", lambda: bench_loss(quick)),
         ("overhead", lambda: bench_overhead(quick)),
+        *bench_wan.steps(quick),
     ]
     for name, step in steps:
         print(f"netem bench: {name} ...", file=sys.stderr, flush=True)

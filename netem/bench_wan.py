@@ -23,7 +23,7 @@ from netem.crosstraffic import CrossTraffic, CrossTrafficSpec
 from netem.nsexec import command_in
 from netem.schedule import load_schedule, parse_schedule
 from netem.spec import LinkSpec
-from netem.topology import LinkConfig, Network
+from netem.topology import Network
 
 AF21_TOS = 18 << 2  # the class pddemu's control connections carry (prio's band 1)
 TARGET_EXCESS_MS = {"fq": 5.0, "fq_codel": 5.0, "prio": 2.0}
@@ -45,6 +45,7 @@ def qdisc_latency(
     seconds: float = 15.0,
     warmup_s: float = 3.0,
     pings: int = 500,
+    idle_pings: int = 100,
 ) -> dict[str, Any]:
     """Ping RTT idle, then under one saturating iperf3 TCP flow, with `qdisc` at the
     bottleneck (A->B); prio's pings carry pddemu's control mark (DSCP AF21)."""
@@ -52,7 +53,7 @@ def qdisc_latency(
     tos = AF21_TOS if qdisc.startswith("prio") else None
     interval = min(0.05, (seconds - 1.0) / pings)
     with _network(f"bench-q{qdisc.replace('_', '')[:7]}", spec) as net:
-        idle = ping(net, 100, 0.02, tos=tos)
+        idle = ping(net, idle_pings, 0.02, tos=tos)
         report: dict[str, Any] = {}
         flow = threading.Thread(
             target=lambda: report.update(iperf(net, warmup_s + seconds, "-O", str(warmup_s)))
@@ -66,7 +67,7 @@ def qdisc_latency(
         "config": f"{qdisc} at {rate_bps / 1e6:g} Mbit/s, delay {delay_s * 1e3:g} ms each way, "
         "queue limit 1 BDP of the round trip (the default)",
         "tool": f"ping -i {interval:g}{' -Q 0x48 (AF21)' if tos else ''} during iperf3 TCP "
-        f"{seconds:g}s after {warmup_s:g}s; idle: 100 pings before",
+        f"{seconds:g}s after {warmup_s:g}s; idle: {idle_pings} pings before",
         "idle_rtt_p50_ms": _median(idle),
         "loaded_rtt_p50_ms": _median(loaded),
         "loaded_rtt_p90_ms": _quantile(loaded, 0.9),
@@ -90,17 +91,21 @@ def jain(values: list[float]) -> float:
 
 
 def fairness(
-    flows: int = 4, rate_bps: float = 100e6, seconds: float = 15.0, qdisc: str = "fq"
+    flows: int = 4,
+    rate_bps: float = 100e6,
+    seconds: float = 15.0,
+    qdisc: str = "fq",
+    omit_s: float = 3.0,
 ) -> dict[str, Any]:
     """Jain's index of `flows` competing iperf3 TCP streams through `qdisc`."""
     spec = LinkSpec(rate_bps=rate_bps, delay_s=0.020, qdisc=qdisc)
     with _network(f"bench-fair{qdisc.replace('_', '')[:6]}", spec) as net:
-        report = iperf(net, seconds, "-P", str(flows), "-O", "3")
+        report = iperf(net, seconds, "-P", str(flows), "-O", f"{omit_s:g}")
     rates = [s["receiver"]["bits_per_second"] for s in report["end"]["streams"]]
     index = jain(rates)
     return {
         "config": f"{qdisc} at {rate_bps / 1e6:g} Mbit/s, delay 20 ms each way",
-        "tool": f"iperf3 -P {flows} TCP {seconds:g}s after 3s omitted (receiver's rates)",
+        "tool": f"iperf3 -P {flows} TCP {seconds:g}s after {omit_s:g}s omitted (receiver's rates)",
         "stream_bps": rates,
         "jain_index": index,
         "targets": {"jain_at_least_0.95": index >= 0.95},
@@ -201,17 +206,13 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
         up, down, out = (Path(scratch) / name for name in ("t.up", "t.down", "t.schedule"))
         trace = synthetic_trace(period_ms)
         up.write_text("\n".join(map(str, trace)) + "\n")
-        down.write_text(f"{period_ms}\n")
+        down.write_text("\n".join(map(str, synthetic_trace(period_ms, seed=2))) + "\n")
         mahimahi.import_traces(up, down, out, bin_ms)
         schedule = load_schedule(out)
     rates = mahimahi.binned_rates(trace, bin_ms, period_ms)
-    spec = LinkSpec(rate_bps=1e6, limit_bytes=1_000_000)
-    with Network(
-        LinkConfig.symmetric(spec),
-        name=f"bench-trace-{random.randrange(10**6)}",
-        backend="userspace",
-        schedule=schedule,
-    ) as net:
+    # fq: iperf3's own control connection must not drown in the UDP flood it measures
+    spec = LinkSpec(rate_bps=1e6, limit_bytes=1_000_000, qdisc="fq")
+    with _network("bench-trace", spec, schedule=schedule) as net:
         report = iperf(
             net,
             seconds,
@@ -252,6 +253,10 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
         "intervals": len(intervals),
         "relative_error_p50": _median(relative),
         "relative_error_max": worst,
+        "signed_errors": [
+            round(e / (got - e), 4)
+            for e, (_, _, got) in zip(errors(offset), intervals, strict=True)
+        ],
         "time_offset_s": offset,
         "targets": {"every_100ms_within_2pct": worst <= 0.02},
     }
@@ -262,12 +267,7 @@ def outage(down_at_s: float = 2.0, outage_s: float = 5.0, delay_s: float = 0.020
     gap between replies of the outage plus one round trip."""
     schedule = parse_schedule(f"{down_at_s:g} link=down\n{down_at_s + outage_s:g} link=up\n")
     spec = LinkSpec(delay_s=delay_s)
-    with Network(
-        LinkConfig.symmetric(spec),
-        name=f"bench-outage-{random.randrange(10**6)}",
-        backend="userspace",
-        schedule=schedule,
-    ) as net:
+    with _network("bench-outage", spec, schedule=schedule) as net:
         count = int((down_at_s + outage_s + 1.5) / 0.01)
         argv = ["ping", "-n", "-D", "-c", str(count), "-i", "0.01", "-W", "1", net.b.addr]
         out = subprocess.run(
@@ -292,11 +292,25 @@ def outage(down_at_s: float = 2.0, outage_s: float = 5.0, delay_s: float = 0.020
     }
 
 
-STEPS = [
-    *[(f"qdisc_{q}", lambda q=q: qdisc_latency(q)) for q in ("fifo", "fq", "fq_codel", "prio")],
-    ("fairness_fq", lambda: fairness()),
-    ("cross_traffic_paced", lambda: cross_traffic_utilisation(arrivals="paced")),
-    ("cross_traffic_poisson", lambda: cross_traffic_utilisation(arrivals="poisson")),
-    ("trace_replay", lambda: trace_replay()),
-    ("outage", lambda: outage()),
-]
+def steps(quick: bool) -> list[tuple[str, Any]]:
+    """The benchmark's steps (name, function); `quick` runs them short (a smoke test)."""
+    seconds = 4.0 if quick else 15.0
+    return [
+        *[
+            (
+                f"qdisc_{q}",
+                lambda q=q: qdisc_latency(q, seconds=seconds, pings=100 if quick else 500),
+            )
+            for q in ("fifo", "fq", "fq_codel", "prio")
+        ],
+        ("fairness_fq", lambda: fairness(seconds=seconds)),
+        *[
+            (
+                f"cross_traffic_{a}",
+                lambda a=a: cross_traffic_utilisation(arrivals=a, seconds=seconds + 5),
+            )
+            for a in ("paced", "poisson")
+        ],
+        ("trace_replay", lambda: trace_replay(seconds=4.0 if quick else 12.0)),
+        ("outage", lambda: outage(outage_s=2.0 if quick else 5.0)),
+    ]

@@ -31,8 +31,10 @@ from pydantic import (
     model_validator,
 )
 
-from netem.spec import JITTER_DISTRIBUTIONS
-from netem.units import UnitError, parse_duration, parse_percent, parse_rate
+from netem.crosstraffic.spec import ARRIVALS as CROSS_ARRIVALS
+from netem.crosstraffic.spec import SIZES as CROSS_SIZES
+from netem.spec import JITTER_DISTRIBUTIONS, LossModel
+from netem.units import UnitError, parse_duration, parse_percent, parse_rate, parse_size
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.toml"
 SYSTEMS = ("pdd", "naive", "indc")
@@ -41,6 +43,7 @@ ROUTING_POLICIES = ("wan-time", "always-relay", "never-relay")
 HANDOFF_MODES = ("one-shot", "catch-up", "adaptive")
 HANDOFF_PAYLOADS = ("extend", "kv-delta")
 NEEDED_ROLES = {"pdd": ("P", "RLD", "MD"), "naive": ("P", "MD"), "indc": ("P", "D")}
+WAN_QDISCS = ("fifo", "fq", "fq_codel", "prio", "prio:fq", "prio:fq_codel")
 
 # Validation contexts: a file's values carry units ("10gbit") and its tables merge over the
 # defaults; config_to_json's (and a model built in code) are complete and in base units.
@@ -76,6 +79,7 @@ def _show_rate(bps: float) -> str:
 RATE = Unit(_rate_or_unlimited, _show_rate, '"10gbit", "100mbit" or "unlimited"')
 DURATION = Unit(parse_duration, lambda s: f"{s * 1e3:g}ms", '"20ms", "1.5s"')
 PERCENT = Unit(parse_percent, lambda p: f"{p * 100:g}%", '"0.5%" (a bare number is a percentage)')
+SIZE = Unit(parse_size, lambda b: f"{b / 1e6:g}mb", '"100mb", "1gib"')
 
 
 class Section(BaseModel):
@@ -147,6 +151,56 @@ class LinkModel(Section):
     )
 
 
+class CrossTrafficConfig(Section):
+    """Other tenants' traffic on the WAN
+
+    Real TCP flows between extra endpoints of DC A and DC B, sharing the WAN (and its queue)
+    with the emulator's KV and control traffic, from each replay's start to its end. Flows
+    arrive so that their offered load is `utilisation` of the WAN's rate in each loaded
+    direction; their sizes are modelled bytes, scaled onto the emulated link like KV. Each
+    system's `summary.json` reports the bytes and the mean utilisation achieved
+    (`cross_traffic`). Present (even empty): on; absent: none."""
+
+    utilisation: float = Field(
+        0.5, ge=0, le=1, description="target mean share of the WAN's rate per loaded direction"
+    )
+    sizes: Literal[CROSS_SIZES] = Field(  # type: ignore[valid-type]
+        "exponential", description="flow size distribution: `exponential` or `pareto` (heavy tail)"
+    )
+    mean_size_bytes: Annotated[float, SIZE] = Field(
+        100e6, alias="mean_size", gt=0, description="mean flow size, modelled bytes"
+    )
+    pareto_shape: float = Field(
+        1.5, gt=1, description="shape of the Pareto sizes (above 1; below 2: infinite variance)"
+    )
+    arrivals: Literal[CROSS_ARRIVALS] = Field(  # type: ignore[valid-type]
+        "poisson",
+        description="`poisson` flow arrivals, or `paced`: each flow's bytes at the target rate "
+        "before the next starts (the offered load is exact over any long window)",
+    )
+    direction: Literal["a2b", "b2a", "both"] = Field(
+        "both", description="which direction(s) of the WAN to load (a2b: DC A to DC B)"
+    )
+    max_flows: int = Field(
+        100, ge=1, description="flows open at once per direction; arrivals beyond are skipped"
+    )
+    schedule: str | None = Field(
+        None,
+        description="file of `<time> utilisation=X` and `<time> flow=SIZE` lines (with "
+        "`dir=a2b` or `dir=b2a`; modelled seconds from the replay's start; modelled bytes); a "
+        "relative path is from the current directory",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _readable_schedule(cls, schedule: str | None, info: ValidationInfo) -> str | None:
+        if schedule is not None and (info.context or _JSON)["units"]:
+            from netem.crosstraffic.spec import load_cross_schedule
+
+            load_cross_schedule(schedule)
+        return schedule
+
+
 class WanConfig(LinkModel):
     """The WAN between DC A and DC B
 
@@ -165,6 +219,53 @@ class WanConfig(LinkModel):
     jitter_s: Annotated[float, DURATION] = Field(
         0.002, alias="jitter", ge=0, description="standard deviation of the one-way delay"
     )
+    loss: str = Field(  # type: ignore[assignment]
+        "0%",
+        description='independent loss ("0.5%", a bare number is a percentage) or Gilbert-'
+        'Elliott bursts in netem\'s parameters ("gemodel:P,R[,1-H[,1-K]]", percentages)',
+    )
+    qdisc: Literal[WAN_QDISCS] = Field(  # type: ignore[valid-type]
+        "fq_codel",
+        description="queueing discipline where the WAN's queue builds: `fq_codel` (Linux's "
+        "default, what a real router or host would run), `fifo`, `fq`, `prio` (strict bands by "
+        "DSCP: the roles mark control and token ids AF21, bulk KV AF11), `prio:fq`, "
+        "`prio:fq_codel` (docs/netem.md)",
+    )
+    schedule: str | None = Field(
+        None,
+        description="file of timed link changes and faults, netem's schedule syntax with "
+        "modelled times from the replay's start and modelled quantities, e.g. `30 link=down` / "
+        "`35 link=up`, `60 a2b.rate=5gbit`, `90 intra.link=down` (docs/netem.md); also what "
+        "`netem trace import mahimahi` writes; a relative path is from the current directory",
+    )
+    cross_traffic: CrossTrafficConfig | None = Field(
+        None, description="other tenants' flows on the WAN: see [wan.cross_traffic]"
+    )
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_model(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)  # a bare number is a percentage, as netem reads it
+        if isinstance(value, str):
+            try:
+                LossModel.parse(value).validate()
+            except ValueError as error:
+                raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _readable_schedule(cls, schedule: str | None, info: ValidationInfo) -> str | None:
+        if schedule is not None and (info.context or _JSON)["units"]:
+            from pddemu.timeline import Timeline
+
+            Timeline.load(schedule)
+        return schedule
+
+    @property
+    def loss_model(self) -> LossModel:
+        return LossModel.parse(self.loss)
 
 
 class IntraConfig(LinkModel):
@@ -704,6 +805,9 @@ def _known_keys(loc: tuple[Any, ...]) -> list[str]:
                 return []
             parts.pop(0)  # the table's name, e.g. a role
             annotation = get_args(annotation)[1]
+        sections = [a for a in get_args(annotation) if isinstance(a, type)]  # an optional table
+        if sections and not isinstance(annotation, type):
+            annotation = next((a for a in sections if issubclass(a, Section)), annotation)
         if not (isinstance(annotation, type) and issubclass(annotation, Section)):
             return []
         model = annotation

@@ -42,7 +42,17 @@ base units (bit/s, seconds, probabilities). Quantities with units use netem's sy
 """
 
 
+def _nested(annotation: Any) -> type[Section] | None:
+    """The section model of an optional table inside a section ([wan.cross_traffic])."""
+    for arg in get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, Section):
+            return arg
+    return None
+
+
 def _type_text(annotation: Any) -> str:
+    if _nested(annotation) is not None:
+        return "table (below)"
     if get_origin(annotation) is dict:
         return "table"
     if get_origin(annotation) is Literal:
@@ -105,7 +115,12 @@ def _section(name: str, model: type[Section], note: str = "") -> list[str]:
         lines += [rest.strip(), ""]
     if note:
         lines += [note, ""]
-    return [*lines, *_table(model), ""]
+    lines += [*_table(model), ""]
+    for key, field in model.model_fields.items():
+        nested = _nested(field.annotation)
+        if nested is not None:
+            lines += _section(f"{name}.{field.alias or key}", nested)
+    return lines
 
 
 def _sentence(text: str | None) -> str:

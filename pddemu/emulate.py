@@ -40,10 +40,16 @@ import uvloop
 
 from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
-from netem.topology import LinkConfig, Network
+from netem.topology import Network
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.deployment import Deployment, DeploymentError, InstanceEvent
-from pddemu.emulated_network import intra_link, scale_model, wan_link
+from pddemu.emulated_network import (
+    ReplayConditions,
+    network_for,
+    replay_conditions,
+    scale_model,
+    wan_link,
+)
 from pddemu.hardware import load_chip
 from pddemu.metrics import (
     SLO,
@@ -82,6 +88,7 @@ class SystemRun:
     replay_start_s: float = 0.0  # modelled time of the replay's start (the faults' time 0)
     interrupted: bool = False
     wan_transfers: list[Any] = field(default_factory=list)  # KV transfers MD received
+    cross_traffic: dict[str, Any] | None = None  # what other tenants got on the WAN meanwhile
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -123,19 +130,22 @@ async def run_system(
     run = SystemRun(system, result.records, result.outputs)
     stats: dict[str, Any] = {}
     started = False
+    conditions: ReplayConditions | None = None
     try:
         await deployment.start()
         started = True
-        run.replay_start_s = clock.now() + REPLAY_LEAD_S
-        await replay(
-            deployment.frontend_url,
-            workload,
-            clock,
-            system,
-            run.replay_start_s,
-            result,
-            deployment.headers,
-        )
+        with replay_conditions(network, config, scale_model(config)) as conditions:
+            run.replay_start_s = clock.now() + REPLAY_LEAD_S  # the replay's and timeline's 0
+            conditions.begin(clock.wall_at(run.replay_start_s))
+            await replay(
+                deployment.frontend_url,
+                workload,
+                clock,
+                system,
+                run.replay_start_s,
+                result,
+                deployment.headers,
+            )
         stats = await deployment.stats()
     except asyncio.CancelledError:
         task = asyncio.current_task()
@@ -159,6 +169,8 @@ async def run_system(
     finally:
         await deployment.stop()
     run.events = list(deployment.events)
+    if conditions is not None:
+        run.cross_traffic = conditions.cross_traffic
     if started:
         run.partial += lost_instances(deployment, run.replay_start_s)
     run.protocol_errors = result.protocol_errors
@@ -297,9 +309,7 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
     )
     runs: dict[str, SystemRun] = {}
     tokens = ReferenceCheck(config, workload)
-    with Network(
-        LinkConfig.symmetric(link), intra=intra_link(config, scale), seed=config.workload.seed
-    ) as network:
+    with network_for(config, scale, seed=config.workload.seed) as network:
         for system in systems:
             run = uvloop.run(until_interrupted(run_system(system, config, network, workload, out)))
             on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
@@ -343,6 +353,8 @@ def write_outputs(
         summaries[system]["instance_events"] = [
             {**e.to_dict(), "at_s": e.at_s - run.replay_start_s} for e in run.events
         ]
+        if run.cross_traffic is not None:
+            summaries[system]["cross_traffic"] = run.cross_traffic
     reasons = {system: run.partial for system, run in runs.items() if run.partial}
     meta = {
         "partial": bool(reasons or not_run),
@@ -357,6 +369,9 @@ def write_outputs(
             "rate_bps": config.wan.rate_bps,
             "delay_s": config.wan.delay_s,
             "jitter_s": config.wan.jitter_s,
+            "qdisc": config.wan.qdisc,
+            "loss": config.wan.loss,
+            "schedule": config.wan.schedule,
         },
     }
     write_summary_json(out / "summary.json", summaries, meta)

@@ -1,13 +1,21 @@
-"""The emulated network of a scenario: its scale model and the netem links it asks for."""
+"""The emulated network of a scenario: its scale model, the netem links it asks for, and what
+runs on them during a replay (the timeline's link events, cross-traffic)."""
 
 from __future__ import annotations
 
-from netem.spec import LinkSpec
-from netem.topology import LinkConfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from netem.crosstraffic import CrossTraffic, CrossTrafficSpec, TimedChange, load_cross_schedule
+from netem.spec import LinkSpec, LossModel
+from netem.topology import LinkConfig, Network
 from pddemu.config import Config
 from pddemu.hardware import load_target
 from pddemu.model import ModelConfig
 from pddemu.scale import ScaleModel
+from pddemu.timeline import Timeline
 
 
 def scale_model(config: Config) -> ScaleModel:
@@ -20,26 +28,163 @@ def scale_model(config: Config) -> ScaleModel:
 
 
 def wan_link(config: Config, scale: ScaleModel) -> LinkSpec:
-    """The emulated WAN: the modelled one scaled in rate (bytes and time) and delay (time)."""
+    """The emulated WAN: the modelled one scaled in rate (bytes and time) and delay (time),
+    with its queueing discipline and loss model as they are."""
     wan = config.wan
     rate, delay, jitter = scale.emulated_link(wan.rate_bps or 1e12, wan.delay_s, wan.jitter_s)
-    loss = {"kind": "bernoulli", "p": wan.loss} if wan.loss else {"kind": "none"}
-    return LinkSpec.from_dict(
-        {
-            "rate_bps": rate if wan.rate_bps else None,
-            "delay_s": delay,
-            "jitter_s": jitter,
-            "jitter_dist": wan.jitter_dist,
-            "loss": loss,
-        }
-    )
+    return LinkSpec(
+        rate_bps=rate if wan.rate_bps else None,
+        qdisc=wan.qdisc,
+        delay_s=delay,
+        jitter_s=jitter,
+        jitter_dist=wan.jitter_dist,
+        loss=wan.loss_model,
+    ).validate()
 
 
 def intra_link(config: Config, scale: ScaleModel) -> LinkConfig | None:
     intra = config.intra
-    if intra.rate_bps is None and intra.delay_s == 0 and intra.jitter_s == 0:
+    if intra.rate_bps is None and intra.delay_s == 0 and intra.jitter_s == 0 and not intra.loss:
         return None
     rate, delay, jitter = scale.emulated_link(intra.rate_bps or 1e12, intra.delay_s, intra.jitter_s)
+    loss = LossModel("bernoulli", intra.loss) if intra.loss else LossModel()
     return LinkConfig.symmetric(
-        LinkSpec(rate_bps=rate if intra.rate_bps else None, delay_s=delay, jitter_s=jitter)
+        LinkSpec(
+            rate_bps=rate if intra.rate_bps else None,
+            delay_s=delay,
+            jitter_s=jitter,
+            jitter_dist=intra.jitter_dist,
+            loss=loss,
+        ).validate()
     )
+
+
+def timeline_of(config: Config) -> Timeline:
+    return Timeline.load(config.wan.schedule)
+
+
+def network_for(config: Config, scale: ScaleModel, **kwargs: Any) -> Network:
+    """The scenario's network (not yet up). A timeline's link events are its schedule, started
+    with each replay (`replay_conditions`), so the links they touch go through the shaper."""
+    return Network(
+        LinkConfig.symmetric(wan_link(config, scale)),
+        intra=intra_link(config, scale),
+        schedule=timeline_of(config).link_schedule(scale),
+        schedule_from_up=False,
+        **kwargs,
+    )
+
+
+def cross_traffic_spec(config: Config, scale: ScaleModel) -> CrossTrafficSpec | None:
+    """`[wan.cross_traffic]` on the emulated link: modelled bytes become genuine ones (the byte
+    scale), modelled seconds wall ones (the time scale); utilisation is the same at any scale."""
+    cross = config.wan.cross_traffic
+    if cross is None:
+        return None
+    schedule: tuple[TimedChange, ...] = ()
+    if cross.schedule:
+        schedule = tuple(
+            replace(
+                change,
+                at_s=scale.modelled_to_wall(change.at_s),
+                flow_bytes=max(1, round(change.flow_bytes * scale.byte_scale))
+                if change.flow_bytes is not None
+                else None,
+            )
+            for change in load_cross_schedule(cross.schedule)
+        )
+    return CrossTrafficSpec(
+        utilisation=cross.utilisation,
+        sizes=cross.sizes,
+        mean_bytes=max(1, round(cross.mean_size_bytes * scale.byte_scale)),
+        pareto_shape=cross.pareto_shape,
+        arrivals=cross.arrivals,
+        direction=cross.direction,
+        max_flows=cross.max_flows,
+        schedule=schedule,
+        seed=config.workload.seed,
+    ).validate()
+
+
+class ReplayConditions:
+    """What runs on the WAN during one replay besides the replay itself: the timeline's link
+    events and the cross-traffic. Made ready first (a generator process takes a moment to
+    start), begun at the replay's time 0, ended with the replay; then the links are as before
+    and `cross_traffic` holds the summary of what the other tenants got."""
+
+    def __init__(self, network: Network, config: Config, scale: ScaleModel) -> None:
+        self.network = network
+        self.scale = scale
+        spec = cross_traffic_spec(config, scale)
+        self.cross = CrossTraffic(network, spec) if spec is not None else None
+        self.begun = False
+        self.cross_traffic: dict[str, Any] | None = None
+
+    def prepare(self) -> None:
+        if self.cross is not None:
+            self.cross.prepare()
+
+    def begin(self, start: float) -> None:
+        """Time 0 of the timeline and of the cross-traffic: `start`, a time.monotonic() instant."""
+        self.begun = True
+        if self.network.schedule is not None:
+            self.network.start_schedule(start)
+        if self.cross is not None:
+            self.cross.begin(start)
+
+    def end(self) -> None:
+        try:
+            if self.cross is not None:
+                if self.begun:
+                    self.cross_traffic = cross_traffic_summary(self.cross.stop(), self.scale)
+                else:
+                    self.cross.kill()
+        finally:
+            if self.begun and self.network.schedule is not None and self.network.record:
+                self.network.stop_schedule()
+
+
+@contextmanager
+def replay_conditions(
+    network: Network, config: Config, scale: ScaleModel
+) -> Iterator[ReplayConditions]:
+    """Conditions made ready; the caller begins them at its replay's time 0."""
+    conditions = ReplayConditions(network, config, scale)
+    try:
+        conditions.prepare()
+        yield conditions
+    finally:
+        conditions.end()
+
+
+def cross_traffic_summary(report: dict[str, Any], scale: ScaleModel) -> dict[str, Any]:
+    """The generator's report in the summary's terms: modelled seconds and bytes beside the
+    genuine bytes on the emulated link, and the mean utilisation over the loaded directions."""
+    directions = report["directions"]
+    loaded = [d for d in directions.values() if d["target_utilisation"] > 0 or d["flows"]]
+    genuine = sum(d["bytes"] for d in directions.values())
+    return {
+        "duration_s": scale.wall_to_modelled(report["duration_s"]),
+        "target_utilisation": _mean([d["target_utilisation"] for d in loaded]),
+        "utilisation": _mean([d["utilisation"] for d in loaded]),
+        "bytes": scale.modelled_bytes(genuine),
+        "bytes_genuine": genuine,
+        "flows": sum(d["flows"] for d in directions.values()),
+        "flows_skipped": sum(d["flows_skipped"] for d in directions.values()),
+        "directions": {
+            name: {
+                "target_utilisation": d["target_utilisation"],
+                "utilisation": d["utilisation"],
+                "bytes": scale.modelled_bytes(d["bytes"]),
+                "bytes_genuine": d["bytes"],
+                "flows": d["flows"],
+                "flows_completed": d["flows_completed"],
+                "flows_skipped": d["flows_skipped"],
+            }
+            for name, d in directions.items()
+        },
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

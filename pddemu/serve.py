@@ -21,15 +21,15 @@ import asyncio
 import json
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import uvloop
 
-from netem.topology import LinkConfig, Network
 from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulated_network import intra_link, scale_model, wan_link
+from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
 from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_proxy import (
     DEFAULT_HOST,
@@ -44,11 +44,17 @@ from pddemu.roles.openai_api import MODEL_NAME
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
 
 
-async def serve(deployment: Deployment, stop: asyncio.Event, listener: socket.socket) -> None:
+async def serve(
+    deployment: Deployment,
+    stop: asyncio.Event,
+    listener: socket.socket,
+    conditions: ReplayConditions,
+) -> None:
     proxy = HostProxy(deployment.frontend_url, deployment.headers)
     try:
         await deployment.start()
         await proxy.start(listener)
+        conditions.begin(time.monotonic())  # the timeline's time 0: ready to serve
         url = server_url(listener)
         print(
             json.dumps(
@@ -112,17 +118,20 @@ def run_cli(args: argparse.Namespace) -> int:
     listener = getattr(args, "listener", None) or listen(args.host, args.port)
     config = load_config(args.config)
     scale = scale_model(config)
-    with Network(
-        LinkConfig.symmetric(wan_link(config, scale)), intra=intra_link(config, scale)
-    ) as network:
+    with (
+        network_for(config, scale) as network,
+        replay_conditions(network, config, scale) as conditions,
+    ):
         loop = uvloop.new_event_loop()
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         deployment = Deployment(args.system, config, network, args.run_dir, time.monotonic())
         try:
-            loop.run_until_complete(serve(deployment, stop, listener))
+            loop.run_until_complete(serve(deployment, stop, listener, conditions))
         finally:
             loop.close()
             listener.close()
+    if conditions.cross_traffic is not None:
+        print(f"pddemu: cross-traffic: {json.dumps(conditions.cross_traffic)}", file=sys.stderr)
     return 0

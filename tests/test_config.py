@@ -92,7 +92,7 @@ def test_units_are_read_as_netem_reads_them_and_json_keeps_base_units() -> None:
         overrides=['wan.rate="2.5gbit"', "wan.delay=15ms", "wan.jitter=1ms", 'wan.loss="0.5%"']
     )
     assert (config.wan.rate_bps, config.wan.delay_s, config.wan.jitter_s) == (2.5e9, 0.015, 0.001)
-    assert config.wan.loss == pytest.approx(0.005)
+    assert config.wan.loss_model.p == pytest.approx(0.005)  # text: it may be a gemodel
     assert config_from_json(json.loads(json.dumps(config_to_json(config)))) == config
     assert load_config(overrides=["wan.rate=unlimited"]).wan.rate_bps is None
 

@@ -2,8 +2,10 @@
 
 `CrossTraffic(network, spec).start(at)` runs the generator process in the run's namespaces
 from `at` (a time.monotonic() instant, possibly ahead: pddemu starts it with each replay);
-`stop()` ends it and returns what it achieved per direction: bytes received, flows, and the
-mean utilisation of the link's rate against the mean target.
+`prepare()` then `begin(at)` do the same in two steps, so the slow part (a process starting)
+can come before the instant is chosen. `stop()` ends it and returns what it achieved per
+direction: bytes received, flows, and the mean utilisation of the link's rate against the
+mean target.
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ class CrossTraffic:
         return {d: rate or 0.0 for d, rate in rates.items()}
 
     def start(self, at: float | None = None) -> None:
+        self.prepare()
+        self.begin(time.monotonic() if at is None else at)
+
+    def prepare(self) -> None:
+        """Start the generator and wait until its receivers listen."""
         addresses = self.network.addresses
         config = {
             "spec": self.spec.to_dict(),
@@ -88,7 +95,6 @@ class CrossTraffic:
                 "b": {"netns": self.network.b.netns, "addr": addresses.cross_b},
             },
             "rates": self.rates(),
-            "start": time.monotonic() if at is None else at,
             "port": PORT,
             "die_with_parent": threading.current_thread() is threading.main_thread(),
         }
@@ -103,7 +109,7 @@ class CrossTraffic:
         )
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(config) + "\n")
-        self.process.stdin.close()
+        self.process.stdin.flush()
         try:
             if not _line(self.process, START_TIMEOUT_S).get("ready"):
                 raise CrossTrafficError("the cross-traffic generator did not start")
@@ -111,6 +117,13 @@ class CrossTraffic:
             self.process.kill()
             self.kill()
             raise
+
+    def begin(self, at: float) -> None:
+        """Time 0 of the flows: `at`, a time.monotonic() instant."""
+        if self.process is None or self.process.stdin is None:
+            raise CrossTrafficError("cross-traffic was not prepared")
+        self.process.stdin.write(json.dumps({"start": at}) + "\n")
+        self.process.stdin.close()
 
     def stop(self) -> dict[str, Any]:
         """End the flows; the generator's report (per direction: bytes, flows, utilisation)."""
@@ -124,14 +137,18 @@ class CrossTraffic:
             self.kill()
 
     def kill(self) -> None:
+        """Make sure the generator is gone (a prepared one that never began is killed)."""
         process, self.process = self.process, None
         if process is None:
             return
+        if process.poll() is None and process.stdin is not None and not process.stdin.closed:
+            process.kill()  # never begun: it has nothing to report
         if process.poll() is None:
             try:
                 process.wait(5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()

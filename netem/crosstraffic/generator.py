@@ -3,10 +3,11 @@ DC B, through the same WAN as the emulator's own traffic.
 
 Started by `netem.crosstraffic.CrossTraffic` inside DC A's namespace (`python -m
 netem.crosstraffic.generator`, JSON config on stdin). It opens a receiver on the far end of
-each direction it loads (entering DC B's namespace to make that socket), prints one JSON line
-when they listen, starts each flow at its time (a new connection that sends the flow's bytes
-and closes), and on SIGTERM stops, closes every connection and prints its counts as one JSON
-line. It dies with its parent.
+each direction it loads (entering DC B's namespace to make that socket) and prints one JSON
+line when they listen; then it reads its time 0 (a time.monotonic() instant) as one more line,
+starts each flow at its time (a new connection that sends the flow's bytes and closes), and on
+SIGTERM stops, closes every connection and prints its counts as one JSON line. It dies with
+its parent.
 """
 
 from __future__ import annotations
@@ -56,26 +57,31 @@ class Generator:
         self.spec = CrossTrafficSpec.from_dict(config["spec"])
         self.ends: dict[str, dict[str, str]] = config["ends"]  # a/b -> netns, addr
         self.rates: dict[str, float] = config["rates"]  # a2b/b2a -> bit/s
-        self.start: float = config["start"]  # time.monotonic() of time 0
+        self.start = 0.0  # time.monotonic() of time 0, given once the receivers listen
         self.port: int = config["port"]
         self.directions = sorted(
             set(self.spec.directions())
             | {c.direction or self.spec.directions()[0] for c in self.spec.schedule if c.flow_bytes}
         )
         self.counts = {d: Counts() for d in self.directions}
+        self.listeners = {d: self.listener(d) for d in self.directions}
         self.servers: list[asyncio.AbstractServer] = []
 
     @staticmethod
     def ends_of(direction: str) -> tuple[str, str]:
         return ("a", "b") if direction == "a2b" else ("b", "a")
 
+    def listener(self, direction: str) -> socket.socket:
+        """The listening socket of a direction's receiver, made in its far end's namespace."""
+        far = self.ends[self.ends_of(direction)[1]]
+        sock = _socket_in(far["netns"])
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((far["addr"], self.port))
+        sock.listen(1024)
+        return sock
+
     async def listen(self) -> None:
-        for direction in self.directions:
-            far = self.ends[self.ends_of(direction)[1]]
-            sock = _socket_in(far["netns"])
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((far["addr"], self.port))
-            sock.listen(1024)
+        for direction, sock in self.listeners.items():
             counts = self.counts[direction]
             self.servers.append(
                 await asyncio.start_server(lambda r, w, c=counts: self.receive(r, w, c), sock=sock)
@@ -135,7 +141,6 @@ class Generator:
 
     async def run(self, stop: asyncio.Event) -> dict[str, Any]:
         await self.listen()
-        print(json.dumps({"ready": True}), flush=True)
         senders = [asyncio.ensure_future(self.arrivals(d)) for d in self.directions]
         await stop.wait()
         ended = time.monotonic()
@@ -173,6 +178,8 @@ def main() -> int:
         if os.getppid() != parent:  # the parent died before the death signal was armed
             return 1
     generator = Generator(config)
+    print(json.dumps({"ready": True}), flush=True)
+    generator.start = float(json.loads(sys.stdin.readline())["start"])
 
     async def serve() -> dict[str, Any]:
         stop = asyncio.Event()

@@ -1,0 +1,59 @@
+"""The shared WAN measured from outside at small sizes, with the benchmark's own code (the
+figures in docs/netem.md come from the same functions at full size, under the CPU lock).
+
+Margins here are wider than the benchmark's targets: these runs are short and may share the
+machine; each still fails when the behaviour is absent (a fifo's queue, an unfair split, no
+cross-traffic, a trace not followed, an outage of the wrong length)."""
+
+from __future__ import annotations
+
+import pytest
+
+from netem import bench_wan
+from tests.conftest import require_namespaces
+
+
+@pytest.fixture(autouse=True)
+def namespaces(tools: None) -> None:
+    require_namespaces()
+
+
+def test_disciplines_keep_ping_out_of_the_bulk_queue() -> None:
+    """One saturating TCP flow at 20 Mbit/s: fifo's queue shows in ping; fq, fq_codel and a
+    marked ping under prio stay near the idle round trip."""
+    results = {
+        qdisc: bench_wan.qdisc_latency(
+            qdisc, rate_bps=20e6, delay_s=0.005, seconds=2.5, warmup_s=1.5, pings=50, idle_pings=30
+        )
+        for qdisc in ("fifo", "fq_codel", "prio")
+    }
+    assert results["fifo"]["excess_p50_ms"] >= 10.0, results["fifo"]
+    assert results["fq_codel"]["excess_p50_ms"] <= 5.0, results["fq_codel"]
+    assert results["prio"]["excess_p50_ms"] <= 2.0, results["prio"]
+    for result in results.values():
+        assert result["bulk_goodput_bps"] >= 0.8 * 20e6  # the bulk flow still fills the link
+
+
+def test_fq_shares_the_link_fairly() -> None:
+    result = bench_wan.fairness(flows=4, rate_bps=20e6, seconds=3, omit_s=1)
+    assert result["jain_index"] >= 0.9, result
+    assert sum(result["stream_bps"]) >= 0.8 * 20e6
+
+
+def test_cross_traffic_reaches_its_target_utilisation() -> None:
+    result = bench_wan.cross_traffic_utilisation(
+        target=0.5, rate_bps=20e6, seconds=3, arrivals="paced", mean_bytes=50_000
+    )
+    assert result["relative_error"] <= 0.15, result
+    assert result["wire_utilisation"] >= 0.4  # DC B's kernel saw it too
+
+
+def test_a_mahimahi_trace_is_followed_per_100ms() -> None:
+    result = bench_wan.trace_replay(seconds=3, period_ms=1000)
+    assert result["intervals"] >= 20
+    assert result["relative_error_p50"] <= 0.02, result
+
+
+def test_a_scheduled_outage_is_seen_by_ping() -> None:
+    result = bench_wan.outage(down_at_s=0.7, outage_s=1.0)
+    assert abs(result["error_s"]) <= 0.05, result
