@@ -251,6 +251,14 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     wan, intra = _link_specs(args)
     schedule = load_schedule(args.schedule) if args.schedule else None
+    if args.cross_traffic is not None:
+        for direction in args.cross_traffic.directions():
+            if not getattr(wan, direction).rate_bps:
+                print(
+                    f"netem: error: --cross-traffic loads {direction}, which needs a --rate",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
     rootless.ensure_network_privileges(force=args.rootless)
     from netem.topology import Network, TopologyError
 

@@ -267,6 +267,12 @@ class WanConfig(LinkModel):
     def loss_model(self) -> LossModel:
         return LossModel.parse(self.loss)
 
+    @model_validator(mode="after")
+    def _cross_traffic_needs_a_rate(self) -> WanConfig:
+        if self.cross_traffic is not None and self.rate_bps is None:
+            raise ValueError("cross_traffic: its utilisation is a share of the rate: give a rate")
+        return self
+
 
 class IntraConfig(LinkModel):
     """The intra-DC path P↔RLD

@@ -215,3 +215,60 @@ def test_rootless_mode_in_a_user_namespace(run_name: str, tmp_path) -> None:
     assert not [
         ns for ns in list_namespaces() if ns.startswith(f"netem-{run_name}-")
     ]  # never on the host
+
+
+def test_disciplines_schedules_and_cross_traffic_from_the_command_line(
+    run_name: str, tmp_path
+) -> None:
+    schedule = tmp_path / "wan.schedule"
+    schedule.write_text("0.3 b2a.link=down\n60 b2a.link=up\n")
+    process, ready = start(
+        run_name,
+        "--rate",
+        "20mbit",
+        "--qdisc",
+        "fq_codel",
+        "--schedule",
+        str(schedule),
+        "--cross-traffic",
+        "utilisation=0.2,mean=20kb,arrivals=paced,dir=a2b",
+    )
+    try:
+        assert ready["cross_traffic"]["a"].startswith("198.18.")
+        assert ping_from_a(run_name, ready["b"]["addr"]).returncode != 0  # replies cannot return
+        changed = subprocess.run(
+            [*NETEM, "set", "--name", run_name, "--dir", "a2b", "--qdisc", "prio:fq"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert changed.returncode == 0, changed.stderr
+        assert json.loads(changed.stdout)["a2b"]["qdisc"] == "prio:fq"
+        stats = json.loads(
+            subprocess.run(
+                [*NETEM, "ls", "--json"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        assert run_name in [r["name"] for r in stats]
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    report = json.loads(err.split("netem: cross-traffic: ", 1)[1].splitlines()[0])
+    assert report["directions"]["a2b"]["flows"] > 0  # flows start; the b2a outage stalls them
+    assert gone(run_name, [])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["up", "--qdisc", "red"], "unknown qdisc"),
+        (["up", "--cross-traffic", "utilisation=2"], "in [0, 1]"),
+        (["up", "--schedule", "/nonexistent/schedule"], "cannot read schedule"),
+    ],
+)
+def test_bad_wan_options_get_one_line(args: list[str], needle: str) -> None:
+    done = subprocess.run(NETEM + args, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], done.stderr
