@@ -51,7 +51,6 @@ class Direction:
             self.rate.set_qdisc(make_qdisc(spec.qdisc, spec.queue_limit_bytes, spec.mtu))
         else:
             self.rate.qdisc.resize(spec.queue_limit_bytes)
-        self.rate.release(now)  # an unlimited link hands its queue on at once
         self.loss.model = spec.loss
         self.delay.configure(spec.delay_s, spec.jitter_s, spec.jitter_dist, spec.reorder)
         self.spec = spec

@@ -303,7 +303,7 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
     print(
         f"pddemu: {len(workload)} requests of {config.workload.trace}, systems {', '.join(systems)}; "
         f"emulated WAN {link.rate_bps / 1e6 if link.rate_bps else float('inf'):.1f} Mbit/s, "
-        f"{link.delay_s * 1e3:.1f} ms one way (modelled {config.wan.rate_bps / 1e9 if config.wan.rate_bps else 0:g} Gbit/s, "
+        f"{link.delay_s * 1e3:.1f} ms one way, {link.qdisc} (modelled {config.wan.rate_bps / 1e9 if config.wan.rate_bps else 0:g} Gbit/s, "
         f"{config.wan.delay_s * 1e3:g} ms); scale: token 1/{config.scale.token_scale}, time x{config.scale.time_scale:g}",
         file=sys.stderr,
     )
