@@ -26,6 +26,15 @@ from netem.spec import LinkSpec, LossModel
 from netem.topology import LinkConfig, Network
 
 IPERF_PORT = 5201
+REALTIME = ["chrt", "--fifo", "10"]
+
+
+def realtime_allowed() -> bool:
+    """Whether this process may start one at real-time priority (not in a user namespace)."""
+    try:
+        return subprocess.run([*REALTIME, "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -85,14 +94,28 @@ def iperf(
     server_ns: str | None = None,
     server_addr: str | None = None,
     server_args: tuple[str, ...] = (),
+    server_priority: bool = False,
 ) -> dict[str, Any]:
-    """One iperf3 run from DC A to DC B (or another server namespace); its JSON report."""
+    """One iperf3 run from DC A to DC B (or another server namespace); its JSON report. With
+    `server_priority` the receiving iperf3 runs at real-time priority where allowed, so its
+    per-interval counts follow arrivals rather than when a busy machine let it read."""
     server_ns = server_ns or net.b.netns
     server_addr = server_addr or net.b.addr
     server = subprocess.Popen(
         command_in(
             server_ns,
-            ["iperf3", "-s", "-1", "-J", "-B", server_addr, "-p", str(IPERF_PORT), *server_args],
+            [
+                *(REALTIME if server_priority and realtime_allowed() else []),
+                "iperf3",
+                "-s",
+                "-1",
+                "-J",
+                "-B",
+                server_addr,
+                "-p",
+                str(IPERF_PORT),
+                *server_args,
+            ],
         ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from netem import mahimahi, nsutil
-from netem.bench import _network, iperf, ping
+from netem.bench import _network, iperf, ping, realtime_allowed
 from netem.crosstraffic import CrossTraffic, CrossTrafficSpec
 from netem.nsexec import command_in
 from netem.schedule import load_schedule, parse_schedule
@@ -223,6 +223,7 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
             "1472",
             "--get-server-output",
             server_args=("-i", "0.1"),
+            server_priority=True,
         )
     intervals = [
         (i["sum"]["start"], i["sum"]["end"], i["sum"]["bytes"] * 1500 / 1472)
@@ -249,7 +250,8 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
     return {
         "config": f"synthetic mahimahi trace, steps of 100-400 ms at 24-96 Mbit/s, period "
         f"{period_ms} ms, imported in {bin_ms} ms bins; {seconds:g}s",
-        "tool": "iperf3 UDP 130 Mbit/s of 1472-byte datagrams; the receiver's 0.1 s intervals",
+        "tool": "iperf3 UDP 130 Mbit/s of 1472-byte datagrams; the receiver's 0.1 s intervals "
+        f"(receiver at real-time priority: {realtime_allowed()})",
         "intervals": len(intervals),
         "relative_error_p50": _median(relative),
         "relative_error_max": worst,

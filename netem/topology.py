@@ -491,11 +491,6 @@ class Network:
                 index = found[0]
                 queue = {"txqlen": TUN_TX_QUEUE} if ifname in self._tun_links else {}
                 ipr.link("set", index=index, state="up", mtu=mtu, **queue)
-                if queue:
-                    # One FIFO where packets wait for the shaper to read them: the kernel's
-                    # default pfifo_fast would sort them by TOS (putting DSCP AF classes
-                    # behind best effort) before the emulated bottleneck is even reached.
-                    ipr.tc("replace", kind="pfifo", index=index, handle=0x10000, limit=TUN_TX_QUEUE)
                 for dst, gateway in routes:
                     if gateway is None:
                         ipr.route("add", dst=dst, oif=index, prefsrc=address)
