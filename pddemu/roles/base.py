@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import traceback
 from typing import Any
@@ -93,7 +94,7 @@ class Instance:
         await web.TCPSite(runner, self.spec.me.addr, self.spec.me.http_port).start()
         await self.start()
         if self.role != "FE":
-            self.spawn(self.heartbeats(), "heartbeats")
+            self.start_heartbeats()
         try:
             await self.stopping.wait()
         finally:
@@ -108,18 +109,33 @@ class Instance:
     def add_routes(self, app: web.Application) -> None:
         """Extra HTTP routes (the frontend's request API)."""
 
+    def start_heartbeats(self) -> None:
+        """Heartbeats come from a thread of their own, on a connection of their own: they prove
+        the process runs (a kill or a SIGSTOP ends them), not that its event loop is free
+        (genuine compute may hold the loop for longer than a heartbeat period, and a busy
+        instance is not a lost one)."""
+        threading.Thread(
+            target=lambda: asyncio.run(self.heartbeats()), name="heartbeats", daemon=True
+        ).start()
+
     async def heartbeats(self) -> None:
         """Tell the router this instance is alive, every heartbeat period of modelled time (a
-        late wake-up sends one heartbeat, never a burst)."""
+        late wake-up sends one heartbeat, never a burst). Runs on its own thread's loop."""
         routers = [a.name for a in self.spec.peers_with_role("FE")]
+        channels: dict[str, Channel] = {}
         period = self.config.faults.heartbeat_period_s
         due = self.clock.now()
         while True:
             for router in routers:
                 try:
-                    await self.tell(router, "heartbeat", {"at": self.clock.now()})
-                except OSError:
-                    pass  # the router is unreachable: the next heartbeat tries again
+                    channel = channels.get(router)
+                    if channel is None or channel.closed:
+                        channel = channels[router] = await self.open(router, "heartbeat")
+                    await channel.send(Control("heartbeat", {"at": self.clock.now()}))
+                except OSError:  # the router is unreachable: the next heartbeat tries again
+                    lost = channels.pop(router, None)
+                    if lost is not None:
+                        lost.close()
             due = max(due + period, self.clock.now())
             await self.clock.sleep_until(due)
 
