@@ -55,6 +55,10 @@ class RequestRecord:
     duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
     gap_tokens: int = 0  # positions received but held back behind a missing one when the request
     # ended (a failed request's diagnosis; a completed request has none)
+    retries: int = 0  # times it was routed again from the start (an instance lost before its
+    # first token)
+    failovers: int = 0  # times its stream moved to another instance (the one it was on lost)
+    failover_path: str = ""  # what was done, when, e.g. "31.20 s: MD0 lost: moved to MD1 ..."
 
     @property
     def ttft_s(self) -> float | None:

@@ -21,6 +21,8 @@ from pddemu.metrics.records import (
 )
 
 _COUNTERS = (
+    "retries",
+    "failovers",
     "output_tokens",
     "expected_output_tokens",
     "handoff_rounds",

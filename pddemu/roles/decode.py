@@ -17,7 +17,14 @@ instance (the relay) delivers them.
 
 Extends (MD recomputing the KV of a relay's eager outputs at a handoff) run inside the batched
 decode step, as chunked prefill piggybacks on decode: one forward pass over the batch's decode
-tokens and the extend's tokens, costed by `CostModel.forward_step`.
+tokens and the extend's tokens, costed by `CostModel.forward_step`. The same step takes over a
+stream another instance lost (`resume_stream`): the outputs the user already has are extended
+and checked against this model's own prediction, and decoding goes on from the next position.
+
+Memory is admitted before anything is allocated: a KV transfer waits at its `kv_begin` (the
+connection, one per transfer, is held back meanwhile) until the request's whole KV fits beside
+the others', and only then is its buffer made. Every size a peer announces is bounded by what
+this instance can hold.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import KVChunk
 from pddemu.wire.tensors import kv_tensor
-from pddemu.workload.expansion import output_group_start
+from pddemu.workload.expansion import output_group_start, output_index
 
 log = logging.getLogger("pddemu.decode")
 BACK_TO_BACK_S = (
@@ -88,6 +95,9 @@ class DecodeInstance(Instance):
         self.admission_waits = 0
         self.last_end = -math.inf
         self.receiving: dict[str, dict[str, Any]] = {}  # KV transfers in progress, by request
+        self.arriving: set[str] = set()  # KV complete, being taken in (kv_arrived)
+        self.transfers_cut = 0  # transfers that ended before their kv_end (sender lost or cut)
+        self.resumed = 0  # streams taken over from a lost instance
 
     async def start(self) -> None:
         self.spawn(self.loop(), "decode loop")
@@ -242,12 +252,18 @@ class DecodeInstance(Instance):
     # -- memory ---------------------------------------------------------------------------
 
     async def reserve_memory(self, request: DecodeRequest) -> None:
-        """Wait until the request's whole KV (prompt and outputs) fits beside the others'.
+        """Reserve the request's whole KV (prompt and outputs), waiting until it fits."""
+        request.reserved = await self.reserve_tokens(
+            int(request.meta["input_tokens"]) + request.total
+        )
+
+    async def reserve_tokens(self, need: int) -> int:
+        """Wait until `need` modelled tokens of KV (a request's prompt and outputs) fit beside
+        the others'; returns what was reserved.
 
         A request that does not fit waits for earlier ones to finish (it is admitted alone
         when nothing else holds memory, so a too-long request still runs).
         """
-        need = int(request.meta["input_tokens"]) + request.total
         capacity = self.cost.kv_capacity_tokens()
         async with self.memory:
             if self.kv_reserved + need > capacity:
@@ -256,28 +272,52 @@ class DecodeInstance(Instance):
                 lambda: self.kv_reserved == 0 or self.kv_reserved + need <= capacity
             )
             self.kv_reserved += need
-            request.reserved = need
+            return need
+
+    async def release_tokens(self, tokens: int) -> None:
+        async with self.memory:
+            self.kv_reserved -= tokens
+            self.memory.notify_all()
 
     async def release_memory(self, request: DecodeRequest) -> None:
-        async with self.memory:
-            self.kv_reserved -= request.reserved
-            request.reserved = 0
-            self.memory.notify_all()
+        tokens, request.reserved = request.reserved, 0
+        await self.release_tokens(tokens)
 
     # -- KV arriving from P ---------------------------------------------------------------
 
+    def bounded(self, body: dict[str, Any], key: str, low: int, high: int) -> int:
+        value = body.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
+        return value
+
     async def on_kv_begin(self, message: Envelope) -> None:
+        """A transfer begins: it waits here (its connection held back) until the request's
+        memory is admitted, then its buffer is made."""
         body = message.body
-        prompt_len = int(body["prompt_tokens"])
-        capacity = prompt_len + int(body["meta"]["genuine_output_tokens"]) + 1
-        kv = KV.empty(self.model_config, capacity=capacity)
-        prefix = self.prefix_for(body["rid"], int(body["offset"]))
-        if prefix is not None:
-            kv.append(prefix)
+        meta = body["meta"]
+        genuine = self.kv_capacity_genuine()
+        modelled = self.cost.kv_capacity_tokens()
+        prompt_len = self.bounded(body, "prompt_tokens", 1, genuine)
+        offset = self.bounded(body, "offset", 0, prompt_len)
+        outputs = self.bounded(meta, "genuine_output_tokens", 1, genuine)
+        need = self.bounded(meta, "input_tokens", 1, modelled) + self.bounded(
+            meta, "output_tokens", 1, modelled
+        )
+        reserved = await self.reserve_tokens(need)
+        try:
+            kv = KV.empty(self.model_config, capacity=prompt_len + outputs + 1)
+            prefix = self.prefix_for(body["rid"], offset)
+            if prefix is not None:
+                kv.append(prefix)
+        except BaseException:
+            await self.release_tokens(reserved)
+            raise
         self.receiving[body["rid"]] = {
             "kv": kv,
             "body": body,
             "bytes": 0,
+            "reserved": reserved,
             "channel": message.channel,
             "begun_at": self.clock.now(),  # the transfer's first byte arrived
         }
@@ -301,6 +341,8 @@ class DecodeInstance(Instance):
         state = self.receiving.get(chunk.request_id)
         if state is None:
             raise ValueError(f"KV chunk for {chunk.request_id} without kv_begin")
+        if state["channel"] is not channel:
+            raise ValueError(f"KV chunk for {chunk.request_id} on another transfer's connection")
         if chunk.token_start != state["kv"].tokens:
             raise ValueError(
                 f"KV chunk of {chunk.request_id} starts at {chunk.token_start}, "
@@ -313,9 +355,10 @@ class DecodeInstance(Instance):
 
     async def on_kv_end(self, message: Envelope) -> None:
         rid = message.body["rid"]
-        state = self.receiving.pop(rid, None)
-        if state is None:
-            raise ValueError(f"kv_end for {rid} without kv_begin")
+        state = self.receiving.get(rid)
+        if state is None or state["channel"] is not message.channel:
+            raise ValueError(f"kv_end for {rid} without kv_begin on its connection")
+        del self.receiving[rid]
         body = state["body"]
         if state["kv"].tokens != int(body["prompt_tokens"]):
             raise ValueError(
@@ -333,24 +376,33 @@ class DecodeInstance(Instance):
             chunks=state.get("arrivals", []),
         )
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
-        # Admission may wait for memory: not on this connection, which P reuses for its next
-        # transfer here.
+        request.reserved = state["reserved"]
+        # Not on this connection, which P reuses for its next transfer here.
+        self.arriving.add(rid)
         self.spawn(
-            self._admit(request, int(message.body["first_token"]), body, state["bytes"]),
-            f"admission of {rid}",
+            self._arrive(request, int(message.body["first_token"]), body, state["bytes"]),
+            f"arrival of {rid}",
         )
 
-    async def _admit(
+    async def _arrive(
         self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
     ) -> None:
-        await self.reserve_memory(request)
-        await self.kv_arrived(request, first_token, begin, genuine_bytes)
+        try:
+            await self.kv_arrived(request, first_token, begin, genuine_bytes)
+        finally:
+            self.arriving.discard(request.rid)
+
+    def expects(self, rid: str) -> bool:
+        """Whether a request's KV is on its way here or being taken in."""
+        return rid in self.receiving or rid in self.arriving
 
     def channel_closed(self, channel: Any) -> None:
-        """A transfer cut off mid-way (P cancelled it, or died): what arrived of it is the
-        subclass's to keep or forget."""
+        """A transfer cut off mid-way (P cancelled it, or died): its memory is released, what
+        arrived of it is the subclass's to keep or forget."""
         for rid in [rid for rid, state in self.receiving.items() if state["channel"] is channel]:
             state = self.receiving.pop(rid)
+            self.transfers_cut += 1
+            self.spawn(self.release_tokens(state["reserved"]), f"memory of {rid}")
             self.transfer_cut(rid, state["kv"])
 
     def transfer_cut(self, rid: str, kv: KV) -> None:
@@ -369,7 +421,17 @@ class DecodeInstance(Instance):
         raise NotImplementedError
 
     async def start_stream(self, request: DecodeRequest, first_token: int) -> None:
-        """Own the request's stream from its first token (the one P computed) and decode on."""
+        """Own the request's stream from its first token (the one P computed) and decode on;
+        or, for a stream another instance lost, from where the user's tokens stop."""
+        resume = request.meta.get("resume")
+        if resume and resume["ids"]:
+            ids = [int(x) for x in resume["ids"]]
+            if ids[0] != first_token:
+                raise ValueError(
+                    f"{request.rid}: P's first token {first_token} differs from the user's {ids[0]}"
+                )
+            await self.resume_stream(request, ids, int(resume["position"]), have=0)
+            return
         self.requests[request.rid] = request
         request.streaming = True
         request.outputs = [first_token]
@@ -379,9 +441,77 @@ class DecodeInstance(Instance):
         if not request.finished:
             self.start_decoding(request)
 
+    async def resume_stream(
+        self, request: DecodeRequest, ids: list[int], position: int, have: int
+    ) -> None:
+        """Take over a stream at modelled `position`, the user holding the genuine outputs
+        `ids` (the last one's group begun). The KV of all but the last is recomputed in one
+        extend inside the next step (`have` of them are in the KV already), the model's
+        prediction after them must be the last, and decoding goes on, streaming from
+        `position`."""
+        if len(ids) > request.total or not 0 <= have < len(ids) or position > request.total:
+            raise ValueError(f"{request.rid}: cannot resume {len(ids)} outputs at {position}")
+        self.requests[request.rid] = request
+        self.resumed += 1
+        todo = ids[have:-1]
+
+        def run() -> None:
+            kv, logits = self.model.extend(todo, request.kv)
+            request.kv.append(kv)
+            if greedy(logits[-1]) != ids[-1]:
+                raise ValueError(
+                    f"{request.rid}: this model predicts {greedy(logits[-1])} after the user's "
+                    f"tokens, the user has {ids[-1]}"
+                )
+
+        async def then(_at: float) -> None:
+            if request.rid not in self.requests:  # released meanwhile
+                return
+            request.outputs = list(ids)
+            request.emitted = request.stream_from = position
+            request.produced = []
+            request.streaming = True
+            if position >= request.total:
+                request.finished = True
+                await self.finished(request)
+            else:
+                self.start_decoding(request)
+
+        if not todo:
+            await then(self.clock.now())
+            return
+        tokens = self.group_start(len(ids) - 1) - self.group_start(have)
+        context = int(request.meta["input_tokens"]) + self.group_start(have)
+        self.add_extend(Extend(request, tokens, context, run, then, self.clock.now()))
+
+    async def resend_from(self, request: DecodeRequest, position: int) -> None:
+        """Stream from an earlier `position` than agreed: the positions produced here but left
+        to another instance, which was lost before delivering them, are sent now."""
+        upto = min(request.stream_from, request.emitted)
+        scale = self.config.scale.token_scale
+        now = self.clock.now()
+        start = position
+        while start < upto:
+            index = output_index(start, scale)
+            end = min(upto, self.group_start(index + 1))
+            body = {
+                "rid": request.rid,
+                "index": index,
+                "id": request.outputs[index],
+                "first": start,
+                "times": [now] * (end - start),
+                "source": self.name,
+                "role": self.role,
+            }
+            await self.send_tokens(request, body)
+            start = end
+        request.stream_from = min(request.stream_from, position)
+
     def stats(self) -> dict[str, Any]:
         return {
             **super().stats(),
+            "transfers_cut": self.transfers_cut,
+            "resumed": self.resumed,
             "tokens_generated": self.tokens_generated,
             "active": len(self.requests),
             "kv_reserved_tokens": self.kv_reserved,

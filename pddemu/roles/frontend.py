@@ -13,6 +13,14 @@ the prompt, and learns each request's length when it ends. The anomalous-traffic
 twice: early, routing a long-input request the predictor is confident is short RLD-only; and
 late, cutting off mid-way the WAN transfer of a relayed request the relay finished first.
 
+When an instance a request needs is lost (the router's view, `pddemu.runtime.liveness`), the
+request fails over from what the survivors hold (`fail_over`, docs/architecture.md): routed
+again from the start before its first token (once), its stream resumed on MD when the relay
+is lost, finished on the relay when MD is, or moved to another decode instance, which
+recomputes the KV of the tokens the user already has in one extend and streams on from there.
+Instances know a request by its *leg*: its id for the first routing, a new one for each
+re-routing or move, so nothing of an abandoned leg is ever mistaken for the current one.
+
 Every request ends completed or failed (with the reason); nothing is left without an end.
 """
 
@@ -38,12 +46,15 @@ from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
-from pddemu.runtime.liveness import Change, Liveness
+from pddemu.runtime.liveness import DOWN, Change, Liveness
 from pddemu.wire import TokenIds
 from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
 
 DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
 WAN_DECODE = {"pdd": True, "naive": True, "indc": False}
+MAX_ROUTINGS = 2  # a request whose P (or routing) is lost is routed once more, on others
+MAX_MOVES = 2  # its stream moves to another instance at most this often
+CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its connection (a bound)
 
 
 @dataclass
@@ -74,6 +85,12 @@ class Flight:
     recorded: bool = False  # the record is written: tokens arriving later are not the user's
     work: asyncio.Task | None = None  # routing and waiting for the tokens (run_flight)
     abandoned: str = ""  # why the request was given up before its end (its client went away)
+    leg: str = ""  # the id the instances know the current routing by
+    legs: list[str] = field(default_factory=list)  # every leg it had
+    attempt: asyncio.Task | None = None  # the current routing and wait for the tokens
+    reroute: str = ""  # why the current attempt is being replaced by a new routing
+    routings: int = 0
+    moves: int = 0
 
     def abandon(self, reason: str) -> None:
         """Give the request up: it fails with `reason`, and what it holds is released."""
@@ -95,6 +112,10 @@ class Flight:
     def md_took_over(self) -> bool:
         return self.record.md_tokens > 0
 
+    def note(self, at: float, text: str) -> None:
+        path = self.record.failover_path
+        self.record.failover_path = f"{path}; {at:.2f} s: {text}" if path else f"{at:.2f} s: {text}"
+
 
 class Frontend(Instance):
     role = "FE"
@@ -103,6 +124,8 @@ class Frontend(Instance):
         super().__init__(spec)
         self.system = spec.system
         self.flights: dict[str, Flight] = {}
+        self.legs: dict[str, Flight] = {}  # every leg of a request in flight -> its flight
+        self.failover_log: list[dict[str, Any]] = []  # what was done when instances were lost
         self.p_names = [a.name for a in spec.peers_with_role("P")]
         self.decode_names = [a.name for a in spec.peers_with_role(DECODE_ROLE[self.system])]
         self.rld_names = [a.name for a in spec.peers_with_role("RLD")]
@@ -159,10 +182,215 @@ class Frontend(Instance):
 
     def liveness_changed(self, change: Change) -> None:
         self.liveness_changes.append(change)
+        if change.state == DOWN:
+            self.spawn(self.fail_over(change.instance), f"failover from {change.instance}")
 
     def routable(self, names: list[str]) -> list[str]:
-        """The instances among `names` to route to: those alive, or all if none is."""
-        return [name for name in names if self.liveness.routable(name)] or names
+        """The instances among `names` to route to: those up; if none is, those suspect (not
+        down); if all are down, all (the request then fails with the reason)."""
+        return (
+            [name for name in names if self.liveness.routable(name)]
+            or [name for name in names if not self.liveness.down(name)]
+            or names
+        )
+
+    async def tell(self, name: str, kind: str, body: dict[str, Any], *attachments: Any) -> int:
+        """An instance that cannot be reached at all (its port refuses: the process is gone)
+        is down, as if its connection had closed."""
+        try:
+            return await super().tell(name, kind, body, *attachments)
+        except ConnectionError:
+            change = self.liveness.lost(name, self.clock.now(), "its port refused a connection")
+            if change is not None:
+                self.liveness_changed(change)
+            raise
+
+    # -- failover -------------------------------------------------------------------------
+
+    async def fail_over(self, lost: str) -> None:
+        """`lost` is down: every request that needs it goes on from what the others hold."""
+        for flight in list(self.flights.values()):
+            await self.fail_over_one(flight, lost)
+
+    async def fail_over_one(self, flight: Flight, lost: str) -> None:
+        if flight.recorded or lost not in (flight.p, flight.decode, flight.rld):
+            return
+        try:
+            await self.fail_over_flight(flight, lost)
+        except Exception as error:  # noqa: BLE001 - one request's failover, not the others'
+            self.errors.append(f"failover of {flight.record.request_id}: {error!r}")
+            flight.abandon(f"{lost} was lost and its failover failed: {error}")
+
+    async def fail_over_flight(self, flight: Flight, lost: str) -> None:
+        record = flight.record
+        leg = flight.leg
+        if not record.pipeline or (lost == flight.p and not flight.ids):
+            self.log_failover(flight, lost, "routed again")
+            if flight.routings >= MAX_ROUTINGS:
+                flight.abandon(f"{lost} was lost before the first token, twice")
+            else:  # before its first token: route it again from the start, elsewhere
+                flight.reroute = f"{lost} lost before the first token"
+                if flight.attempt is not None:
+                    flight.attempt.cancel()
+            return
+        if lost == flight.p:  # its prompt is computed: only P's unreported transfers end
+            self.log_failover(flight, lost, "transfers from it dropped")
+            self.wan.forget(leg)
+            self.transfers_over(flight, set(flight.transfers))
+            return
+        if lost == flight.rld and record.pipeline == "P-RLD-MD" and not flight.md_took_over:
+            if self.liveness.routable(flight.decode):  # MD holds (or gets) the prompt's KV
+                self.log_failover(flight, lost, f"resumed on {flight.decode}")
+                flight.note(self.clock.now(), f"{lost} lost: {flight.decode} resumes the stream")
+                record.failovers += 1
+                ids, position = self.resume_point(flight)
+                await self.tell(
+                    flight.decode, "resume", {"rid": leg, "ids": ids, "position": position}
+                )
+                await self._quietly(self.tell(lost, "release", {"rid": leg, "kv_expected": True}))
+                flight.rld = ""
+                return
+        if (
+            lost == flight.decode
+            and record.pipeline == "P-RLD-MD"
+            and not flight.md_took_over
+            and flight.rld
+            and self.liveness.routable(flight.rld)
+        ):  # the relay finishes it, as PDD's fallback
+            self.log_failover(flight, lost, f"finished on {flight.rld}")
+            flight.note(self.clock.now(), f"{lost} lost: {flight.rld} finishes the request")
+            await self._quietly(self.tell(flight.rld, "md_lost", {"rid": leg}))
+            await self._quietly(self.tell(flight.p, "cut", {"rid": leg, "destination": lost}))
+            await self._quietly(self.tell(lost, "release", {"rid": leg, "kv_expected": True}))
+            self.wan.forget(leg)
+            self.transfers_over(flight, {lost})
+            flight.decode = ""
+            return
+        if lost == flight.rld and flight.md_took_over:
+            return  # the relay had handed the request over
+        await self.move(flight, lost)
+
+    async def move(self, flight: Flight, lost: str, why: str = "") -> None:
+        """Move the stream to another decode instance (another MD or D; for pdd, the relay if
+        no MD is left): P sends it the prompt's KV (its prefix cache makes the prefill cheap;
+        an MD's DRC keeps the transfer to the increment), it recomputes the KV of the tokens
+        the user already has in one extend and streams on from the next position."""
+        if flight.moves >= MAX_MOVES:
+            flight.abandon(f"{lost} was lost after {flight.moves} moves")
+            return
+        target = self.move_target(flight)
+        if target is None:
+            self.log_failover(flight, lost, "failed: nothing to move to")
+            flight.abandon(f"{lost} was lost and no decode instance is left to take the request")
+            return
+        flight.moves += 1
+        record = flight.record
+        old = flight.leg
+        await self._quietly(self.tell(lost, "release", {"rid": old, "kv_expected": True}))
+        if flight.p:
+            await self._quietly(self.tell(flight.p, "cut", {"rid": old, "destination": lost}))
+        self.wan.forget(old)
+        self.transfers_over(flight, set(flight.transfers))
+        leg = self.new_leg(flight, f"{record.request_id}~{len(flight.legs)}")
+        ids, position = self.resume_point(flight)
+        self.log_failover(flight, lost, f"moved to {target}")
+        why = why or f"{lost} lost"
+        flight.note(self.clock.now(), f"{why}: moved to {target} at position {position}")
+        record.failovers += 1
+        p = flight.p if flight.p and self.liveness.routable(flight.p) else ""
+        flight.p = p or self.pick(self.p_names, flight.session)
+        self.add_load(flight, flight.p)
+        self.add_load(flight, target)
+        relay = target in self.rld_names
+        offset = 0 if relay else await self.held_prefix(flight, target, leg)
+        meta = {
+            **self.leg_meta(flight),
+            "pipeline": "RLD-only" if relay else "P-MD",
+            "md": target,
+            "resume": {"ids": ids, "position": position},
+        }
+        if relay:
+            flight.rld, flight.decode = target, ""
+        else:
+            flight.decode = target
+            if WAN_DECODE[self.system]:
+                increment = self.modelled_tokens(record, len(flight.prompt) - offset)
+                self.wan.started(leg, increment * self.target_kv_bytes)
+        flight.transfers = {target}
+        flight.transfers_reported.clear()
+        prompt = TokenIds.from_ints(leg, 0, flight.prompt)
+        await self.tell(flight.p, "prefill", {"rid": leg, **meta}, prompt)
+        destination = {"name": target, "offset": offset, "meta": meta}
+        await self.tell(flight.p, "route", {"rid": leg, "destinations": [destination]})
+
+    def move_target(self, flight: Flight) -> str | None:
+        """A live decode instance of the system's kind; for pdd, else a live relay."""
+        decodes = [n for n in self.decode_names if self.liveness.routable(n)]
+        if decodes:
+            return self.pick(decodes, flight.session)
+        relays = [n for n in self.rld_names if self.liveness.routable(n)]
+        return self.pick_least_loaded(relays) if relays else None
+
+    async def held_prefix(self, flight: Flight, target: str, leg: str) -> int:
+        """How much of the prompt `target`'s DRC holds (pinned for the leg), asked with a
+        deadline: a target that does not answer in time gets the whole prompt."""
+        loop = asyncio.get_running_loop()
+        flight.replies = {"matched": loop.create_future()}
+        await self.tell(target, "match", {"rid": leg}, TokenIds.from_ints(leg, 0, flight.prompt))
+        patience = self.config.faults.down_after_s / self.config.scale.time_scale
+        try:
+            reply = await asyncio.wait_for(flight.replies["matched"], patience)
+        except TimeoutError:
+            return 0
+        hit = int(reply["hit"])
+        flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
+        return hit
+
+    def resume_point(self, flight: Flight) -> tuple[list[int], int]:
+        """The genuine ids of every output whose tokens the user has begun to get, and the
+        modelled position the stream goes on from."""
+        position = flight.delivered
+        if position == 0:
+            return [], 0
+        count = output_index(position - 1, self.config.scale.token_scale) + 1
+        return [flight.ids[i] for i in range(count)], position
+
+    def transfers_over(self, flight: Flight, names: set[str]) -> None:
+        """Transfers that will not be reported (their P or their receiver is lost)."""
+        flight.transfers -= names
+        if not flight.transfers:
+            flight.transfers_reported.set()
+
+    def log_failover(self, flight: Flight, lost: str, action: str) -> None:
+        self.failover_log.append(
+            {
+                "at_s": self.clock.now(),
+                "instance": lost,
+                "request": flight.record.request_id,
+                "action": action,
+            }
+        )
+
+    async def forget_leg(self, flight: Flight) -> None:
+        """An abandoned routing: what its instances hold for it is released (an instance that
+        was lost gets the message if it comes back), and nothing of it counts any more."""
+        leg = flight.leg
+        for name in flight.loaded:
+            self.load[name] -= 1
+        flight.loaded = []
+        if flight.p:
+            await self._quietly(self.tell(flight.p, "cancel", {"rid": leg}))
+        for name in (flight.rld, flight.decode):
+            if name:
+                await self._quietly(self.tell(name, "release", {"rid": leg, "kv_expected": True}))
+        self.wan.forget(leg)
+        flight.p = flight.decode = flight.rld = ""
+        flight.transfers = set()
+        flight.transfers_reported.set()
+        record = flight.record
+        record.pipeline = ""
+        record.md_hit_tokens = None
+        record.wan_bytes_without_drc = 0
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
@@ -225,7 +453,14 @@ class Frontend(Instance):
         )
         flight = Flight(record, prompt, genuine_output, session)
         self.flights[rid] = flight
+        self.new_leg(flight, rid)
         return flight
+
+    def new_leg(self, flight: Flight, leg: str) -> str:
+        flight.leg = leg
+        flight.legs.append(leg)
+        self.legs[leg] = flight
+        return leg
 
     # -- one request ----------------------------------------------------------------------
 
@@ -256,6 +491,8 @@ class Frontend(Instance):
             await self.settle(flight)
             await self.await_transfers(flight, timeout)
             self.flights.pop(record.request_id, None)
+            for leg in flight.legs:
+                self.legs.pop(leg, None)
             flight.settled.set()
 
     async def await_transfers(self, flight: Flight, timeout: float) -> None:
@@ -275,17 +512,34 @@ class Frontend(Instance):
         flight.record.failure_reason = reason
 
     async def run_flight(self, flight: Flight) -> None:
+        """Route the request and wait for its tokens; an instance lost before the first token
+        has it routed once more from the start, on other instances."""
+        while True:
+            flight.routings += 1
+            flight.attempt = asyncio.ensure_future(self.route(flight))
+            try:
+                await flight.attempt
+                return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not flight.reroute or (task is not None and task.cancelling()):
+                    raise
+            except ConnectionError as error:  # an instance it was routed to is gone
+                if flight.ids or flight.routings >= MAX_ROUTINGS:
+                    raise
+                flight.reroute = f"an instance could not be reached ({error})"
+            reason, flight.reroute = flight.reroute, ""
+            await self.forget_leg(flight)
+            flight.record.retries += 1
+            leg = self.new_leg(flight, f"{flight.record.request_id}~{len(flight.legs)}")
+            flight.note(self.clock.now(), f"{reason}: routed again as {leg}")
+
+    async def route(self, flight: Flight) -> None:
         record = flight.record
-        rid = record.request_id
+        rid = flight.leg
         flight.p = self.pick(self.p_names, flight.session)
         flight.decode = self.pick(self.decode_names, flight.session)
-        meta = {
-            "input_tokens": record.input_tokens,
-            "output_tokens": record.expected_output_tokens,
-            "genuine_output_tokens": flight.genuine_output,
-            "frontend": self.name,
-            "session": flight.session,
-        }
+        meta = self.leg_meta(flight)
         loop = asyncio.get_running_loop()
         flight.replies = {"p_hit": loop.create_future(), "matched": loop.create_future()}
         prompt = TokenIds.from_ints(rid, 0, flight.prompt)
@@ -303,7 +557,10 @@ class Frontend(Instance):
         if self.system == "pdd":
             flight.prediction = self.predictor.predict(flight.features)
             record.predicted_output_tokens = flight.prediction.tokens
-        pipeline = self.decide(flight.features, flight.prediction, increment)
+        decided = self.decide(flight.features, flight.prediction, increment)
+        pipeline = self.reachable(decided)
+        if pipeline != decided:
+            flight.note(self.clock.now(), f"routed {pipeline}, not {decided}: instances down")
         record.pipeline = pipeline
         record.wan_bytes_without_drc = (
             record.input_tokens * self.target_kv_bytes
@@ -324,12 +581,24 @@ class Frontend(Instance):
             if WAN_DECODE[self.system]:
                 self.wan.started(rid, increment * self.target_kv_bytes)
         else:
-            record.anomaly_filtered = True
-            record.wan_bytes_cancelled = increment * self.target_kv_bytes
+            if decided == "RLD-only":  # the anomaly filter's choice, not a failover's
+                record.anomaly_filtered = True
+                record.wan_bytes_cancelled = increment * self.target_kv_bytes
             await self.tell(flight.decode, "release", {"rid": rid, "kv_expected": False})
         flight.transfers = {d["name"] for d in destinations}
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         await flight.done.wait()
+
+    def leg_meta(self, flight: Flight) -> dict[str, Any]:
+        """What every instance a leg goes to is told of the request."""
+        record = flight.record
+        return {
+            "input_tokens": record.input_tokens,
+            "output_tokens": record.expected_output_tokens,
+            "genuine_output_tokens": flight.genuine_output,
+            "frontend": self.name,
+            "session": flight.session,
+        }
 
     @staticmethod
     def routing_features(flight: Flight) -> PromptFeatures:
@@ -368,6 +637,19 @@ class Frontend(Instance):
         )
         return choose_pipeline(policy, inputs)
 
+    def reachable(self, pipeline: str) -> str:
+        """The pipeline without a part every instance of which is down (suspect ones, only
+        silent a while, still count): no relay left, P-MD; no MD left, RLD-only."""
+        if self.system != "pdd":
+            return pipeline
+        relay = any(not self.liveness.down(name) for name in self.rld_names)
+        md = any(not self.liveness.down(name) for name in self.decode_names)
+        if pipeline in ("P-RLD-MD", "RLD-only") and not relay and md:
+            return "P-MD"
+        if pipeline in ("P-RLD-MD", "P-MD") and not md and relay:
+            return "RLD-only"
+        return pipeline
+
     def pick(self, names: list[str], session: str | None) -> str:
         """Session affinity keeps a conversation on the instance whose cache holds its prefix."""
         names = self.routable(names)
@@ -387,9 +669,10 @@ class Frontend(Instance):
         everywhere; one the relay finished before MD took over, on MD, its WAN transfer cut off
         mid-way if still under way (the anomaly filter; what reached MD stays in its DRC).
         A completed request's delivered length teaches the output length predictor."""
-        rid = flight.record.request_id
+        rid = flight.leg
         for name in flight.loaded:
             self.load[name] -= 1
+        flight.loaded = []
         failed = flight.record.state == "failed"
         routed_to_md = flight.record.pipeline not in ("", "RLD-only")
         if not failed and flight.features is not None and flight.prediction is not None:
@@ -423,9 +706,13 @@ class Frontend(Instance):
             )
 
     async def _quietly(self, coroutine: Any) -> None:
+        """A cleanup message: an instance that cannot be reached (lost, or across a WAN that
+        is down) is not waited for beyond a bound, and not an error."""
         try:
-            await coroutine
-        except (OSError, ValueError) as error:
+            await asyncio.wait_for(coroutine, CLEANUP_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            pass
+        except ValueError as error:
             self.errors.append(f"cleanup: {error!r}")
 
     def finish_record(self, flight: Flight) -> None:
@@ -447,6 +734,15 @@ class Frontend(Instance):
     async def on_heartbeat(self, _message: Envelope) -> None:
         """Heard (as every message is, in `heard_from`)."""
 
+    async def on_stream_lost(self, message: Envelope) -> None:
+        """An instance asked to go on with a request (resume it, or finish it alone) no longer
+        holds it: the request moves elsewhere."""
+        flight = self.legs.get(message.body["rid"])
+        if flight is None or flight.recorded or message.body["rid"] != flight.leg:
+            return
+        instance = str(message.body["instance"])
+        await self.move(flight, instance, f"{instance} does not hold it")
+
     async def on_p_hit(self, message: Envelope) -> None:
         self._reply(message, "p_hit")
 
@@ -454,15 +750,24 @@ class Frontend(Instance):
         self._reply(message, "matched")
 
     def _reply(self, message: Envelope, kind: str) -> None:
-        flight = self.flights.get(message.body["rid"])
-        if flight is not None and kind in flight.replies and not flight.replies[kind].done():
+        flight = self.legs.get(message.body["rid"])
+        if (
+            flight is not None
+            and message.body["rid"] == flight.leg
+            and kind in flight.replies
+            and not flight.replies[kind].done()
+        ):
             flight.replies[kind].set_result(message.body)
 
     async def on_transfer_done(self, message: Envelope) -> None:
-        flight = self.flights.get(message.body["rid"])
+        flight = self.legs.get(message.body["rid"])
         if flight is None:
             return
         destination = message.body["destination"]
+        if message.body["rid"] != flight.leg:  # an abandoned leg's: its bytes did cross
+            if WAN_DECODE[self.system] and destination in self.decode_names:
+                self.add_wan_bytes(flight, int(message.body["bytes"]))
+            return
         if destination == flight.decode and WAN_DECODE[self.system]:
             self.add_wan_bytes(flight, int(message.body["bytes"]))
             if message.body["cancelled"]:
@@ -477,6 +782,13 @@ class Frontend(Instance):
         flight.transfers.discard(destination)
         if not flight.transfers:
             flight.transfers_reported.set()
+        if message.body.get("unreachable") and not flight.recorded:
+            # P could not reach it: it is lost (the router may not have seen it yet)
+            change = self.liveness.lost(destination, self.clock.now(), "P could not reach it")
+            if change is not None:
+                self.liveness_changed(change)  # fails over every request that needs it
+            else:
+                await self.fail_over_one(flight, destination)
 
     def add_wan_bytes(
         self, flight: Flight, genuine_bytes: int, modelled_bytes: float | None = None
@@ -492,7 +804,7 @@ class Frontend(Instance):
         self.wan.arrived(body["rid"], float(body["at"]) - float(body["first_chunk_at"]))
 
     async def on_handoff_sent(self, message: Envelope) -> None:
-        flight = self.flights.get(message.body["rid"])
+        flight = self.legs.get(message.body["rid"])
         if flight is None:
             return
         record = flight.record
@@ -524,7 +836,7 @@ class Frontend(Instance):
         is counted, and its genuine id must agree with the first's.
         """
         body = message.body
-        flight = self.flights.get(body["rid"])
+        flight = self.legs.get(body["rid"])
         if flight is None or flight.recorded:  # a failed request's stream is already closed
             return
         index, token, first = int(body["index"]), int(body["id"]), int(body["first"])
@@ -571,4 +883,5 @@ class Frontend(Instance):
             "in_flight": len(self.flights),
             "wan_correction": self.wan.correction,
             "liveness": [asdict(change) for change in self.liveness_changes],
+            "failovers": self.failover_log,
         }

@@ -8,6 +8,12 @@ prompt it already holds (`match`, which pins that prefix) and P sends only the r
   through the relay's handoff parts: token ids it recomputes inside its next batched step
   (Extend-Decode), or KV it copies into its cache (KV-delta). The final part names the switch
   position S: MD decodes on from the relay's position and streams from S, the relay up to S.
+- the relay lost (`resume`): the frontend sends the ids the user has; MD extends those it lacks
+  (as a handoff part) and streams on from the user's position, or, if it had already taken
+  over, sends the positions the relay never delivered.
+
+The DRC keeps copies of the prompts' KV, not views into the requests' buffers (which hold room
+for every output too): it pins exactly what it counts.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class MainDecodeInstance(DecodeInstance):
         self.known: dict[str, list[int]] = {}  # outputs received in handoff parts (KV computed)
         self.predicted: dict[str, int] = {}  # the next output the last extend predicts
         self.part_delays: dict[str, float] = {}  # relay -> how long its last part took to come
+        self.pending_resume: dict[str, dict[str, Any]] = {}  # relay lost before the KV came
 
     # -- the frontend's questions ---------------------------------------------------------
 
@@ -63,6 +70,7 @@ class MainDecodeInstance(DecodeInstance):
         and, if its KV is still on its way, drop that when it comes (keeping it in the DRC)."""
         rid = message.body["rid"]
         self._unpin_match(rid)
+        self.pending_resume.pop(rid, None)
         request = self.requests.get(rid)
         if request is not None:
             await self.drop(request)
@@ -88,8 +96,13 @@ class MainDecodeInstance(DecodeInstance):
         self.released.discard(rid)
         pinned = self.matches.get(rid)
         if self.config.policy.drc and pinned is not None and kv.tokens:
-            self.store.release(self.store.insert(pinned.prompt[: kv.tokens], kv))
+            self.store.release(self.store.insert(pinned.prompt[: kv.tokens], kv.clone()))
         self._unpin_match(rid)
+        resume = self.pending_resume.pop(rid, None)
+        if resume is not None:  # its relay is lost too: the frontend moves it elsewhere
+            (router,) = [a.name for a in self.spec.peers_with_role("FE")]
+            lost = {"rid": rid, "instance": self.name}
+            self.spawn(self.tell(router, "stream_lost", lost), f"{rid} lost")
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:
         if offset == 0:
@@ -110,7 +123,7 @@ class MainDecodeInstance(DecodeInstance):
         pinned = self.matches.get(rid)
         if self.config.policy.drc and pinned is not None:
             self.held[rid] = self.store.insert(
-                pinned.prompt, request.kv.token_slice(0, request.prompt_len)
+                pinned.prompt, request.kv.token_slice(0, request.prompt_len).clone()
             )
         self._unpin_match(rid)
         await self.tell(
@@ -132,6 +145,11 @@ class MainDecodeInstance(DecodeInstance):
         if request.meta["pipeline"] == "P-RLD-MD":
             self.requests[rid] = request
             self.known[rid] = []
+            request.meta["p_first_token"] = first_token
+            resume = self.pending_resume.pop(rid, None)
+            if resume is not None:  # the relay was lost meanwhile
+                await self.take_over(request, resume)
+                return
             rld = request.meta["rld"]
             await self.tell(rld, "md_ready", {"rid": rid, **self.outlook(rld)})
             return
@@ -149,6 +167,59 @@ class MainDecodeInstance(DecodeInstance):
         if relay in self.part_delays:  # each measured delay is reported once
             said["part_delay"] = self.part_delays.pop(relay)
         return said
+
+    # -- the relay lost --------------------------------------------------------------------
+
+    async def on_resume(self, message: Envelope) -> None:
+        """The relay streaming this request was lost: take the stream over from the user's
+        position, now or when the prompt's KV has come."""
+        body = message.body
+        rid = body["rid"]
+        request = self.requests.get(rid)
+        if request is not None:
+            await self.take_over(request, body)
+        elif self.expects(rid):
+            self.pending_resume[rid] = body
+        else:
+            await message.channel.control("stream_lost", {"rid": rid, "instance": self.name})
+
+    async def take_over(self, request: DecodeRequest, body: dict[str, Any]) -> None:
+        """Stream from the user's position: extend the outputs the user has beyond the relay's
+        parts; or, the parts being ahead of the user, produce the positions between from them;
+        or, already streaming from the relay's switch, send what the relay left out."""
+        rid = request.rid
+        ids = [int(x) for x in body["ids"]]
+        position = int(body["position"])
+        known = self.known.get(rid)
+        if known is None:
+            if request.streaming and position < request.stream_from:
+                await self.resend_from(request, position)
+            return
+        self.extends = type(self.extends)(e for e in self.extends if e.request is not request)
+        common = min(len(known), len(ids))
+        if known[:common] != ids[:common]:
+            raise ValueError(f"{rid}: the relay's parts differ from the user's tokens")
+        predicted = self.predicted.pop(rid, None)
+        if not ids:  # the user has nothing yet: the stream is this instance's from P's token
+            self.known.pop(rid, None)
+            await self.start_stream(request, int(request.meta["p_first_token"]))
+        elif len(ids) > len(known):
+            self.known.pop(rid, None)
+            await self.resume_stream(request, ids, position, have=len(known))
+        elif predicted is not None:  # the parts are ahead: their outputs, then the prediction
+            self.known.pop(rid, None)
+            request.outputs = [*known, predicted]
+            request.emitted = request.stream_from = self.group_start(len(known))
+            request.produced = []
+            request.streaming = True
+            self.resumed += 1
+            await self.resend_from(request, position)
+            self.start_decoding(request)
+        else:  # KV-delta parts ahead of the user, the next output unknown here: move it
+            await self.on_release(Envelope("release", {"rid": rid}, [], None))
+            await self.tell(
+                request.meta["frontend"], "stream_lost", {"rid": rid, "instance": self.name}
+            )
 
     # -- handoff from the relay -----------------------------------------------------------
 

@@ -68,6 +68,7 @@ class PrefillInstance(Instance):
         self.work = asyncio.Event()
         self.pool = TransferPool(self.open)
         self.prefill_tokens = 0
+        self.transfers_cut = 0  # sends that ended unfinished (cut, cancelled, receiver lost)
 
     async def start(self) -> None:
         self.spawn(self.schedule(), "prefill scheduler")
@@ -77,6 +78,8 @@ class PrefillInstance(Instance):
     async def on_prefill(self, message: Envelope) -> None:
         rid = message.body["rid"]
         prompt = message.token_ids()
+        if not 0 < len(prompt) <= self.kv_capacity_genuine():
+            raise ValueError(f"{rid}: a prompt of {len(prompt)} tokens does not fit this instance")
         hit, node, handles = self.store.match(prompt)
         job = PrefillJob(rid, prompt, message.body, message.channel, hit=hit, node=node)
         job.kv = KV.empty(self.model_config, capacity=len(prompt))
@@ -187,8 +190,14 @@ class PrefillInstance(Instance):
     # -- sending --------------------------------------------------------------------------
 
     async def send(self, job: PrefillJob, destination: Destination) -> None:
-        channel = await self.pool.acquire(destination.name)
         started = self.clock.now()
+        try:
+            channel = await self.pool.acquire(destination.name)
+        except ConnectionError:  # the receiver is gone: the frontend hears at once
+            self.transfers_cut += 1
+            await self._report(job, destination, started, cancelled=True, unreachable=True)
+            self._forget_if_done(job)
+            return
         try:
             await channel.control(
                 "kv_begin",
@@ -215,13 +224,17 @@ class PrefillInstance(Instance):
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
             await channel.control("kv_end", {"rid": job.rid, "first_token": job.first_token})
-        except BaseException:
-            # Cancelled, or the connection failed: the receiver sees the transfer end unfinished
-            # and forgets it; the frontend hears that it will not complete.
+        except (asyncio.CancelledError, ConnectionError) as error:
+            # Cancelled, or the connection broke (the receiver was lost): the receiver sees the
+            # transfer end unfinished and forgets it; the frontend hears it will not complete.
             channel.close()
-            await self._report(job, destination, started, cancelled=True)
+            self.transfers_cut += 1
+            lost = isinstance(error, ConnectionError)
+            await self._report(job, destination, started, cancelled=True, unreachable=lost)
             self._forget_if_done(job)
-            raise
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
         self.pool.release(destination.name, channel)
         await self._report(job, destination, started, cancelled=False)
         self._forget_if_done(job)
@@ -233,12 +246,19 @@ class PrefillInstance(Instance):
             d.task is not None and not d.task.done() and d.task is not current
             for d in job.destinations
         )
-        if job.first_token is not None and (job.cancelled or job.routed.is_set()) and not sending:
+        done = job.first_token is not None and (job.cancelled or job.routed.is_set())
+        if done and not sending and self.jobs.get(job.rid) is job:
             self.jobs.pop(job.rid, None)
 
     async def _report(
-        self, job: PrefillJob, destination: Destination, started: float, cancelled: bool
+        self,
+        job: PrefillJob,
+        destination: Destination,
+        started: float,
+        cancelled: bool,
+        unreachable: bool = False,
     ) -> None:
+        """Tell the frontend how a transfer ended (`unreachable`: its receiver was lost)."""
         if job.frontend.closed:
             return
         await job.frontend.control(
@@ -252,6 +272,7 @@ class PrefillInstance(Instance):
                 "started": started,
                 "ended": self.clock.now(),
                 "cancelled": cancelled,
+                "unreachable": unreachable,
             },
         )
 
@@ -259,5 +280,6 @@ class PrefillInstance(Instance):
         return {
             **super().stats(),
             "prefill_tokens": self.prefill_tokens,
+            "transfers_cut": self.transfers_cut,
             "cache_tokens": self.store.size_tokens,
         }

@@ -59,6 +59,7 @@ class RelayInstance(DecodeInstance):
         self.handoffs: dict[str, Handoff] = {}
         self.md_ready_early: dict[str, dict[str, Any]] = {}  # MD was ready before the relay
         self.released: set[str] = set()  # ended while their KV was on its way here
+        self.md_lost: set[str] = set()  # their MD was lost: no handoff, finished here
         self.md_cost = cost_model(self.config, spec.system, "MD")
         self._kv_lock = asyncio.Lock()
         wan = self.config.wan
@@ -125,6 +126,8 @@ class RelayInstance(DecodeInstance):
         """MD holds the prompt KV: start the handoff (after the current step)."""
         rid = message.body["rid"]
         self.heard_from_md(message.body)
+        if rid in self.md_lost:  # an MD that was given up for lost came back: too late
+            return
         request = self.requests.get(rid)
         if request is None:  # still waiting for memory here, or already gone
             self.md_ready_early[rid] = message.body
@@ -142,6 +145,16 @@ class RelayInstance(DecodeInstance):
             await self.drop(request)
         elif message.body.get("kv_expected"):
             self.released.add(rid)
+
+    async def on_md_lost(self, message: Envelope) -> None:
+        """MD was lost: no handoff; this relay finishes the request (PDD's relay as the
+        fallback), or says it no longer holds it."""
+        rid = message.body["rid"]
+        self.md_lost.add(rid)
+        self.handoffs.pop(rid, None)
+        self.md_ready_early.pop(rid, None)
+        if rid not in self.requests and not self.expects(rid):
+            await message.channel.control("stream_lost", {"rid": rid, "instance": self.name})
 
     async def on_caught_up(self, message: Envelope) -> None:
         self.heard_from_md(message.body)
@@ -294,6 +307,7 @@ class RelayInstance(DecodeInstance):
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)
         self.handoffs.pop(request.rid, None)
+        self.md_lost.discard(request.rid)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "handoffs_open": len(self.handoffs)}

@@ -124,6 +124,34 @@ class Emulation:
             await deployment.stop()
         return records, outputs, stats
 
+    def run_with_faults(
+        self, system: str, requests: list[Request], faults: tuple[Any, ...], config: Config
+    ) -> tuple[list[RequestRecord], dict[str, list[int]], dict, Deployment]:
+        """Replay `requests` on `system` (with `config`) while `faults` (pddemu.faults) happen
+        at their modelled times from the replay's start."""
+        return uvloop.run(self._run_with_faults(system, requests, faults, config))
+
+    async def _run_with_faults(self, system, requests, faults, config):
+        from pddemu.faults import inject
+
+        epoch = time.monotonic()
+        deployment = Deployment(system, config, self.network, self.run_dir, epoch)
+        try:
+            await deployment.start()
+            clock = ModelledClock(epoch, config.scale.time_scale)
+            start = clock.now() + 0.5
+            injecting = asyncio.ensure_future(
+                inject(faults, deployment, clock.now, clock.sleep_until, start)
+            )
+            result = await replay(
+                deployment.frontend_url, requests, clock, system, start, headers=deployment.headers
+            )
+            await injecting
+            stats = await deployment.stats()
+        finally:
+            await deployment.stop()
+        return result.records, result.outputs, stats, deployment
+
 
 def run_async(coroutine: Any) -> Any:
     return asyncio.run(coroutine)

@@ -1,0 +1,39 @@
+"""A faults file: instance faults picked out of a timeline, link events left in order."""
+
+from __future__ import annotations
+
+import pytest
+
+from pddemu.faults import FaultError, InstanceFault, split_faults
+
+TEXT = """# a scenario's faults
+10    link=down
+15    link=up kill=MD0
+20s   pause=RLD0,3s   # SIGSTOP for 3 modelled seconds
+30    restart=MD0 a2b.rate=1gbit
+"""
+
+
+def test_instance_faults_are_split_from_link_events_keeping_line_numbers() -> None:
+    faults, rest = split_faults(TEXT, "f.txt")
+    assert faults == (
+        InstanceFault(15.0, "kill", "MD0"),
+        InstanceFault(20.0, "pause", "RLD0", 3.0),
+        InstanceFault(30.0, "restart", "MD0"),
+    )
+    assert rest.splitlines() == ["", "10 link=down", "15 link=up", "", "30 a2b.rate=1gbit"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5 kill=FE0", r"f.txt:1: 'kill=FE0': name an instance"),
+        ("5 kill=MD0,3s", r"f.txt:1: 'kill=MD0,3s': only a pause takes a duration"),
+        ("5 pause=MD0,0s", r"f.txt:1: 'pause=MD0,0s': a pause lasts a positive time"),
+        ("-1 kill=MD0", r"f.txt:1: a time must be finite and not negative"),
+        ("5 kill=MD0\n60 repeat", r"f.txt:2: a timeline with instance faults cannot repeat"),
+    ],
+)
+def test_a_bad_fault_is_one_line_naming_file_line_and_reason(text: str, message: str) -> None:
+    with pytest.raises(FaultError, match=message):
+        split_faults(text, "f.txt")
