@@ -134,6 +134,12 @@ def summarize(
             "duplicate_tokens": sum(r.duplicate_tokens for r in records),
             "gap_tokens": sum(r.gap_tokens for r in records),
         },
+        "failover": {
+            "retried": sum(1 for r in records if r.retries),
+            "moved": sum(1 for r in records if r.failovers),
+            "retries": sum(r.retries for r in records),
+            "failovers": sum(r.failovers for r in records),
+        },
         "emulator_lag_s": _lag(instances),
         "cost_per_hour": cost,
         "cost_per_hour_by_role": _cost_by_role(instances, wan_cost_per_hour),
