@@ -279,6 +279,10 @@ class Frontend(Instance):
             flight.abandon(f"{lost} was lost after {flight.moves} moves")
             return
         target = self.move_target(flight)
+        if target is None and not why and lost not in self.liveness.gone:
+            # only silent (a partition, or paused): it may still hold the request; wait for it
+            self.log_failover(flight, lost, "waits: nothing to move to")
+            return
         if target is None:
             self.log_failover(flight, lost, "failed: nothing to move to")
             flight.abandon(f"{lost} was lost and no decode instance is left to take the request")

@@ -41,6 +41,7 @@ class Liveness:
     down_after_s: float
     last: dict[str, float] = field(default_factory=dict)  # modelled time last heard from
     state: dict[str, str] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)  # down because its connection ended, not silent
 
     def __post_init__(self) -> None:
         if not 0 < self.suspect_after_s <= self.down_after_s:
@@ -53,6 +54,7 @@ class Liveness:
         if name not in self.state:
             return None
         self.last[name] = max(self.last.get(name, now), now)
+        self.gone.discard(name)
         if self.state[name] == UP:
             return None
         self.state[name] = UP
@@ -60,6 +62,8 @@ class Liveness:
 
     def lost(self, name: str, now: float, reason: str) -> Change | None:
         """Its connection closed: down at once."""
+        if name in self.state:
+            self.gone.add(name)
         if self.state.get(name, DOWN) == DOWN:
             return None
         self.state[name] = DOWN

@@ -65,3 +65,16 @@ def test_an_instance_not_heard_from_yet_is_not_judged() -> None:
 def test_suspect_must_not_exceed_down() -> None:
     with pytest.raises(ValueError, match="suspect_after_s"):
         Liveness(["P0"], suspect_after_s=3.0, down_after_s=2.0)
+
+
+def test_gone_is_a_closed_connection_not_a_silence_and_ends_when_heard() -> None:
+    live = view()
+    beat(live, ["P0", "MD0", "MD1"], 0.0, 1.0)
+    beat(live, ["P0", "MD1"], 1.1, 3.5)  # MD0 silent (a partition, a pause)
+    for step in range(11, 36):
+        live.check(step / 10, on_time=True)
+    assert live.down("MD0") and "MD0" not in live.gone
+    live.lost("MD1", 3.5, "its connection closed")
+    assert live.gone == {"MD1"}
+    live.heard("MD1", 4.0)  # restarted
+    assert live.gone == set() and live.routable("MD1")
