@@ -14,6 +14,8 @@ queueing discipline can treat them as a real network would (RFC 4594's classes):
 - `control`, the long-lived connection between two instances (requests, token ids streamed to
   the frontend, handoffs, md_ready, caught_up, took_over, release, transfer reports): AF21,
   low-latency data;
+- `heartbeat`, an instance's heartbeats to the router, from a thread of their own: AF21 too
+  (behind bulk KV they would be late, and a late heartbeat makes a live instance look lost);
 - `kv`, one connection per bulk KV transfer in flight (kv_begin, KV chunks, kv_end): AF11,
   high-throughput data.
 The connecting side marks its socket before connecting (the SYN is marked too); the accepting
@@ -37,7 +39,7 @@ MAX_ATTACHMENTS = 4096  # frames one message may carry (a prompt's ids are one f
 MAX_ATTACHED_BYTES = 512 << 20  # payload they may carry together (each frame is capped too)
 AF11 = 10
 AF21 = 18
-DSCP_BY_PURPOSE = {"control": AF21, "kv": AF11}
+DSCP_BY_PURPOSE = {"control": AF21, "heartbeat": AF21, "kv": AF11}
 
 
 def mark_socket(sock: socket.socket, purpose: str) -> None:

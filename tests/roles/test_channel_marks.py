@@ -50,7 +50,7 @@ async def exchange(host: str, listener: socket.socket, purpose: str) -> tuple[in
 
 
 def test_each_purpose_marks_both_ends_of_its_connection() -> None:
-    for purpose, dscp in (("control", AF21), ("kv", AF11), ("other", 0)):
+    for purpose, dscp in (("control", AF21), ("heartbeat", AF21), ("kv", AF11), ("other", 0)):
         listener = socket.create_server(("127.0.0.1", 0))
         near, far, _ = asyncio.run(exchange("127.0.0.1", listener, purpose))
         assert (near >> 2, far >> 2) == (dscp, dscp), purpose
