@@ -2,7 +2,10 @@
 (streamed as server-sent events, or whole), /v1/models. Standard clients and benchmark tools
 can then drive the emulated system; each response's last chunk carries the emulator's record of
 the request (`pddemu`), which clients ignore (its WAN bytes leave out a transfer still in flight
-when the stream ends; `pddemu emulate` waits for those). With `stream_options.include_usage` a
+when the stream ends; `pddemu emulate` waits for those). A streamed response's record also says
+when the door received the request and began writing its first chunk (`door`, in seconds of
+CLOCK_MONOTONIC, the clock every process of the host shares and benchmark clients time with):
+a client's TTFT contains that interval, which contains the emulator's TTFT, request by request. With `stream_options.include_usage` a
 last chunk carries the token counts, as benchmark clients expect. A request the emulator fails
 ends as an OpenAI error: status 500 when whole; when streamed, an `error` event and a cut
 connection (`_fail_stream`). A completion's prompt may be token ids (`prompt: [int, ...]`), taken
@@ -95,6 +98,7 @@ class OpenAIFrontDoor:
         return await self._serve(request, chat=True)
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        received = time.monotonic()
         try:
             body = await self._body(request)
             ids = self._chat_prompt_ids(body) if chat else self._prompt_ids(body)
@@ -147,7 +151,7 @@ class OpenAIFrontDoor:
         served.add_done_callback(self._released)
         with client_gone_abandons(flight):
             if stream:
-                return await self._stream(request, flight, rid, chat, include_usage)
+                return await self._stream(request, flight, rid, chat, include_usage, received)
             return await self._whole(flight, rid, chat)
 
     def _released(self, _served: Any) -> None:
@@ -275,7 +279,13 @@ class OpenAIFrontDoor:
         }
 
     async def _stream(
-        self, request: web.Request, flight: Any, rid: str, chat: bool, include_usage: bool
+        self,
+        request: web.Request,
+        flight: Any,
+        rid: str,
+        chat: bool,
+        include_usage: bool,
+        received: float,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -283,13 +293,16 @@ class OpenAIFrontDoor:
         await response.prepare(request)
         decoder = self.tokenizer.stream_decoder()
         first = True
+        door = {"received_s": received, "first_chunk_s": None}
         sent = 0
         while (item := await flight.stream.get()) is not None:
             chunk = self._chunk(rid, chat, decoder.push([item["id"]]), None, first)
+            if first:
+                door["first_chunk_s"] = time.monotonic()
             first = False
             sent += 1
             await _send_event(response, chunk, include_usage)
-        record = flight.record.to_dict()
+        record = {**flight.record.to_dict(), "door": door}
         if flight.record.state != "completed":
             await _fail_stream(request, response, flight.record.failure_reason, record)
             return response

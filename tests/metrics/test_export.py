@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from pddemu.cli import main
@@ -22,6 +23,7 @@ from tests.metrics.metrics_samples import (
     sample_instances,
     sample_records,
 )
+from tests.metrics.trace_events import check_opens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,7 +135,9 @@ def test_aiperf_export_layout(run_dir: Path, tmp_path: Path) -> None:
 
 def test_perfetto_tracks_nest_and_show_each_phase(run_dir: Path, tmp_path: Path) -> None:
     export(run_dir, "perfetto", tmp_path / "trace.json")
-    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    check_opens(trace)
+    events = trace["traceEvents"]
     threads = {
         (e["pid"], e["tid"]): e["args"]["name"]
         for e in events
@@ -166,6 +170,26 @@ def test_perfetto_tracks_nest_and_show_each_phase(run_dir: Path, tmp_path: Path)
     assert any(e["ph"] == "i" and e["name"] == "failed" for e in events)
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert {"MD0 decoding", "MD0 KV arriving", "RLD0 decoding"} <= counters
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda e: e.pop("dur") if e["ph"] == "X" else None,  # a complete event without its length
+        lambda e: e.update(ts="1.0") if e["ph"] == "X" else None,  # a time as a string
+        lambda e: e.update(args={"value": "3"}) if e["ph"] == "C" else None,  # a counter's text
+        lambda e: e.update(dur=e["dur"] + 0.25e6) if e.get("name") == "queued" else None,  # overlap
+    ],
+)
+def test_the_trace_check_finds_what_perfetto_refuses(
+    run_dir: Path, tmp_path: Path, damage: Any
+) -> None:
+    export(run_dir, "perfetto", tmp_path / "trace.json")
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    for event in trace["traceEvents"]:
+        damage(event)
+    with pytest.raises((AssertionError, jsonschema.ValidationError)):
+        check_opens(trace)
 
 
 def test_a_run_of_several_systems_needs_one_named(

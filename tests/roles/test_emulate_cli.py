@@ -17,6 +17,7 @@ import pytest
 from netem.registry import list_namespaces
 from pddemu.cli import main
 from tests.conftest import require_namespaces
+from tests.metrics.trace_events import check_opens
 
 EMULATE = [sys.executable, "-m", "pddemu.cli", "emulate"]
 DESIGN_KEYS = {
@@ -120,7 +121,9 @@ def check_exports(out: Path, tmp_path: Path) -> None:
     assert main(["export", str(out), "--format", "aiperf", "--out", str(tmp_path / "ai")]) == 0
     vllm = json.loads((tmp_path / "vllm").read_text())
     assert vllm["completed"] == 6 and len(vllm["itls"]) == 6
-    events = json.loads((tmp_path / "perfetto").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "perfetto").read_text())
+    check_opens(trace)
+    events = trace["traceEvents"]
     threads = {
         (e["pid"], e["tid"]): e["args"]["name"]
         for e in events
