@@ -13,6 +13,7 @@ host's own delay (loopback, the clients' and door's event loops), measured, not 
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 ROUNDING_S = 1e-6  # float seconds of one clock read in two ways (ns integers, float seconds)
@@ -20,9 +21,10 @@ ROUNDING_S = 1e-6  # float seconds of one clock read in two ways (ns integers, f
 
 def outside_the_emulator_s(
     client_sent: float, client_first: float, record: dict[str, Any], time_scale: float
-) -> float:
+) -> tuple[float, float, float]:
     """Check the containment; return how much longer the client's TTFT is than the
-    emulator's (wall seconds), which the host's own delays make up."""
+    emulator's (wall seconds), in three parts: before the door received the request, in the
+    frontend (the door's TTFT beyond the emulator's), after the door began writing."""
     door = record["door"]
     received, first_chunk = door["received_s"], door["first_chunk_s"]
     assert first_chunk is not None, record
@@ -30,4 +32,13 @@ def outside_the_emulator_s(
     assert client_sent <= received + ROUNDING_S, (client_sent, door)
     assert first_chunk <= client_first + ROUNDING_S, (client_first, door)
     assert 0 < emulator_ttft <= first_chunk - received + ROUNDING_S, (emulator_ttft, door)
-    return (client_first - client_sent) - emulator_ttft
+    in_frontend = (first_chunk - received) - emulator_ttft
+    return received - client_sent, in_frontend, client_first - first_chunk
+
+
+def where_the_difference_goes(client: str, parts: list[tuple[float, float, float]]) -> str:
+    before, inside, after = (statistics.median(part) * 1e3 for part in zip(*parts, strict=True))
+    return (
+        f"{client}'s TTFT - the emulator's, medians: {before:.2f} ms before the door, "
+        f"{inside:.2f} ms in the frontend, {after:.2f} ms after the door"
+    )

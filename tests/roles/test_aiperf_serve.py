@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from pddemu.config import load_config
 from pddemu.model import ByteTokenizer
 from pddemu.serve import SERVE_CONFIG
 from tests.conftest import require_namespaces
-from tests.roles.client_timing import outside_the_emulator_s
+from tests.roles.client_timing import outside_the_emulator_s, where_the_difference_goes
 
 ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = ROOT / ".venv-aiperf"
@@ -164,4 +163,4 @@ def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
         sent = raw[rid]["start_perf_ns"] / 1e9  # AIPerf's TTFT: first content response - this
         first = sent + measured[rid]["metrics"]["time_to_first_token"]["value"] / 1e3
         outside.append(outside_the_emulator_s(sent, first, record, time_scale))
-    print(f"AIPerf's TTFT - the emulator's, median {statistics.median(outside) * 1e3:.2f} ms")
+    print(where_the_difference_goes("AIPerf", outside))

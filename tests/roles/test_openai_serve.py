@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from netem.registry import list_namespaces
 from pddemu.config import load_config
 from pddemu.serve import SERVE_CONFIG
 from tests.conftest import require_namespaces
-from tests.roles.client_timing import outside_the_emulator_s
+from tests.roles.client_timing import outside_the_emulator_s, where_the_difference_goes
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +62,7 @@ def test_streamed_ttft_contains_the_emulator_record(server) -> None:
         assert record["state"] == "completed" and record["output_tokens"] == 12
         assert last.choices[0].finish_reason == "length"
         outside.append(outside_the_emulator_s(sent, first, record, time_scale))
-    print(f"the client's TTFT - the emulator's, median {statistics.median(outside) * 1e3:.2f} ms")
+    print(where_the_difference_goes("the openai client", outside))
 
 
 def test_chat_completion_whole_and_streamed(server) -> None:
