@@ -524,6 +524,24 @@ class FaultsConfig(Section):
         description="modelled silence after which an instance is down and its requests fail over",
     )
 
+    schedule: str | None = Field(
+        None,
+        description="file of faults at modelled times from the replay's start: instance faults "
+        "(`12 kill=MD0`, `20 pause=RLD0,3s`, `23 resume=P1`, `30 restart=MD0`) and link events "
+        "in `[wan] schedule`'s syntax (`40 link=down`, `45 link=up`, `50 a2b.rate=1gbit`, "
+        "`60 loss=gemodel:5%,30%`), on the same timeline (docs/architecture.md); `pddemu "
+        "emulate --faults FILE` sets it; a relative path is from the current directory",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _readable_schedule(cls, schedule: str | None, info: ValidationInfo) -> str | None:
+        if schedule is not None and (info.context or _JSON)["units"]:
+            from pddemu.faults import load_faults
+
+            load_faults(schedule)
+        return schedule
+
     @model_validator(mode="after")
     def _ordered(self) -> FaultsConfig:
         if not self.heartbeat_period_s < self.suspect_after_s <= self.down_after_s:

@@ -48,8 +48,10 @@ from pddemu.emulated_network import (
     network_for,
     replay_conditions,
     scale_model,
+    timeline_of,
     wan_link,
 )
+from pddemu.faults import inject, timeline_rows
 from pddemu.hardware import load_chip
 from pddemu.metrics import (
     SLO,
@@ -87,6 +89,8 @@ class SystemRun:
     events: list[InstanceEvent] = field(default_factory=list)  # what happened to instances
     replay_start_s: float = 0.0  # modelled time of the replay's start (the faults' time 0)
     interrupted: bool = False
+    faults_skipped: list[str] = field(default_factory=list)  # scheduled faults not carried out
+    router: dict[str, Any] = field(default_factory=dict)  # the router's view and failovers
     wan_transfers: list[Any] = field(default_factory=list)  # KV transfers MD received
     cross_traffic: dict[str, Any] | None = None  # what other tenants got on the WAN meanwhile
 
@@ -137,15 +141,28 @@ async def run_system(
         with replay_conditions(network, config, scale_model(config)) as conditions:
             run.replay_start_s = clock.now() + REPLAY_LEAD_S  # the replay's and timeline's 0
             conditions.begin(clock.wall_at(run.replay_start_s))
-            await replay(
-                deployment.frontend_url,
-                workload,
-                clock,
-                system,
-                run.replay_start_s,
-                result,
-                deployment.headers,
+            injecting = asyncio.ensure_future(
+                inject(
+                    timeline_of(config).instance_faults,
+                    deployment,
+                    clock.now,
+                    clock.sleep_until,
+                    run.replay_start_s,
+                    run.faults_skipped,
+                )
             )
+            try:
+                await replay(
+                    deployment.frontend_url,
+                    workload,
+                    clock,
+                    system,
+                    run.replay_start_s,
+                    result,
+                    deployment.headers,
+                )
+            finally:
+                await stop_injecting(injecting, run)
         stats = await deployment.stats()
     except asyncio.CancelledError:
         task = asyncio.current_task()
@@ -180,10 +197,22 @@ async def run_system(
         for error in instance["errors"]:
             print(f"[{system}] {name}: {error}", file=sys.stderr)
     run.instances = instance_reports(config, deployment, stats)
+    run.router = next((report for report in stats.values() if report.get("role") == "FE"), {})
     run.wan_transfers = wan_transfers(stats)
     for reason in run.partial:
         print(f"[{system}] partial: {reason}", file=sys.stderr)
     return run
+
+
+async def stop_injecting(injecting: asyncio.Future, run: SystemRun) -> None:
+    """The replay is over: faults still due will not happen (they are reported skipped)."""
+    injecting.cancel()
+    try:
+        await injecting
+    except asyncio.CancelledError:
+        pass
+    except Exception as error:  # noqa: BLE001 - a fault that could not be done, not a lost run
+        run.partial.append(f"a scheduled fault could not be carried out: {error}")
 
 
 def wan_transfers(stats: dict[str, Any]) -> list[Any]:
@@ -355,6 +384,19 @@ def write_outputs(
         ]
         if run.cross_traffic is not None:
             summaries[system]["cross_traffic"] = run.cross_traffic
+        timeline = timeline_of(config)
+        links = timeline.link_events
+        summaries[system]["faults"] = {
+            "scheduled": [fault.to_dict() for fault in timeline.instance_faults],
+            "link_events": links.to_dict()["steps"] if links is not None else [],
+            "skipped": run.faults_skipped,
+            "timeline": timeline_rows(
+                links,
+                summaries[system]["instance_events"],
+                run.router,
+                run.replay_start_s,
+            ),
+        }
     reasons = {system: run.partial for system, run in runs.items() if run.partial}
     meta = {
         "partial": bool(reasons or not_run),
@@ -373,6 +415,7 @@ def write_outputs(
             "loss": config.wan.loss,
             "schedule": config.wan.schedule,
         },
+        "faults": config.faults.schedule,
     }
     write_summary_json(out / "summary.json", summaries, meta)
     crossing = {system: run for system, run in runs.items() if system != "indc"}
@@ -451,6 +494,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, help="replay a deterministic sample of N requests")
     parser.add_argument("--seed", type=int, help="seed of the workload and the link's random draws")
     parser.add_argument(
+        "--faults",
+        type=Path,
+        metavar="FILE",
+        help="faults at modelled times from the replay's start: instance faults (kill=MD0, "
+        "pause=RLD0,3s, restart=MD0) and link events (link=down, a2b.rate=1gbit); sets "
+        "[faults] schedule (docs/architecture.md)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -466,7 +517,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set)
+    faults = [f"faults.schedule={json.dumps(str(args.faults))}"] if args.faults else []
+    config = load_config(args.config, [*args.set, *faults])
     if args.requests is not None and args.requests < 1:
         raise ConfigError("--requests must be at least 1")
     config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)

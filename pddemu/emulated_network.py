@@ -60,7 +60,7 @@ def intra_link(config: Config, scale: ScaleModel) -> LinkConfig | None:
 
 
 def timeline_of(config: Config) -> Timeline:
-    return Timeline.load(config.wan.schedule)
+    return Timeline.load(config.wan.schedule, config.faults.schedule)
 
 
 def network_for(config: Config, scale: ScaleModel, **kwargs: Any) -> Network:

@@ -1,25 +1,35 @@
-"""Instance faults on the scenario's timeline: kill, pause (for a while), resume and restart,
-each at a modelled time from the replay's start (the timeline's time 0, as for link events).
+"""Faults on the scenario's timeline, at modelled times from the replay's start (the
+timeline's time 0, as for `[wan] schedule`'s link events, `pddemu.timeline`).
 
-In a faults file or `[faults] events`, an instance fault is a word of a timeline line:
+A faults file (`[faults] schedule`, `pddemu emulate --faults FILE`) is a timeline in netem's
+schedule syntax whose lines may also hold instance faults:
 
-    12     kill=MD0
+    12     kill=MD0             # SIGKILL
     20     pause=RLD0,3s        # SIGSTOP, SIGCONT 3 modelled seconds later
-    30     restart=MD0
-    40     pause=P1  45 resume=P1   (two lines: `40 pause=P1` and `45 resume=P1`)
+    23     pause=P1             # SIGSTOP until a resume
+    25     resume=P1
+    30     restart=MD0          # a fresh process (a killed one, or kill and start)
+    40     link=down            # the WAN, both directions
+    45     link=up a2b.rate=1gbit
+    50     loss=gemodel:5%,30%  # Gilbert-Elliott bursts
 
-`inject` carries them out on a deployment at their times; an event naming an instance the
-system does not have (RLD0 in naive) is skipped and reported as such.
+Its link events join `[wan] schedule`'s on the emulated network; `inject` carries out the
+instance faults on a deployment at their times. One naming an instance the system does not
+have (RLD0 in naive), or due after the replay ended, is skipped and reported as such.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from netem.schedule import Schedule, parse_schedule
+from netem.spec import LossModel
 from netem.units import UnitError, parse_duration
 
 ACTIONS = ("kill", "pause", "resume", "restart")
@@ -92,6 +102,22 @@ def split_faults(text: str, source: str) -> tuple[tuple[InstanceFault, ...], str
     return tuple(faults), "\n".join(rest)
 
 
+def load_faults(path: str | Path) -> tuple[tuple[InstanceFault, ...], Schedule | None]:
+    """A faults file's instance faults and its link events (None: it has none)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not a text file"
+        raise FaultError(f"cannot read faults {path}: {reason}") from None
+    faults, links = split_faults(text, str(path))
+    if not any(line.strip() for line in links.splitlines()):
+        return faults, None
+    try:
+        return faults, parse_schedule(links, str(path))
+    except ValueError as error:
+        raise FaultError(str(error)) from None
+
+
 def _time(text: str) -> float:
     try:
         at = float(text)
@@ -108,11 +134,12 @@ async def inject(
     now: Callable[[], float],
     sleep_until: Callable[[float], Any],
     start_s: float,
-) -> list[str]:
+    skipped: list[str],
+) -> None:
     """Carry out `faults` on `deployment` at modelled `start_s + at_s` each (a pause with a
-    duration also resumes); returns what was skipped and why."""
+    duration also resumes); what could not be done, and why, is added to `skipped` (also
+    those still due when the task is cancelled: the replay ended first)."""
     steps: list[tuple[float, str, str]] = []
-    skipped: list[str] = []
     for fault in faults:
         if fault.instance not in deployment.specs:
             skipped.append(f"{fault.action}={fault.instance}: no such instance in this system")
@@ -120,15 +147,81 @@ async def inject(
         steps.append((fault.at_s, fault.action, fault.instance))
         if fault.action == "pause" and fault.duration_s is not None:
             steps.append((fault.at_s + fault.duration_s, "resume", fault.instance))
-    for at, action, name in sorted(steps, key=lambda step: step[0]):
-        await sleep_until(start_s + at)
-        when = now()
-        if action == "kill":
-            deployment.kill(name, when)
-        elif action == "pause":
-            deployment.pause(name, when)
-        elif action == "resume":
-            deployment.resume(name, when)
-        else:
-            await deployment.restart(name, when)
-    return skipped
+    steps.sort(key=lambda step: step[0])
+    done = 0
+    try:
+        for at, action, name in steps:
+            await sleep_until(start_s + at)
+            when = now()
+            if action == "kill":
+                deployment.kill(name, when)
+            elif action == "pause":
+                deployment.pause(name, when)
+            elif action == "resume":
+                deployment.resume(name, when)
+            else:
+                await deployment.restart(name, when)
+            done += 1
+    except asyncio.CancelledError:
+        skipped += [f"{a}={n} at {t:g} s: the replay ended first" for t, a, n in steps[done:]]
+        raise
+
+
+def timeline_rows(
+    links: Schedule | None,
+    events: list[dict[str, Any]],
+    router: dict[str, Any],
+    start_s: float,
+) -> list[dict[str, Any]]:
+    """Every fault of a replay and its effect, in modelled seconds from the replay's start:
+    the link events, what happened to instances (`events`, already from the start), the
+    router's changes of view, and its failover actions (one row per instance and action, with
+    how many requests)."""
+    rows = []
+    for step in links.steps if links is not None else ():
+        for action in step.actions:
+            changes = {k: v for k, v in action.changes.items() if k != "up"}
+            state = action.changes.get("up")
+            what = ([] if state is None else [f"link={'up' if state else 'down'}"]) + [
+                _shown(key, value) for key, value in changes.items()
+            ]
+            where = action.link + ("" if action.direction == "both" else f".{action.direction}")
+            rows.append(_row(step.at_s, where, " ".join(what), "scheduled"))
+    for event in events:
+        planned = "scheduled" if event["planned"] else "not planned"
+        detail = f"{planned}: {event['detail']}" if event.get("detail") else planned
+        rows.append(_row(event["at_s"], event["instance"], event["kind"], detail))
+    for change in router.get("liveness", []):
+        rows.append(
+            _row(
+                change["at_s"] - start_s,
+                change["instance"],
+                f"router: {change['state']}",
+                change["reason"],
+            )
+        )
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for action in router.get("failovers", []):
+        grouped.setdefault((action["instance"], action["action"]), []).append(action)
+    for (instance, action), actions in grouped.items():
+        count = len({a["request"] for a in actions})
+        first = min(a["at_s"] for a in actions) - start_s
+        rows.append(_row(first, instance, f"failover: {action}", f"{count} requests"))
+    return sorted(rows, key=lambda row: row["at_s"])
+
+
+def _shown(key: str, value: Any) -> str:
+    """A link change as a faults file writes it (modelled units)."""
+    if key == "rate_bps":
+        return "rate=unlimited" if value is None else f"rate={value / 1e9:g}gbit"
+    if key in ("delay_s", "jitter_s"):
+        return f"{key[:-2]}={value * 1e3:g}ms"
+    if key == "loss" and isinstance(value, LossModel):
+        if value.kind == "gilbert-elliott":
+            return f"loss=gemodel:{value.p:.4%},{value.r:.4%} (mean {value.mean_loss:.2%})"
+        return f"loss={value.mean_loss:.2%}"
+    return f"{key}={value}"
+
+
+def _row(at_s: float, instance: str, what: str, detail: str) -> dict[str, Any]:
+    return {"at_s": at_s, "instance": instance, "what": what, "detail": detail}

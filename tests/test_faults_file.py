@@ -37,3 +37,21 @@ def test_instance_faults_are_split_from_link_events_keeping_line_numbers() -> No
 def test_a_bad_fault_is_one_line_naming_file_line_and_reason(text: str, message: str) -> None:
     with pytest.raises(FaultError, match=message):
         split_faults(text, "f.txt")
+
+
+def test_a_faults_files_link_events_join_the_wans_on_one_timeline(tmp_path) -> None:
+    from netem.spec import SpecError
+    from pddemu.timeline import Timeline
+
+    wan = tmp_path / "wan.txt"
+    wan.write_text("10 link=down\n12 link=up\n")
+    faults = tmp_path / "faults.txt"
+    faults.write_text(TEXT)
+    timeline = Timeline.load(wan, faults)
+    assert [step.at_s for step in timeline.link_events.steps] == [10.0, 12.0, 15.0, 30.0]
+    (down, wan_down), *_ = [step.actions for step in timeline.link_events.steps]
+    assert down.up is False and wan_down.up is False  # both files' link=down at 10 s
+    assert [fault.at_s for fault in timeline.instance_faults] == [15.0, 20.0, 30.0]
+    wan.write_text("10 link=down\n12 link=up\n20 repeat\n")
+    with pytest.raises(SpecError, match="cannot join a \\[wan\\] schedule that repeats"):
+        Timeline.load(wan, faults)

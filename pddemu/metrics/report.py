@@ -115,27 +115,40 @@ def _partial_lines(meta: Mapping[str, Any]) -> list[str]:
 
 
 def _timeline_lines(summaries: Mapping[str, Summary]) -> list[str]:
-    """What happened to instances during each replay (modelled seconds from its start)."""
+    """Every fault of each replay and its effect (modelled seconds from its start): link
+    events, what happened to instances, the router's view and its failovers."""
     rows = [
-        (system, event)
-        for system, summary in summaries.items()
-        for event in summary.get("instance_events", [])
+        (system, row) for system, summary in summaries.items() for row in _timeline_rows(summary)
     ]
     if not rows:
         return []
     lines = [
         "## Timeline",
         "",
-        "| system | t (modelled s) | instance | event | planned | detail |",
-        "|---|---:|---|---|---|---|",
+        "| system | t (modelled s) | where | what | detail |",
+        "|---|---:|---|---|---|",
     ]
-    for system, event in rows:
-        detail = str(event.get("detail", "")).replace("|", "\\|")
+    for system, row in rows:
+        detail = str(row["detail"]).replace("|", "\\|")
         lines.append(
-            f"| {system} | {event['at_s']:.2f} | {event['instance']} | {event['kind']} | "
-            f"{'yes' if event['planned'] else 'no'} | {detail} |"
+            f"| {system} | {row['at_s']:.2f} | {row['instance']} | {row['what']} | {detail} |"
         )
     return [*lines, ""]
+
+
+def _timeline_rows(summary: Summary) -> list[dict[str, Any]]:
+    if "faults" in summary:
+        return list(summary["faults"]["timeline"])
+    return [
+        {
+            "at_s": event["at_s"],
+            "instance": event["instance"],
+            "what": event["kind"],
+            "detail": ("scheduled" if event["planned"] else "not planned")
+            + (f": {event['detail']}" if event.get("detail") else ""),
+        }
+        for event in summary.get("instance_events", [])
+    ]
 
 
 def write_report(

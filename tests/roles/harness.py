@@ -141,7 +141,7 @@ class Emulation:
             clock = ModelledClock(epoch, config.scale.time_scale)
             start = clock.now() + 0.5
             injecting = asyncio.ensure_future(
-                inject(faults, deployment, clock.now, clock.sleep_until, start)
+                inject(faults, deployment, clock.now, clock.sleep_until, start, [])
             )
             result = await replay(
                 deployment.frontend_url, requests, clock, system, start, headers=deployment.headers
