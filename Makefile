@@ -11,7 +11,7 @@ AIPERF_VERSION := 0.13.0
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
 
-.PHONY: install aiperf emulate test bench bench-netem lint docs reproduce clean
+.PHONY: install aiperf emulate test bench bench-netem bench-faults lint docs reproduce clean
 
 install: $(STAMP)
 
@@ -42,6 +42,9 @@ test: install aiperf $(RAY_STAMP)
 
 bench: install
 	$(BIN)/python -m pddemu.bench --out bench/results
+
+bench-faults: install
+	$(BIN)/python -m pddemu.bench --only faults --out bench/results
 
 bench-netem: install
 	$(BIN)/netem bench --out bench/results/netem.json

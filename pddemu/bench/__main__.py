@@ -20,7 +20,11 @@ from pathlib import Path
 import pddemu.bench as bench_pkg
 from netem.rootless import RootlessError, ensure_network_privileges
 
-NETWORK_BENCHMARKS = ("handoff", "wan_classes")  # they make namespaces: root, or a user namespace
+NETWORK_BENCHMARKS = (
+    "handoff",
+    "wan_classes",
+    "faults",
+)  # they make namespaces: root, or a user namespace
 
 
 def main(argv: list[str] | None = None) -> int:
