@@ -24,6 +24,7 @@ from pddemu.model.config import ModelConfig
 from pddemu.model.errors import ModelError
 from pddemu.model.exact import (
     ACT_BOUND,
+    EXACT_LIMIT,
     WEIGHT_BOUND,
     check_ieee_matmul,
     exact_matmul,
@@ -89,8 +90,14 @@ class TinyTransformer:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise ModelError(f"config must be a ModelConfig, got {type(self.config).__name__}")
-        require_ieee_matmul()
         cfg = self.config
+        residual_bound = WEIGHT_BOUND + 2 * cfg.n_layers * RESIDUAL_BOUND
+        if cfg.d_model * residual_bound**2 >= EXACT_LIMIT[torch.float64]:
+            raise ModelError(
+                f"n_layers {cfg.n_layers} x d_model {cfg.d_model} is too large: the residual "
+                "stream's sum of squares would not be exact in float64"
+            )
+        require_ieee_matmul()
         self.weights: Weights = init_weights(cfg)
         self._rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.torch_dtype)
         self._silu = torch.tensor(silu_table(SILU_FRAC_BITS, ACT_BOUND), dtype=cfg.torch_dtype)

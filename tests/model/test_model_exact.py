@@ -301,3 +301,8 @@ def test_no_past_is_modified_and_kv_holds_integers() -> None:
         assert isinstance(kv, KV)
         assert torch.equal(kv.tensor, kv.tensor.round())
         assert float(kv.tensor.abs().max()) <= exact.ACT_BOUND
+
+
+def test_a_configuration_too_large_for_exact_sums_is_refused() -> None:
+    with pytest.raises(ModelError, match="too large"):
+        TinyTransformer(ModelConfig(n_layers=200))
