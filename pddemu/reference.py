@@ -42,28 +42,38 @@ def reference_streams(
     requests: Sequence[Any], model_config: ModelConfig, chunk_tokens: int = 512
 ) -> Iterator[tuple[str, list[int], torch.Tensor]]:
     """Per request (`prompt_ids`, `genuine_output_tokens`): its id, its genuine output tokens
-    and the logits [tokens, vocab] each token was chosen from."""
+    and the logits [tokens, vocab] each token was chosen from.
+
+    Runs with one torch intra-op thread, like the instances (other emulations may share the
+    cores); the streams do not depend on it.
+    """
     model = TinyTransformer(model_config)
     store = PrefixKVStore(PAGE_TOKENS, capacity_tokens=1 << 22)
-    for request in requests:
-        prompt = [int(x) for x in request.prompt_ids]
-        hit, node, handles = store.match(prompt)
-        kv = KV.empty(model_config, capacity=len(prompt) + int(request.genuine_output_tokens))
-        prefix = store.assemble(handles, hit)
-        if prefix is not None:
-            kv.append(prefix)
-        store.release(node)
-        new, logits = model.prefill(prompt[hit:], kv if hit else None, chunk_tokens)
-        kv.append(new)
-        store.release(store.insert(prompt, kv.token_slice(0, len(prompt)).clone()))
-        rows = [logits]
-        out = [greedy(logits)]
-        while len(out) < int(request.genuine_output_tokens):
-            (step,), step_logits = model.decode_batch([out[-1]], [kv])
-            kv.append(step)
-            rows.append(step_logits[0])
-            out.append(greedy(step_logits[0]))
-        yield request.request_id, out, torch.stack(rows)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for request in requests:
+            prompt = [int(x) for x in request.prompt_ids]
+            hit, node, handles = store.match(prompt)
+            length = len(prompt) + int(request.genuine_output_tokens)
+            kv = KV.empty(model_config, capacity=length)
+            prefix = store.assemble(handles, hit)
+            if prefix is not None:
+                kv.append(prefix)
+            store.release(node)
+            new, logits = model.prefill(prompt[hit:], kv if hit else None, chunk_tokens)
+            kv.append(new)
+            store.release(store.insert(prompt, kv.token_slice(0, len(prompt)).clone()))
+            rows = [logits]
+            out = [greedy(logits)]
+            while len(out) < int(request.genuine_output_tokens):
+                (step,), step_logits = model.decode_batch([out[-1]], [kv])
+                kv.append(step)
+                rows.append(step_logits[0])
+                out.append(greedy(step_logits[0]))
+            yield request.request_id, out, torch.stack(rows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def reference_outputs(

@@ -3,8 +3,6 @@ same tokens on every machine (docs/model.md)."""
 
 from __future__ import annotations
 
-import torch
-
 from pddemu.model import TEXT_IDS, ModelConfig
 from pddemu.reference import (
     DIGEST_REQUESTS,
@@ -17,14 +15,9 @@ from pddemu.reference import (
 
 
 def test_reference_streams_of_the_fixed_set_have_the_committed_digest() -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # for speed on shared cores; the digest does not depend on it
-    try:
-        requests = digest_requests()
-        assert len(requests) == DIGEST_REQUESTS
-        assert reference_digest(requests, ModelConfig(), 256) == REFERENCE_DIGEST
-        # The same streams through the function the emulator checks against; all text ids.
-        few = reference_outputs(requests[:3], ModelConfig(), 256)
-        assert all(len(s) == DIGEST_TOKENS and set(s) <= set(TEXT_IDS) for s in few.values())
-    finally:
-        torch.set_num_threads(threads)
+    requests = digest_requests()
+    assert len(requests) == DIGEST_REQUESTS
+    assert reference_digest(requests, ModelConfig(), 256) == REFERENCE_DIGEST
+    # The same streams through the function the emulator checks against; all text ids.
+    few = reference_outputs(requests[:3], ModelConfig(), 256)
+    assert all(len(s) == DIGEST_TOKENS and set(s) <= set(TEXT_IDS) for s in few.values())
