@@ -15,6 +15,7 @@ never lets a rounding happen where a kernel chooses the order:
 - Non-linear steps use only correctly rounded IEEE operations (+, -, *, /, sqrt, on tensors,
   never fused), comparisons, rounding, clamping and lookups in integer tables (`tables.py`);
   never libm functions (exp, sin, rsqrt, ...), whose vectorised and scalar paths differ.
+  The softmax's exp is a polynomial in exact integer steps (`attention._softmax_weights`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from pddemu.model.errors import ModelError
 
 ACT_BOUND = 127  # |activation| entering a product (after requantisation)
 WEIGHT_BOUND = 126  # |weight| (sum of four 6-bit draws, centred: see weights.py)
-PROB_BITS = 8
-PROB_BOUND = 2**PROB_BITS  # softmax weights are integers 0 .. 256
+PROB_BOUND = 256  # softmax weights are integers 0 .. 256
 
 # Integers of magnitude up to these are exact in the dtype, and so is every sum of them.
 EXACT_LIMIT = {torch.float32: 2**24, torch.float64: 2**53}
@@ -55,20 +55,28 @@ def check_ieee_matmul() -> None:
         )
 
 
-def exact_matmul(a: torch.Tensor, b: torch.Tensor, a_bound: int, b_bound: int) -> torch.Tensor:
+def exact_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_bound: int,
+    b_bound: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] for integer-valued a, b with |a| <= a_bound, |b| <= b_bound.
 
     The model's one product. The callers guarantee the bounds by construction (clamps,
     tables). When K * a_bound * b_bound stays below the dtype's exact limit, one product in
-    a's dtype; otherwise (float32 only) the inner dimension is cut into chunks that stay
-    below it and their partial products are added in float64, where the total is exact.
-    The result holds the exact integers, in a's dtype or float64.
+    a's dtype (written into `out` if given); otherwise (float32 only) the inner dimension is
+    cut into chunks that stay below it and their partial products are added in float64, where
+    the total is exact. The result holds the exact integers, in a's dtype or float64.
     """
     inner = a.shape[-1]
     term = a_bound * b_bound
     limit = EXACT_LIMIT[a.dtype]
     if inner * term < limit:
-        return torch.matmul(a, b)
+        return torch.matmul(a, b, out=out)
+    if out is not None:
+        raise ModelError(f"a product over {inner} terms of up to {term} needs float64 chunks")
     if inner * term >= EXACT_LIMIT[torch.float64]:
         raise ModelError(f"a product over {inner} terms of up to {term} is not exact in float64")
     chunk = 1 << ((limit - 1) // term).bit_length() - 1  # largest power of two that fits

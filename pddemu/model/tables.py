@@ -1,7 +1,6 @@
 """Lookup tables of the model's non-linear functions, identical on every machine.
 
-The model evaluates exp (softmax), SiLU and the rotary cos/sin only by looking them up in
-integer tables (`exact.py` says why: libm's vectorised and scalar paths round differently,
+The model evaluates SiLU and the rotary cos/sin only by looking them up in integer tables (`exact.py` says why: libm's vectorised and scalar paths round differently,
 and differently on different CPUs). The tables are built here with Python's `decimal` module
 (its `exp` and `ln` are correctly rounded) and Python integers, in a private context:
 platform-independent arithmetic, so every machine builds the same integers. Built once per
@@ -20,19 +19,6 @@ _NEGLIGIBLE = Decimal(10) ** -60
 def _round(x: Decimal) -> int:
     """Nearest integer, ties to even."""
     return int(x.to_integral_value(rounding=ROUND_HALF_EVEN))
-
-
-@functools.cache
-def exp_table(value_bits: int, steps_per_unit: int) -> tuple[int, ...]:
-    """round(2**value_bits * exp(-j / steps_per_unit)) for j = 0, 1, ... up to the first 0.
-
-    Entry j is the softmax weight of a key whose logit is j steps below its row's maximum.
-    """
-    out: list[int] = []
-    with localcontext(_CONTEXT):
-        while not out or out[-1]:
-            out.append(_round(2**value_bits * (Decimal(-len(out)) / steps_per_unit).exp()))
-    return tuple(out)
 
 
 @functools.cache

@@ -38,9 +38,9 @@ TOKEN_SCALE = 128
 NEW_TOKENS = 16
 
 EXPECTED = {
-    "tokens": "34b3e437eb1a8ffa93b642d5642673d7e981ec51d2eeb14badf2273c6cd27a52",
-    "logits": "546240b2442fb5542aad44c7fceaae147c652d5d0ef514889d1ec2cb2fd431d8",
-    "kv": "f9132357b93b172da2f615ed7f1decb2cdd1fdff5957eb30a6c3199edc472e04",
+    "tokens": "ba04c60e3fb2c08b2d90c9385e631478fddb85b8f29a9f457770f7a29c607bae",
+    "logits": "3dff1d6dbc7c9eff78ea14fb3f34df56e5b4b84bce2b64ef6408b720c4ff0be3",
+    "kv": "e7194dfd27602c15a2a2cee475742c53f447a9e2ec7da68af0be329093fceaa0",
 }
 
 

@@ -17,10 +17,11 @@ import torch
 
 import pddemu.model
 from pddemu.model import KV, ModelConfig, ModelError, TinyTransformer, exact, tables
+from pddemu.model.attention import _softmax_weights
 
 MODEL_DIR = Path(pddemu.model.__file__).parent
 
-TABLES_DIGEST = "70af5f3ba4dc7da1bdca75683d55868989f752b7dc190229f64b73c4e0d2ae35"
+TABLES_DIGEST = "c5e55191ce668d1f79c177d89c23878a1831575aaa4300035baf035cf9bf32ae"
 WEIGHTS_DIGEST = "1e2c750d87a7b6ba2d11326a7cfb6104e8ce5c65ccb754d154c926e3c8308088"
 
 
@@ -73,12 +74,22 @@ def test_rms_quantize_is_the_same_from_float32_and_float64() -> None:
     assert 28 < float(q.square().mean().sqrt()) < 33  # rms ~ 362 / sqrt(128) = 32
 
 
+def test_softmax_weights_are_exact_integers_of_the_gap_to_the_row_best() -> None:
+    best = 100_000.0
+    gaps = [0, 63, 64, 1024, 2048, 4095, 4096, 50_000]  # score units: 1,024 per logit
+    scores = torch.tensor([[best - g for g in gaps] + [-torch.inf]])
+    weights = _softmax_weights(scores.clone(), scores.amax(dim=-1, keepdim=True))
+    assert weights.tolist() == [[256, 256, 240, 81, 16, 0, 0, 0, 0]]
+    for gap, weight in zip(gaps, weights[0].tolist(), strict=False):
+        x = gap / 1024  # logits below the best
+        assert abs(weight - 256 * max(0.0, 1 - x / 4) ** 4) <= 256 * 0.07
+
+
 # ---- tables and weights: the same integers on every machine -----------------------------------
 
 
 def _tables_digest() -> str:
     built = (
-        tables.exp_table(8, 16),
         tables.silu_table(4, 127),
         tables.cos_table(14, 14),
         tables.rotary_phase_steps(32, 10000.0, 40),
@@ -87,7 +98,7 @@ def _tables_digest() -> str:
 
 
 def _clear_table_caches() -> None:
-    for build in (tables.exp_table, tables.silu_table, tables.cos_table, tables.rotary_phase_steps):
+    for build in (tables.silu_table, tables.cos_table, tables.rotary_phase_steps):
         build.cache_clear()
 
 
@@ -105,8 +116,6 @@ def test_tables_are_the_committed_integers_whatever_the_decimal_context() -> Non
 
 def test_tables_approximate_their_functions() -> None:
     """Within one unit of the functions (checked here with libm, which the model never uses)."""
-    for j, value in enumerate(tables.exp_table(8, 16)):
-        assert abs(value - 256 * math.exp(-j / 16)) <= 0.5 + 1e-9
     for g, value in zip(range(-127, 128), tables.silu_table(4, 127), strict=True):
         assert abs(value - 16 * (g / 16) / (1 + math.exp(-g / 16))) <= 0.5 + 1e-9
     cos = tables.cos_table(14, 14)
@@ -173,9 +182,9 @@ def test_permuting_every_inner_dimension_changes_no_bit(
     calls = {"matmul": 0, "sum": 0}
     matmul, total = exact.exact_matmul, exact.exact_sum
 
-    def shuffled_matmul(a, b, a_bound, b_bound):
+    def shuffled_matmul(a, b, a_bound, b_bound, out=None):
         order = torch.randperm(a.shape[-1], generator=gen)
-        got = matmul(a[..., order], b[..., order, :], a_bound, b_bound)
+        got = matmul(a[..., order], b[..., order, :], a_bound, b_bound, out=out)
         calls["matmul"] += 1
         differing["matmul"] += not torch.equal(got, matmul(a, b, a_bound, b_bound))
         return got
@@ -201,12 +210,12 @@ def test_every_product_operand_is_an_integer_within_its_bound(
     checked = []
     matmul = exact.exact_matmul
 
-    def checking(a, b, a_bound, b_bound):
+    def checking(a, b, a_bound, b_bound, out=None):
         for x, bound in ((a, a_bound), (b, b_bound)):
             assert torch.equal(x, x.round()), "a product operand is not integer-valued"
             assert float(x.abs().max()) <= bound, f"a product operand exceeds {bound}"
         checked.append((a_bound, b_bound))
-        return matmul(a, b, a_bound, b_bound)
+        return matmul(a, b, a_bound, b_bound, out=out)
 
     _route_through(monkeypatch, "exact_matmul", checking)
     _every_path(TinyTransformer(ModelConfig()))
