@@ -3,10 +3,9 @@
 Every step is exact (`exact.py`): scores q.k are integers; a key's softmax weight is an
 integer computed exactly from how far its score is below the row's maximum (`_softmax_weights`);
 the weighted sums of values and of weights are exact integers; the output is their ratio (one
-correctly rounded division), requantised. A query's output is
-therefore the same bits however many queries share the call, whatever the other requests
-in the batch, and however its keys are split between "past" and "new": prefill chunks,
-decode steps and extend passes agree exactly.
+correctly rounded division), requantised. A query's output is therefore the same bits however
+many queries share the call, whatever the other requests in the batch, and however its keys
+are split between "past" and "new": prefill chunks, decode steps and extend passes agree.
 
 Each request's past is read in place (a growth buffer is fine): its products with the past's
 keys and values are views of the caller's KV, never copies.
@@ -18,13 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pddemu.model.exact import (
-    ACT_BOUND,
-    EXACT_LIMIT,
-    PROB_BOUND,
-    exact_matmul,
-    exact_sum,
-)
+from pddemu.model.exact import ACT_BOUND, EXACT_LIMIT, PROB_BOUND, exact_matmul, exact_sum
 
 # Scores are integers: one logit unit is 2**SCORE_BITS of them (the softmax temperature);
 # softmax weights are computed from the gap to the row's best in steps of 2**-STEP_BITS logit.
@@ -33,7 +26,7 @@ STEP_BITS = 4
 # The output is the weighted mean of values times 2**OUT_BITS before rounding.
 OUT_BITS = 1
 # Queries are taken in blocks of new tokens whose score matrix has about this many elements.
-SCORE_BLOCK_ELEMENTS = 2**22
+SCORE_BLOCK_ELEMENTS = 2**19  # 2 MiB of float32, cache-sized; any size gives the same bits
 # A past's keys are taken in chunks of KEY_CHUNK: a chunk's weighted sum of values stays below
 # 2**24, exact in float32 (512 x 256 x 127 = 16,646,144).
 KEY_CHUNK = 512
