@@ -2,7 +2,9 @@
 
 Figures (all measured in one run, on this machine, one torch intra-op thread as the roles run):
 - tokens/s for prefill (4096 tokens in 512-token chunks), decode at batch 1 and 32 (pasts of
-  ~1K and ~4K tokens) and extend (100 tokens on a 4K past);
+  ~1K and ~4K tokens) and extend (100 tokens on a 4K past), beside the same figures of the
+  previous design (row-invariant float32, before the model became exact) measured in the same
+  run by the same code;
 - max |logits| and max |KV| difference between extend of 100 tokens and 100 decode steps;
 - greedy streams of many prompts computed along the emulator's paths (batched decode with
   random companions, prefill -> wire copy -> relay decode -> extend handoff -> main decode),
@@ -16,15 +18,24 @@ Figures (all measured in one run, on this machine, one torch intra-op thread as 
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from pddemu.bench import _model_speed
+from pddemu.bench._model_speed import random_ids
 from pddemu.model import KV, ByteTokenizer, ModelConfig, TinyTransformer, greedy
 from pddemu.model.exact import ACT_BOUND, WEIGHT_BOUND
 from pddemu.reference import REFERENCE_DIGEST, digest_requests, reference_digest
@@ -42,7 +53,8 @@ def run(quick: bool) -> dict:
 def _run(quick: bool) -> dict:
     model = TinyTransformer(ModelConfig())
     sizes = _Sizes.quick() if quick else _Sizes.full()
-    throughput = _throughput(model, sizes)
+    speed = speed_against_previous_design(quick)
+    throughput = speed["exact"]
     exactness = _extend_vs_decode(model, sizes.extend_past, sizes.extend_tokens)
     streams = _stream_agreement(model, sizes.prompts, sizes.new_tokens, seed=1)
     dtypes = _float32_vs_float64(sizes.dtype_prompts, sizes.new_tokens)
@@ -50,12 +62,14 @@ def _run(quick: bool) -> dict:
     digest = reference_digest(requests, model.config, 256)
     cycles = context_dependence(model, sizes.cycle_prompts, sizes.cycle_tokens, seed=0)
     kernels = _kernel_variance()
+    previous = speed.get("ratio_exact_to_previous", {})
     return {
         "config": {**vars(model.config), "parameters": model.weights.n_parameters},
         "kv_bytes_per_token": model.config.kv_bytes_per_token,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "throughput_tokens_per_s": throughput,
+        "against_previous_design": speed,
         "extend_vs_decode": exactness,
         "streams": streams,
         "float32_vs_float64": dtypes,
@@ -76,17 +90,63 @@ def _run(quick: bool) -> dict:
             "decode_batch32_faster_than_batch1": (
                 throughput["decode_batch32"] > throughput["decode_batch1"]
             ),
+            "at_least_half_the_previous_design_speed": bool(previous)
+            and all(previous[name] >= 0.5 for name in KEPT_SPEED),
         },
     }
 
 
+# The model before it became exact by construction (row-invariant float32 kernels); the issue
+# that made it exact asked for at least half its speed in prefill, decode and extend.
+PREVIOUS_DESIGN = "8d01f6b000942d79008abd672b3ff0d79e5da21c"
+KEPT_SPEED = ("prefill", "decode_batch1", "decode_batch32", "extend")
+ROUNDS = 2
+
+
+def speed_against_previous_design(quick: bool) -> dict:
+    """Throughput of this model and of the previous design's, measured in one run by the same
+    code (`_model_speed.py`), in alternating subprocesses (previous, exact, previous, exact):
+    each figure is the best of its rounds, so a burst of other load on the machine hurts both
+    alike. The previous design's `pddemu` package comes from git (`git archive`); without the
+    repository's history only this model is measured, and the section says why."""
+    script = Path(_model_speed.__file__)
+    root = script.parents[2]
+    args = [sys.executable, str(script), *(["--quick"] if quick else [])]
+    result: dict = {"previous_design": PREVIOUS_DESIGN, "rounds": ROUNDS}
+    with tempfile.TemporaryDirectory(prefix="pddemu-previous-model-") as tree:
+        trees = {"exact": root}
+        try:
+            archive = subprocess.run(
+                ["git", "-C", str(root), "archive", PREVIOUS_DESIGN, "pddemu"],
+                capture_output=True,
+                check=True,
+            )
+            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+                tar.extractall(tree, filter="data")
+            trees = {"previous": Path(tree), **trees}
+        except (OSError, subprocess.CalledProcessError) as error:
+            result["previous_not_measured"] = f"git archive {PREVIOUS_DESIGN} failed: {error}"
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        for _ in range(ROUNDS):
+            for name, path in trees.items():
+                env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
+                out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+                figures = json.loads(out.stdout)
+                if not figures.pop("model").startswith(str(path)):
+                    raise RuntimeError(f"the {name} model was not imported from {path}")
+                runs[name].append(figures)
+    for name, figures in runs.items():
+        best = {k: max(f[k] for f in figures) for k in _model_speed.FIGURES}
+        result[name] = {**figures[0], **best}
+    if "previous" in runs:
+        result["ratio_exact_to_previous"] = {
+            k: round(result["exact"][k] / result["previous"][k], 3) for k in _model_speed.FIGURES
+        }
+    return result
+
+
 @dataclass(frozen=True)
 class _Sizes:
-    prefill_tokens: int
-    chunk: int
-    decode_past: int
-    decode_long_past: int
-    decode_steps: int
     extend_past: int
     extend_tokens: int
     prompts: int
@@ -98,73 +158,17 @@ class _Sizes:
 
     @classmethod
     def full(cls) -> _Sizes:
-        return cls(4096, 512, 1024, 4096, 32, 4096, 100, 200, 64, 40, 50, 30, 128)
+        return cls(4096, 100, 200, 64, 40, 50, 30, 128)
 
     @classmethod
     def quick(cls) -> _Sizes:
-        return cls(1024, 256, 256, 1024, 8, 1024, 32, 24, 16, 8, 4, 8, 64)
-
-
-def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Fastest of `repeats` timings: the least disturbed by other processes on the machine."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def _random_ids(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(256) for _ in range(n)]
-
-
-def _throughput(model: TinyTransformer, sizes: _Sizes) -> dict:
-    rng = random.Random(0)
-    prompt = _random_ids(rng, sizes.prefill_tokens)
-    prefill_s = _best_seconds(lambda: model.prefill(prompt, None, sizes.chunk), 3)
-
-    # Decode cost does not depend on what the past holds: every request's past is a prefix
-    # (own buffer, own length) of one prefilled context.
-    context, _ = model.prefill(_random_ids(rng, sizes.decode_long_past + 64), None, sizes.chunk)
-
-    def decode_rate(batch: int, past_tokens: int) -> float:
-        pasts = []
-        for _ in range(batch):
-            past_len = past_tokens + rng.randrange(-64, 65)
-            buffer = KV.empty(model.config, capacity=past_len + sizes.decode_steps)
-            buffer.append(context.token_slice(0, past_len))
-            pasts.append(buffer)
-        tokens = _random_ids(rng, batch)
-
-        def steps() -> None:
-            for _ in range(sizes.decode_steps):
-                new_kvs, _ = model.decode_batch(tokens, pasts)
-                for past, kv in zip(pasts, new_kvs, strict=True):
-                    past.append(kv)
-
-        return batch * sizes.decode_steps / _best_seconds(steps, 1)
-
-    past, _ = model.prefill(_random_ids(rng, sizes.extend_past), None, sizes.chunk)
-    eager = _random_ids(rng, sizes.extend_tokens)
-    extend_s = _best_seconds(lambda: model.extend(eager, past), 3)
-    return {
-        "prefill": round(sizes.prefill_tokens / prefill_s, 1),
-        "prefill_setup": f"{sizes.prefill_tokens} tokens from scratch, chunk {sizes.chunk}",
-        "decode_batch1": round(decode_rate(1, sizes.decode_past), 1),
-        "decode_batch32": round(decode_rate(32, sizes.decode_past), 1),
-        "decode_setup": f"{sizes.decode_steps} steps, pasts of {sizes.decode_past}+-64 tokens",
-        "decode_batch32_long_past": round(decode_rate(32, sizes.decode_long_past), 1),
-        "decode_long_past_setup": f"pasts of {sizes.decode_long_past}+-64 tokens",
-        "extend": round(sizes.extend_tokens / extend_s, 1),
-        "extend_setup": f"{sizes.extend_tokens} tokens on a {sizes.extend_past}-token past",
-    }
+        return cls(1024, 32, 24, 16, 8, 4, 8, 64)
 
 
 def _extend_vs_decode(model: TinyTransformer, past_tokens: int, k: int) -> dict:
     rng = random.Random(2)
-    past, _ = model.prefill(_random_ids(rng, past_tokens), None, 512)
-    eager = _random_ids(rng, k)
+    past, _ = model.prefill(random_ids(rng, past_tokens), None, 512)
+    eager = random_ids(rng, k)
     ext_kv, ext_logits = model.extend(eager, past)
     context = KV.empty(model.config, capacity=past_tokens + k)
     context.append(past)
@@ -212,7 +216,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     for i in range(n):
         length = rng.randint(8, 700)
         if i % 2:
-            prompts.append([tokenizer.bos_id, *_random_ids(rng, length)])
+            prompts.append([tokenizer.bos_id, *random_ids(rng, length)])
         else:
             text = " ".join(rng.choice(words) for _ in range(length // 3))
             prompts.append(tokenizer.encode(text))
