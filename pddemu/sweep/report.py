@@ -365,8 +365,11 @@ def render(experiments: Path, results: Path) -> str:
         "runs the quick variants). Each experiment reproduces PDD's setup (hardware mix, load, "
         "hit rates, lengths; `docs/pdd.md`) scaled to one machine; nothing is tuned to the "
         "paper's figures. Every measured figure is the mean over the seeds with the lowest and "
-        "highest seed's value; a figure from a quick variant is from few requests per point and "
-        "is indicative only.",
+        "highest seed's value. A quick variant replays few requests per point, starting from "
+        "empty caches: its figures are dominated by the warm-up (every instance's first "
+        "requests miss, and cross-DC, whole prompts queue on the WAN until MD's cache holds "
+        "the shared prefixes), so they check the path and show the transient, not PDD's "
+        "steady state.",
         "",
     ]
     for path in files:
