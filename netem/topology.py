@@ -104,6 +104,9 @@ class Network:
     schedule: Schedule | None = None
     schedule_from_up: bool = True
     cross_traffic: CrossTrafficSpec | None = None  # started when the run is up
+    # the userspace shaper at real-time priority where allowed (netem.shaper): its releases keep
+    # their times however busy the host is with the processes it carries traffic for
+    realtime_shaper: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -456,6 +459,7 @@ class Network:
             if self.schedule is not None and self.schedule_from_up
             else None,
             "die_with_parent": threading.current_thread() is threading.main_thread(),
+            "realtime": self.realtime_shaper,
         }
         self.shaper = subprocess.Popen(
             [sys.executable, "-m", "netem.shaper"],

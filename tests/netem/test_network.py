@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -9,6 +10,7 @@ import time
 import pytest
 from pyroute2 import IPRoute
 
+from netem.bench import realtime_allowed
 from netem.registry import Registry, list_namespaces
 from netem.schedule import parse_schedule
 from netem.shaper import EARLY_S
@@ -27,6 +29,13 @@ def test_delay_is_what_ping_sees(run_name: str, tools: None) -> None:
     assert len(rtts) == 40
     assert 40.0 - 1e3 * EARLY_S <= median(rtts) <= 41.5
     assert min(rtts) >= 40.0 - 2e3 * EARLY_S  # each direction may release up to EARLY_S early
+
+
+def test_a_realtime_shaper_runs_at_fifo_priority_where_allowed(run_name: str) -> None:
+    with network(run_name, LinkSpec(delay_s=0.001), realtime_shaper=True) as net:
+        assert net.record is not None and net.record.shaper_pid is not None
+        policy = os.sched_getscheduler(net.record.shaper_pid)
+    assert policy == (os.SCHED_FIFO if realtime_allowed() else os.SCHED_OTHER)
 
 
 def test_rate_is_what_iperf3_sees(run_name: str, tools: None) -> None:
