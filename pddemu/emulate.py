@@ -390,6 +390,7 @@ def write_outputs(
             "scheduled": [fault.to_dict() for fault in timeline.instance_faults],
             "link_events": links.to_dict()["steps"] if links is not None else [],
             "skipped": run.faults_skipped,
+            "replay_start_s": run.replay_start_s,  # the timeline's 0 on the records' clock
             "timeline": timeline_rows(
                 links,
                 summaries[system]["instance_events"],

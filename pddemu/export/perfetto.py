@@ -11,6 +11,9 @@ For each system two processes: its instances and its requests.
   delivered token and, for a failed request, the failure. Each KV transfer of the request
   (first to last byte, as its receiver saw them) has a track of its own beside it, since it
   overlaps the prefill and the relay's decode.
+- A faults process, when the run had any: a track per instance or link with a mark for each
+  row of the run's fault timeline (summary.json's `faults.timeline`: scheduled faults, what
+  happened to instances, the router's changes of view, its failover actions).
 """
 
 from __future__ import annotations
@@ -180,6 +183,17 @@ def _request_tracks(trace: Trace, run: SystemRun) -> None:
             )
 
 
+def _fault_tracks(trace: Trace, run: SystemRun) -> None:
+    faults = run.summary.get("faults") or {}
+    rows, origin = faults.get("timeline") or [], faults.get("replay_start_s")
+    if not rows or origin is None:  # none, or a run written before the timeline had its 0
+        return
+    pid = trace.process(f"{run.system}: faults")
+    for row in rows:
+        tid = trace.thread(pid, row["instance"])
+        trace.mark(pid, tid, row["what"], origin + row["at_s"], detail=row["detail"])
+
+
 def _start(event: dict[str, Any]) -> float:
     return event["start_s"]
 
@@ -189,6 +203,7 @@ def perfetto_trace(runs: list[SystemRun]) -> dict[str, Any]:
     for run in runs:
         _instance_tracks(trace, run)
         _request_tracks(trace, run)
+        _fault_tracks(trace, run)
     return {
         "traceEvents": trace.events,
         "displayTimeUnit": "ms",

@@ -67,6 +67,13 @@ def run_dir(tmp_path: Path) -> Path:
     summary = summarize(
         "pdd", records, sample_instances(), SAMPLE_SLO, SAMPLE_SCALE, SAMPLE_WAN_RATE
     )
+    summary["faults"] = {  # the run's fault timeline: its 0 is the replay's start, at 0.5
+        "replay_start_s": 0.5,
+        "timeline": [
+            {"at_s": 2.0, "instance": "MD0", "what": "killed", "detail": "scheduled"},
+            {"at_s": 2.1, "instance": "MD0", "what": "router: down", "detail": "closed"},
+        ],
+    }
     write_requests_csv(tmp_path / "requests.csv", records)
     write_summary_json(tmp_path / "summary.json", {"pdd": summary}, {"arrival_rate": 0.5})
     roles = {"P0": "P", "RLD0": "RLD", "MD0": "MD"}
@@ -168,6 +175,8 @@ def test_perfetto_tracks_nest_and_show_each_phase(run_dir: Path, tmp_path: Path)
     tokens = [e for e in events if e["ph"] == "i" and e["name"] == "token"]
     assert len(tokens) == sum(len(r.token_times_s) for r in sample_records())
     assert any(e["ph"] == "i" and e["name"] == "failed" for e in events)
+    faults = [(threads[(e["pid"], e["tid"])], e["name"], e["ts"]) for e in events if e["ph"] == "i"]
+    assert ("MD0", "killed", 2.5e6) in faults and ("MD0", "router: down", 2.6e6) in faults
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert {"MD0 decoding", "MD0 KV arriving", "RLD0 decoding"} <= counters
 
