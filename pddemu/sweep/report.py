@@ -335,6 +335,8 @@ def experiment_section(path: Path, results: Path) -> list[str]:
                 extra += ["", f"{claim['claim']} ({claim['system']}, `{metric_name}`):", "", *more]
             label = claim["claim"] + (f" — `{metric_name}`" if len(names) > 1 else "")
             explain = claim["explain"] if index == 0 else "as above"
+            if measured == "not run":
+                explain = "nothing measured to compare"
             lines.append(f"| {label} | {claim['paper']} | {measured} | {explain} |")
     return [*lines, *extra, ""]
 

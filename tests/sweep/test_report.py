@@ -151,7 +151,7 @@ def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) 
     text = render(experiment, tmp_path / "nothing")
     assert "**Not run**" in text
     claim_rows = [line for line in text.splitlines() if line.startswith("| share")]
-    assert claim_rows and "| not run |" in claim_rows[0]
+    assert claim_rows and "| not run | nothing measured to compare |" in claim_rows[0]
 
 
 def test_only_the_section_between_the_markers_is_replaced(experiment: Path, tmp_path: Path) -> None:
