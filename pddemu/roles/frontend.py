@@ -175,7 +175,9 @@ class Frontend(Instance):
             self.liveness_changed(change)
 
     def channel_closed(self, channel: Any) -> None:
-        if channel.purpose == "control":
+        """A connection an instance keeps with the router closed: the process is gone (an
+        idle instance has only its heartbeats' connection)."""
+        if channel.purpose in ("control", "heartbeat"):
             change = self.liveness.lost(channel.peer, self.clock.now(), "its connection closed")
             if change is not None:
                 self.liveness_changed(change)
