@@ -21,7 +21,8 @@ its lag there (how late, in modelled seconds, it did what was scheduled): monoto
 written only by their owner, which the rate's controller reads as differences.
 
 The page is a small file on a tmpfs (a netem run's directory under /run), mapped by every
-participant.
+participant; the userspace shaper follows it when given its path, so packets are timed in
+modelled time and a dilation slows the network exactly like everything else.
 """
 
 from __future__ import annotations

@@ -8,10 +8,17 @@ microsecond timeouts (libuv timers have millisecond resolution, too coarse for t
 target). A schedule (`netem.schedule`) runs in the same loop: each step is applied at its own
 time, after every packet due before it has left. It dies with its parent (PR_SET_PDEATHSIG),
 and its TUN interfaces die with it.
+
+Given a clock page (`netem.clock`), the elements and the schedule run in the clock's time:
+rates, delays and schedule steps are then in that (modelled) time, so a clock that slows down
+(dilation) or stands still (a hold) slows or stops the link with it; a select() timeout is the
+wall time left at the clock's rate, never longer than MAX_WALL_WAIT_S while the clock is held.
+How late each packet leaves, in the clock's time, is counted (`release_lag`).
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import json
 import math
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from netem.clock import Anchor, SharedClock
 from netem.direction import Direction
 from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
@@ -41,6 +49,8 @@ CONTROL_REPLY_TIMEOUT_S = 1.0
 # time stays exact: releasing early never shifts the packets behind it.
 EARLY_S = 0.00015
 MAX_PACKET = 65536
+MAX_WALL_WAIT_S = 0.002  # while the clock is held, look again this often
+LAG_BUCKETS_S = (0.0, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0)
 
 
 @dataclass
@@ -61,6 +71,9 @@ class Shaper:
         self.by_fd: dict[int, Route] = {}
         self.links: dict[str, dict[str, Route]] = {}
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
+        self.clock = SharedClock(config["clock"]) if config.get("clock") else None
+        self.now = self.clock.now if self.clock is not None else time.monotonic
+        self.release_lag = ReleaseLag()
         for index, link in enumerate(config["links"]):
             fd_a = open_tun(link["a"]["ifname"], link["a"]["netns"], tun_device)
             fd_b = open_tun(link["b"]["ifname"], link["b"]["netns"], tun_device)
@@ -90,67 +103,80 @@ class Shaper:
         self.cursor: Cursor | None = None
         self.before_schedule: list[tuple[Route, LinkSpec, bool]] = []
         if config.get("schedule"):
-            self.start_schedule(Schedule.from_dict(config["schedule"]), time.monotonic())
+            self.start_schedule(Schedule.from_dict(config["schedule"]), self.now())
 
     def run(self) -> None:
         routes = self.routes
         by_fd = self.by_fd
         control_fd = self.control.fileno()
+        clock = self.clock
+        now_of = self.now
         monotonic = time.monotonic
         read = os.read
         while True:
             next_time = min(route.direction.next_time() for route in routes)
             if self.cursor is not None:
                 next_time = min(next_time, self.cursor.next_time())
-            if next_time == math.inf:
-                timeout = None
+            if clock is None:
+                early = EARLY_S
+                timeout = (
+                    None if next_time == math.inf else max(0.0, next_time - monotonic() - EARLY_S)
+                )
             else:
-                timeout = next_time - monotonic() - EARLY_S
-                timeout = timeout if timeout > 0 else 0.0
+                anchor = clock.anchor()  # one reading of the page for the whole decision
+                early = EARLY_S * anchor.rate  # the wake-up latency, in the clock's time
+                timeout = (
+                    None
+                    if next_time == math.inf
+                    else self._clock_timeout(anchor, next_time - early)
+                )
             watched = [*by_fd, control_fd, *self.clients]
             try:
                 readable, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
+            now = now_of()
             for fd in readable:
                 route = by_fd.get(fd)
                 if route is None:
                     self._serve_control(fd)
+                    now = now_of()
                     continue
                 push = route.direction.push
-                now = monotonic()
                 for _ in range(READ_BATCH):
                     try:
                         packet = read(fd, MAX_PACKET)
                     except BlockingIOError:
                         break
                     push(packet, now)
-            now = monotonic() + EARLY_S
             if self.cursor is not None:
-                for at, step in self.cursor.due(now):
-                    self._release(at)
+                for at, step in self.cursor.due(now + early):
+                    self._release(at, now)
                     self._apply_step(step, at)
-            self._release(now)
+            self._release(now + early, now)
 
-    def _release(self, now: float) -> None:
+    def _release(self, until: float, now: float) -> None:
+        """Write out every packet due by `until`, counting how late each leaves at `now`."""
+        lag = self.release_lag
         for route in self.routes:
-            for packet, _ in route.direction.release(now):
+            for packet, exit_time in route.direction.release(until):
                 try:
                     os.write(route.sink_fd, packet)
                 except OSError:
                     route.write_errors += 1
+                lag.count(now - exit_time)
 
     # -- schedules ------------------------------------------------------------------------
 
     def start_schedule(self, schedule: Schedule, start: float) -> None:
-        """Follow `schedule` from `start` (monotonic seconds, possibly ahead); the links as
+        """Follow `schedule` from `start` (the shaper's time, possibly ahead); the links as
         they are now are kept, to return to when the schedule is stopped."""
         for link in schedule.links():
             if link not in self.links:
                 raise ValueError(
                     f"the schedule changes link {link!r}, which this run does not shape"
                 )
-        self.stop_schedule(time.monotonic())
+        self.stop_schedule(self.now())
         self.before_schedule = [
             (route, route.direction.spec, route.direction.gate.up) for route in self.routes
         ]
@@ -159,7 +185,7 @@ class Shaper:
     def stop_schedule(self, now: float) -> None:
         """Stop following the schedule; every link returns to its spec and state from before."""
         self.cursor = None
-        self._release(now)
+        self._release(now, now)
         for route, spec, up in self.before_schedule:
             route.direction.apply(spec, now)
             route.direction.set_up(up)
@@ -174,6 +200,21 @@ class Shaper:
                 for name, routes in self.links.items()
             },
         )
+
+    def _clock_timeout(self, anchor: Anchor, due: float) -> float:
+        """Wall seconds to wait until the clock reaches `due`: as long as it takes at the
+        present rate when that is short, else what it would take at the clock's ceiling (no
+        speed-up meanwhile makes the packet late); MAX_WALL_WAIT_S when a hold stands before."""
+        wall = time.monotonic()
+        if anchor.at(wall) >= due:
+            return 0.0
+        delay = anchor.wall_at(due) - wall
+        if delay <= 0:
+            return MAX_WALL_WAIT_S  # due, but the clock is held before it
+        if delay > MAX_WALL_WAIT_S:
+            assert self.clock is not None
+            delay = max(MAX_WALL_WAIT_S, (due - anchor.at(wall)) / self.clock.ceiling)
+        return delay
 
     def _serve_control(self, fd: int) -> None:
         if fd == self.control.fileno():
@@ -205,13 +246,17 @@ class Shaper:
             request = json.loads(line)
             op = request["op"]
             if op == "stats":
-                return {"ok": True, "links": self.stats()}
+                return {
+                    "ok": True,
+                    "links": self.stats(),
+                    "release_lag": self.release_lag.to_dict(),
+                }
             routes = self._select(request)
-            now = time.monotonic()
+            now = self.now()
             if op == "set":
                 changes = changes_from_dict(request["changes"])
                 specs = [route.direction.spec.with_changes(**changes) for route in routes]
-                self._release(now)
+                self._release(now, now)
                 for route, spec in zip(routes, specs, strict=True):
                     route.direction.apply(spec, now)
             elif op == "updown":
@@ -247,6 +292,32 @@ class Shaper:
                 for d, r in routes.items()
             }
             for name, routes in self.links.items()
+        }
+
+
+class ReleaseLag:
+    """How late packets left, in the clock's time: a count per bucket (upper edges in
+    LAG_BUCKETS_S, the last one open), the sum and the largest."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LAG_BUCKETS_S) + 1)
+        self.total_s = 0.0
+        self.max_s = 0.0
+
+    def count(self, lag: float) -> None:
+        if lag <= 0:
+            self.counts[0] += 1
+            return
+        self.total_s += lag
+        self.max_s = max(self.max_s, lag)
+        self.counts[bisect.bisect_left(LAG_BUCKETS_S, lag)] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bucket_edges_s": list(LAG_BUCKETS_S),
+            "counts": list(self.counts),
+            "total_s": self.total_s,
+            "max_s": self.max_s,
         }
 
 

@@ -26,12 +26,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute, netns
 
 from netem import control, kernel, nsutil
 from netem.addressing import Addresses
+from netem.clock import SharedClock
 from netem.crosstraffic import CrossTraffic, CrossTrafficError, CrossTrafficSpec
 from netem.registry import (
     HOST_LINK_PREFIX,
@@ -107,6 +109,9 @@ class Network:
     # the userspace shaper at real-time priority where allowed (netem.shaper): its releases keep
     # their times however busy the host is with the processes it carries traffic for
     realtime_shaper: bool = False
+    # A clock page (netem.clock) in the run's directory, which the shaper follows: the links'
+    # rates, delays and schedules are then in the clock's time, not the wall's.
+    clock: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -129,6 +134,7 @@ class Network:
         self._guardian_pipe: int | None = None
         self._cross: CrossTraffic | None = None
         self.cross_traffic_report: dict[str, Any] | None = None
+        self.clock_path: Path | None = None
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -224,12 +230,16 @@ class Network:
 
     def retime_tcp(self, rate: float) -> None:
         """Set the TCP parameters of the routes across the WAN for a clock running at `rate`
-        (the path's seconds per wall second): connections take them at their next send."""
+        (the path's seconds per wall second): connections take them at their next send. Safe
+        from any thread, also beside a running event loop."""
         if self.tcp is None:
             raise TopologyError(f"run {self.name} has no TCP parameters to set")
         metrics = self.tcp.metrics(rate)
         for ns, dst in self.wan_routes():
-            with IPRoute(netns=ns, flags=0) as ipr:
+            # Entered by this thread, not with IPRoute(netns=...): that forks a helper, which
+            # would share the caller's signal wake-up fd (an event loop's) and, when stopped,
+            # look to the loop like a SIGTERM.
+            with nsutil.inside(ns), IPRoute() as ipr:
                 (route,) = [r for r in ipr.get_routes(table=254) if _dst(r) == dst]
                 ipr.route(
                     "replace",
@@ -262,7 +272,8 @@ class Network:
 
     def start_schedule(self, start: float, schedule: Schedule | None = None) -> None:
         """Follow the run's schedule (or `schedule`, which may only touch the links the run's
-        own schedule touches) from `start`, a time.monotonic() instant, possibly ahead."""
+        own schedule touches) from `start`, possibly ahead, in the shaper's time: the clock page's
+        when the network has one, else a time.monotonic() instant."""
         schedule = schedule or self.schedule
         if schedule is None:
             raise TopologyError(f"run {self.name} has no schedule to start")
@@ -279,6 +290,13 @@ class Network:
         if record.control:
             control.request(record.control, {"op": "unschedule"})
 
+    def release_lag(self) -> dict[str, Any] | None:
+        """How late the shaper let packets go, in its clock's time (None: no shaper)."""
+        record = self._require_record()
+        if not record.control:
+            return None
+        return control.request(record.control, {"op": "stats"})["release_lag"]
+
     def stats(self) -> dict[str, Any]:
         record = self._require_record()
         if record.control:
@@ -294,6 +312,11 @@ class Network:
 
     def _resolve_backend(self) -> str:
         if self.backend == "userspace":
+            return "userspace"
+        if self.clock:
+            if self.backend == "kernel":
+                raise TopologyError("the kernel backend cannot follow a clock: use userspace")
+            self.backend_reason = "a clock needs the userspace shaper (sch_netem runs in wall time)"
             return "userspace"
         links = [self.wan] + ([self.intra] if self.intra is not None else [])
         if self.schedule is not None:
@@ -359,6 +382,9 @@ class Network:
         else:
             self._veth_link("intra", self.a.netns, self.a2.netns)
         self._tun_links = {link["name"] for link in shaped_links}
+        if self.clock:
+            self.clock_path = self.registry.run_dir(self.name) / "clock"
+            SharedClock.create(self.clock_path).close()
         if shaped_links:
             self._start_shaper(shaped_links)
         if backend == "kernel":
@@ -458,6 +484,7 @@ class Network:
             "schedule": self.schedule.to_dict()
             if self.schedule is not None and self.schedule_from_up
             else None,
+            "clock": str(self.clock_path) if self.clock_path else None,
             "die_with_parent": threading.current_thread() is threading.main_thread(),
             "realtime": self.realtime_shaper,
         }

@@ -40,6 +40,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.t
 SYSTEMS = ("pdd", "naive", "indc")
 ROLES = ("P", "RLD", "MD", "D")
 ROUTING_POLICIES = ("wan-time", "always-relay", "never-relay")
+TCP_CONGESTION = ("cubic", "reno", "bbr")
 HANDOFF_MODES = ("one-shot", "catch-up", "adaptive")
 HANDOFF_PAYLOADS = ("extend", "kv-delta")
 NEEDED_ROLES = {"pdd": ("P", "RLD", "MD"), "naive": ("P", "MD"), "indc": ("P", "D")}
@@ -113,12 +114,12 @@ class Section(BaseModel):
 class ScaleConfig(Section):
     """How a laptop stands in for GPU clusters.
 
-    The emulated WAN is the modelled one scaled: rate × byte scale × time scale, delay and
-    jitter ÷ time scale, where the byte scale is (genuine KV bytes per modelled token) ÷ (target
-    KV bytes per token) (`docs/hardware.md`). Every report prints the factors and the emulated
-    rate. If the genuine work does not fit in the modelled time, the instances record the
-    overrun as `emulator_lag_s`: keep its p99 well below a decode step (tens of ms) by lowering
-    `time_scale`, raising `token_scale`, or replaying fewer concurrent requests."""
+    Every process of a run reads one shared clock of modelled time; the links run on it too,
+    so the emulated WAN is the modelled one with its rate scaled by the byte scale only: (genuine
+    KV bytes per modelled token) ÷ (target KV bytes per token) (`docs/hardware.md`). The clock
+    runs as fast as `time_scale` allows and slows down (time dilation) whenever a participant
+    falls behind; `summary.json` records the dilation and the lag that remained, and a run whose
+    lag exceeds `max_lag` is marked invalid (`docs/architecture.md`, "One clock")."""
 
     token_scale: int = Field(
         32,
@@ -128,7 +129,33 @@ class ScaleConfig(Section):
         "this many modelled ones. `summary.json` states the same factor the other way round, as "
         "genuine per modelled token (1/32 = 0.03125)",
     )
-    time_scale: float = Field(4.0, gt=0, description="modelled seconds per wall-clock second")
+    time_scale: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="the fastest the run may go, in modelled seconds per wall-clock second, or "
+        '`"auto"`: as fast as the host allows while every participant keeps up (the clock '
+        "slows down whenever one falls behind, in both cases)",
+        json_schema_extra={"allowed": 'number > 0, or "auto"'},
+    )
+    max_lag: float = Field(
+        0.05,
+        gt=0,
+        allow_inf_nan=False,
+        description="a run is valid when the mean lag of each kind (steps, message handling, "
+        "deliveries, sends, the shaper's releases; modelled) is at most this share of its TPOT "
+        "p50; otherwise summary.json marks it `valid: false` with the reason and "
+        "`pddemu emulate` exits 4",
+    )
+
+    @field_validator("time_scale", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        if value == "auto" or value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f'must be a positive number or "auto", got {value!r}')
+        return float(value)  # the field checks it is positive and finite
 
 
 class LinkModel(Section):
@@ -272,6 +299,19 @@ class WanConfig(LinkModel):
         if self.cross_traffic is not None and self.rate_bps is None:
             raise ValueError("cross_traffic: its utilisation is a share of the rate: give a rate")
         return self
+
+    queue_ms: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="the bottleneck's queue limit, in modelled milliseconds at the WAN's rate "
+        "(default: one modelled bandwidth-delay product of the round trip)",
+    )
+    tcp_congestion: Literal[TCP_CONGESTION] = Field(  # type: ignore[valid-type]
+        "cubic",
+        description="congestion control of the connections across the WAN (set on its routes, "
+        "whatever the host's default)",
+    )
 
 
 class IntraConfig(LinkModel):
@@ -450,7 +490,7 @@ class WorkloadConfig(Section):
         0.5,
         gt=0,
         description='modelled requests per second (Poisson), or `"trace"` for a trace file\'s '
-        "own timestamps (divided by `time_scale` on the wall clock; for `pdd-janfeb`, the "
+        "own timestamps (on the run's modelled clock; for `pdd-janfeb`, the "
         "generator's own Poisson arrivals at 1 req/s). `summary.json` records which",
         json_schema_extra={"allowed": 'number > 0, or "trace"'},
     )

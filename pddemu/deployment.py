@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from netem.clock import SharedClock
 from netem.topology import Network
 from pddemu.config import Config, config_to_json
 from pddemu.roles.spec import Address, InstanceSpec
@@ -79,7 +80,7 @@ class Deployment:
     def __post_init__(self) -> None:
         self.specs = self.plan()
         self.processes: dict[str, subprocess.Popen] = {}
-        self.clock = ModelledClock(self.epoch, self.config.scale.time_scale)
+        self.clock = ModelledClock.reading(self.network.clock_path, self.epoch)
         self.events: list[InstanceEvent] = []
         self.missing_stats: dict[str, str] = {}  # instance -> why its stats could not be read
         self.paused: set[str] = set()
@@ -109,6 +110,7 @@ class Deployment:
                 peers=addresses,
                 config=config_json,
                 epoch=self.epoch,
+                clock=str(self.network.clock_path or ""),
                 log_path=str(logs / f"{name}.log"),
             )
             for name, address in addresses.items()
@@ -230,6 +232,7 @@ class Deployment:
     def kill(self, name: str, at_s: float | None = None) -> None:
         """SIGKILL the instance: no goodbye to anyone, as a crashed machine."""
         self._signal(name, signal.SIGKILL)
+        self._release_clock(name)
         self._expected_exit.add(name)
         self.paused.discard(name)
         self._record(name, "killed", at_s)
@@ -237,6 +240,7 @@ class Deployment:
     def pause(self, name: str, at_s: float | None = None) -> None:
         """SIGSTOP: the process is frozen, its sockets stay open, nobody is told."""
         self._signal(name, signal.SIGSTOP)
+        self._release_clock(name)
         self.paused.add(name)
         self._record(name, "paused", at_s)
 
@@ -244,6 +248,16 @@ class Deployment:
         self._signal(name, signal.SIGCONT)
         self.paused.discard(name)
         self._record(name, "resumed", at_s)
+
+    def _release_clock(self, name: str) -> None:
+        """A frozen or killed instance holds no one's time: a hold it had on the run's clock
+        (genuine work under way) goes, or the clock would stand still until it came back."""
+        source = self.clock.source
+        process = self.processes.get(name)
+        if isinstance(source, SharedClock) and process is not None:
+            for report in source.slots():
+                if report.pid == process.pid:
+                    source.release(report.index)
 
     async def restart(self, name: str, at_s: float | None = None) -> None:
         """Start the instance again with its spec (same addresses, empty caches), killing

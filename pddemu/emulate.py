@@ -17,6 +17,8 @@ Exit status:
   2    bad input (config, trace, arguments)
   3    a stream differs from the reference, or the replayer could not read the frontend's
        answer (an emulator defect)
+  4    a run is not valid: the emulator fell behind the model by more than `scale.max_lag`
+       (summary.json's invalid_reason says how)
   5    the results are written but partial: an instance died unplanned, did not start, or its
        stats could not be read (summary.json's partial_reasons says which)
   130  interrupted (SIGINT or SIGTERM); what finished is written, marked partial
@@ -63,10 +65,11 @@ from pddemu.metrics import (
     write_requests_csv,
     write_summary_json,
 )
+from pddemu.metrics.distribution import percentile
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
-from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.timekeeping import TYPICAL_CONTEXT, RunTiming
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
 from pddemu.workload.synthetic import SyntheticShape
@@ -74,6 +77,7 @@ from pddemu.workload.synthetic import SyntheticShape
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
 DEFECT_EXIT = 3  # a stream differs from the reference, or an answer could not be read
+INVALID_EXIT = 4  # the emulator fell behind the model more than the run's lag bound allows
 PARTIAL_EXIT = 5  # the results are written but incomplete: see "partial_reasons"
 INTERRUPTED_EXIT = 130
 
@@ -93,6 +97,7 @@ class SystemRun:
     router: dict[str, Any] = field(default_factory=dict)  # the router's view and failovers
     wan_transfers: list[Any] = field(default_factory=list)  # KV transfers MD received
     cross_traffic: dict[str, Any] | None = None  # what other tenants got on the WAN meanwhile
+    timing: dict[str, Any] = field(default_factory=dict)  # lag, dilation, validity
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -129,8 +134,10 @@ async def run_system(
     `partial`; only a second interrupt loses them."""
     epoch = time.monotonic()
     deployment = Deployment(system, config, network, out, epoch)
-    clock = ModelledClock(epoch, config.scale.time_scale)
     result = ReplayResult([])
+    timing = RunTiming(
+        network, config, system, typical_context(workload), lambda: completed_tpot_p50(result)
+    )
     run = SystemRun(system, result.records, result.outputs)
     stats: dict[str, Any] = {}
     started = False
@@ -139,30 +146,31 @@ async def run_system(
         await deployment.start()
         started = True
         with replay_conditions(network, config, scale_model(config)) as conditions:
-            run.replay_start_s = clock.now() + REPLAY_LEAD_S  # the replay's and timeline's 0
-            conditions.begin(clock.wall_at(run.replay_start_s))
-            injecting = asyncio.ensure_future(
-                inject(
-                    timeline_of(config).instance_faults,
-                    deployment,
-                    clock.now,
-                    clock.sleep_until,
-                    run.replay_start_s,
-                    run.faults_skipped,
+            async with timing as clock:
+                run.replay_start_s = clock.now() + REPLAY_LEAD_S  # the replay's and timeline's 0
+                conditions.begin(run.replay_start_s)  # on the network's clock, as the links
+                injecting = asyncio.ensure_future(
+                    inject(
+                        timeline_of(config).instance_faults,
+                        deployment,
+                        clock.now,
+                        clock.sleep_until,
+                        run.replay_start_s,
+                        run.faults_skipped,
+                    )
                 )
-            )
-            try:
-                await replay(
-                    deployment.frontend_url,
-                    workload,
-                    clock,
-                    system,
-                    run.replay_start_s,
-                    result,
-                    deployment.headers,
-                )
-            finally:
-                await stop_injecting(injecting, run)
+                try:
+                    await replay(
+                        deployment.frontend_url,
+                        workload,
+                        clock,
+                        system,
+                        run.replay_start_s,
+                        result,
+                        deployment.headers,
+                    )
+                finally:
+                    await stop_injecting(injecting, run)
         stats = await deployment.stats()
     except asyncio.CancelledError:
         task = asyncio.current_task()
@@ -170,7 +178,8 @@ async def run_system(
             task.uncancel()
         run.interrupted = True
         run.partial.append(
-            f"interrupted {clock.now() - run.replay_start_s:.1f} modelled s into the replay; "
+            f"interrupted {deployment.clock.now() - run.replay_start_s:.1f} modelled s into "
+            f"the replay; "
             f"{result.not_sent} requests not sent"
             if started
             else "interrupted before the replay started"
@@ -199,6 +208,8 @@ async def run_system(
     run.instances = instance_reports(config, deployment, stats)
     run.router = next((report for report in stats.values() if report.get("role") == "FE"), {})
     run.wan_transfers = wan_transfers(stats)
+    if "end" in timing.marks:
+        run.timing = timing.report(stats, completed_tpot_p50(result))
     for reason in run.partial:
         print(f"[{system}] partial: {reason}", file=sys.stderr)
     return run
@@ -213,6 +224,18 @@ async def stop_injecting(injecting: asyncio.Future, run: SystemRun) -> None:
         pass
     except Exception as error:  # noqa: BLE001 - a fault that could not be done, not a lost run
         run.partial.append(f"a scheduled fault could not be carried out: {error}")
+
+
+def completed_tpot_p50(result: ReplayResult) -> float | None:
+    """TPOT p50 of the requests completed so far (what the run's lag bound is a share of)."""
+    done = [r.tpot_s for r in result.records if r.state == "completed" and r.tpot_s]
+    return percentile(done, 50) if done else None
+
+
+def typical_context(workload: list[Any]) -> int:
+    """The median modelled context of a workload's requests halfway through their outputs."""
+    contexts = [r.input_tokens + r.output_tokens // 2 for r in workload]
+    return int(percentile(contexts, 50)) if contexts else TYPICAL_CONTEXT
 
 
 def wan_transfers(stats: dict[str, Any]) -> list[Any]:
@@ -329,11 +352,12 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
     scale = scale_model(config)
     out.mkdir(parents=True, exist_ok=True)
     link = wan_link(config, scale)
+    time_scale = config.scale.time_scale
     print(
         f"pddemu: {len(workload)} requests of {config.workload.trace}, systems {', '.join(systems)}; "
-        f"emulated WAN {link.rate_bps / 1e6 if link.rate_bps else float('inf'):.1f} Mbit/s, "
-        f"{link.delay_s * 1e3:.1f} ms one way, {link.qdisc} (modelled {config.wan.rate_bps / 1e9 if config.wan.rate_bps else 0:g} Gbit/s, "
-        f"{config.wan.delay_s * 1e3:g} ms); scale: token 1/{config.scale.token_scale}, time x{config.scale.time_scale:g}",
+        f"emulated WAN {link.rate_bps / 1e6 if link.rate_bps else float('inf'):.3f} Mbit/s per modelled s, "
+        f"{link.delay_s * 1e3:.1f} ms one way, {link.qdisc} (modelled {config.wan.rate_bps / 1e9 if config.wan.rate_bps else 0:g} Gbit/s); "
+        f"scale: token 1/{config.scale.token_scale}, time {'auto' if time_scale is None else f'up to x{time_scale:g}'}",
         file=sys.stderr,
     )
     runs: dict[str, SystemRun] = {}
@@ -373,10 +397,11 @@ def write_outputs(
             run.records,
             run.instances,
             slo,
-            scale.describe(),
+            {**scale.describe(), "time_scale": _speedup(run)},
             link.rate_bps if system != "indc" else None,
             config.wan_cost_per_hour(system),
         )
+        summaries[system].update(run.timing)
         summaries[system]["partial"] = bool(run.partial)
         summaries[system]["partial_reasons"] = run.partial
         summaries[system]["instance_events"] = [
@@ -458,6 +483,13 @@ def report(
             file=sys.stderr,
         )
         return INTERRUPTED_EXIT
+    invalid = {
+        s: summary["invalid_reason"]
+        for s, summary in summaries.items()
+        if not summary.get("valid", True)
+    }
+    for system, reason in invalid.items():
+        print(f"pddemu: the {system} run is not valid: {reason}", file=sys.stderr)
     if mismatches or protocol_errors:
         return DEFECT_EXIT
     if meta["partial"]:
@@ -465,7 +497,12 @@ def report(
             "pddemu: the results are partial: see partial_reasons in summary.json", file=sys.stderr
         )
         return PARTIAL_EXIT
-    return 0
+    return INVALID_EXIT if invalid else 0
+
+
+def _speedup(run: SystemRun) -> float:
+    """summary.json's `scale.time_scale`: modelled seconds per wall second the run achieved."""
+    return run.timing.get("dilation", {}).get("speedup") or 1.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

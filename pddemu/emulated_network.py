@@ -1,8 +1,16 @@
-"""The emulated network of a scenario: its scale model, the netem links it asks for, and what
-runs on them during a replay (the timeline's link events, cross-traffic)."""
+"""The emulated network of a scenario: its scale model, the netem links it asks for, the TCP
+parameters of the routes across the WAN, and what runs on them during a replay (the timeline's
+link events, cross-traffic).
+
+The network runs on the run's clock page (`netem.clock`): the shaper, the schedule and the
+cross-traffic time everything in modelled time, so links are given in modelled units, their
+rates scaled by the byte scale only. However the clock is dilated, a transfer takes its
+modelled time.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -10,6 +18,7 @@ from typing import Any
 
 from netem.crosstraffic import CrossTraffic, CrossTrafficSpec, TimedChange, load_cross_schedule
 from netem.spec import LinkSpec, LossModel
+from netem.tcp import TcpTuning
 from netem.topology import LinkConfig, Network
 from pddemu.config import Config
 from pddemu.hardware import load_target
@@ -17,13 +26,53 @@ from pddemu.model import ModelConfig
 from pddemu.scale import ScaleModel
 from pddemu.timeline import Timeline
 
+LINUX_RTO_MIN_S = 0.2  # the kernel's floor of the retransmission timeout (TCP_RTO_MIN)
+TCP_HEADERS = 52  # IPv4, TCP and its timestamps option: what a segment carries besides data
+
 
 def scale_model(config: Config) -> ScaleModel:
+    """Tokens and bytes scaled; time not (time_scale 1): the links run on the run's clock."""
     return ScaleModel(
         genuine_kv_bytes_per_token=ModelConfig(**config.model).kv_bytes_per_token,
         target_kv_bytes_per_token=load_target(config.target).kv_bytes_per_token,
         token_scale=config.scale.token_scale,
-        time_scale=config.scale.time_scale,
+        time_scale=1.0,
+    )
+
+
+def queue_bytes(config: Config, scale: ScaleModel) -> int | None:
+    """The WAN bottleneck's queue limit: `[wan] queue_ms` of modelled time at its rate (default
+    one modelled bandwidth-delay product of the round trip), in genuine bytes."""
+    wan = config.wan
+    if wan.rate_bps is None:
+        return None
+    queue_s = wan.queue_ms / 1e3 if wan.queue_ms is not None else 2 * wan.delay_s
+    mtu = LinkSpec().mtu
+    return max(mtu, math.ceil(wan.rate_bps * scale.byte_scale * queue_s / 8))
+
+
+def tcp_tuning(config: Config, scale: ScaleModel) -> TcpTuning:
+    """TCP on the emulated WAN as on the modelled path (what each parameter does, and what it
+    was measured to change: `netem.tcp`, docs/netem.md): the kernel's 200 ms RTO floor in
+    modelled time; no delayed ACKs (their 40 ms timer runs in wall time); a first window that
+    the bottleneck's queue takes at once (it leaves unpaced; an idle connection starts again
+    from it, after an idle time that follows the RTO, so in modelled time too) and a receive
+    window that lets the path and its queue fill from the first round trip; and the congestion
+    control of `[wan] tcp_congestion`, whatever the host's default."""
+    wan = config.wan
+    mtu = LinkSpec().mtu
+    burst = path = None
+    if wan.rate_bps is not None:
+        queue = (queue_bytes(config, scale) or mtu) / mtu  # packets
+        burst = max(1, math.floor(queue))  # what the queue takes at once: it comes unpaced
+        pipe = wan.rate_bps * scale.byte_scale * 2 * wan.delay_s / 8 / mtu
+        path = max(burst, math.ceil(pipe + queue))
+    return TcpTuning(
+        rto_min_s=LINUX_RTO_MIN_S,
+        quickack=True,
+        initcwnd=burst,
+        initrwnd=path,
+        congestion=wan.tcp_congestion,
     )
 
 
@@ -39,6 +88,7 @@ def wan_link(config: Config, scale: ScaleModel) -> LinkSpec:
         jitter_s=jitter,
         jitter_dist=wan.jitter_dist,
         loss=wan.loss_model,
+        limit_bytes=queue_bytes(config, scale),
     ).validate()
 
 
@@ -63,14 +113,18 @@ def timeline_of(config: Config) -> Timeline:
     return Timeline.load(config.wan.schedule, config.faults.schedule)
 
 
-def network_for(config: Config, scale: ScaleModel, **kwargs: Any) -> Network:
-    """The scenario's network (not yet up). A timeline's link events are its schedule, started
-    with each replay (`replay_conditions`), so the links they touch go through the shaper."""
+def network_for(config: Config, scale: ScaleModel, clock: bool = True, **kwargs: Any) -> Network:
+    """The scenario's network (not yet up), with TCP tuned to the modelled path, on a clock
+    page (`clock`; without one, in real time: wall seconds are modelled ones). A timeline's
+    link events are its schedule, started with each replay (`replay_conditions`), so the
+    links they touch go through the shaper."""
     return Network(
         LinkConfig.symmetric(wan_link(config, scale)),
         intra=intra_link(config, scale),
         schedule=timeline_of(config).link_schedule(scale),
         schedule_from_up=False,
+        clock=clock,
+        tcp=tcp_tuning(config, scale),
         **kwargs,
     )
 
@@ -125,7 +179,7 @@ class ReplayConditions:
             self.cross.prepare()
 
     def begin(self, start: float) -> None:
-        """Time 0 of the timeline and of the cross-traffic: `start`, a time.monotonic() instant."""
+        """Time 0 of the timeline and of the cross-traffic: `start`, on the network's clock."""
         self.begun = True
         if self.network.schedule is not None:
             self.network.start_schedule(start)

@@ -67,7 +67,7 @@ class Progress:
 
     def eta_s(self, now: float) -> float:
         finished = self.done + self.failed
-        until_arrivals = max(0.0, self.clock.wall_at(self.last_arrival_s) - now)
+        until_arrivals = self.clock.wall_delay(self.last_arrival_s)
         if finished == 0:
             return until_arrivals if self.total else 0.0
         return max(until_arrivals, (self.total - finished) / self.rate(now))
@@ -124,7 +124,9 @@ async def replay(
         try:
             for sent, request in enumerate(ordered):
                 result.not_sent = len(ordered) - sent
-                await clock.sleep_until(start_s + request.arrival_s)
+                clock.count_lag(
+                    "send", await clock.sleep_until(start_s + request.arrival_s, precise=True)
+                )
                 tasks.append(
                     asyncio.ensure_future(
                         _one(session, frontend_url, request, system, progress, result, clock.now())

@@ -119,7 +119,7 @@ def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     scale = scale_model(config)
     with (
-        network_for(config, scale) as network,
+        network_for(config, scale, clock=False) as network,  # real time: the wall's
         replay_conditions(network, config, scale) as conditions,
     ):
         loop = uvloop.new_event_loop()

@@ -107,7 +107,7 @@ def test_units_are_read_as_netem_reads_them_and_json_keeps_base_units() -> None:
         ("wan.loss=150", "wan.loss: percentage '150' is over 100%"),
         ("policy.routnig=wan-time", "policy.routnig: unknown key; known: routing,"),
         ("scale.token_scale=0", "scale.token_scale: must be greater than or equal to 1"),
-        ("scale.time_scale=true", "scale.time_scale: must be a number"),
+        ("scale.time_scale=true", 'scale.time_scale: must be a positive number or "auto"'),
         ('decode.max_batch="32"', "decode.max_batch: must be an integer"),
         ("hardware.MD.chip=gpu-z", "hardware.MD.chip: unknown chip 'gpu-z'"),
         ("hardware.X.chips=1", "hardware: X: not a role"),

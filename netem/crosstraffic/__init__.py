@@ -96,6 +96,8 @@ class CrossTraffic:
             },
             "rates": self.rates(),
             "port": PORT,
+            # flows start on the links' clock (a dilated one included), not the wall's
+            "clock": str(self.network.clock_path) if self.network.clock_path else None,
             "die_with_parent": threading.current_thread() is threading.main_thread(),
         }
         self.process = subprocess.Popen(
@@ -119,7 +121,8 @@ class CrossTraffic:
             raise
 
     def begin(self, at: float) -> None:
-        """Time 0 of the flows: `at`, a time.monotonic() instant."""
+        """Time 0 of the flows: `at`, on the network's clock page when it has one, else a
+        time.monotonic() instant."""
         if self.process is None or self.process.stdin is None:
             raise CrossTrafficError("cross-traffic was not prepared")
         self.process.stdin.write(json.dumps({"start": at}) + "\n")

@@ -4,7 +4,8 @@ DC B, through the same WAN as the emulator's own traffic.
 Started by `netem.crosstraffic.CrossTraffic` inside DC A's namespace (`python -m
 netem.crosstraffic.generator`, JSON config on stdin). It opens a receiver on the far end of
 each direction it loads (entering DC B's namespace to make that socket) and prints one JSON
-line when they listen; then it reads its time 0 (a time.monotonic() instant) as one more line,
+line when they listen; then it reads its time 0 (on the run's clock page when given one, so
+flows follow a dilated clock like the links; else a time.monotonic() instant) as one more line,
 starts each flow at its time (a new connection that sends the flow's bytes and closes), and on
 SIGTERM stops, closes every connection and prints its counts as one JSON line. It dies with
 its parent.
@@ -24,11 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netem import nsutil
+from netem.clock import SharedClock
 from netem.crosstraffic.arrivals import flows, mean_target
 from netem.crosstraffic.spec import CrossTrafficSpec
 
 PR_SET_PDEATHSIG = 1
 CHUNK = bytes(64 * 1024)
+CLOCK_POLL_S = 0.005  # wall seconds between looks at a clock that stands still
 READ_SIZE = 256 * 1024
 
 
@@ -57,7 +60,9 @@ class Generator:
         self.spec = CrossTrafficSpec.from_dict(config["spec"])
         self.ends: dict[str, dict[str, str]] = config["ends"]  # a/b -> netns, addr
         self.rates: dict[str, float] = config["rates"]  # a2b/b2a -> bit/s
-        self.start = 0.0  # time.monotonic() of time 0, given once the receivers listen
+        self.clock = SharedClock(config["clock"]) if config.get("clock") else None
+        self.now = self.clock.now if self.clock is not None else time.monotonic
+        self.start = 0.0  # time 0 on self.now's clock, given once the receivers listen
         self.port: int = config["port"]
         self.directions = sorted(
             set(self.spec.directions())
@@ -127,9 +132,7 @@ class Generator:
         counts = self.counts[direction]
         rate = self.rates[direction]
         for at, size in flows(self.spec, direction, rate, self.spec.seed):
-            delay = self.start + at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await self.until(self.start + at)
             if len(counts.active) >= self.spec.max_flows:
                 counts.skipped += 1
                 continue
@@ -139,11 +142,23 @@ class Generator:
             counts.active.add(task)
             task.add_done_callback(counts.active.discard)
 
+    async def until(self, instant: float) -> None:
+        """Sleep until `instant` on the generator's clock (re-read after each wake-up: a clock
+        page's rate may change, or a hold stop it, meanwhile)."""
+        while (left := instant - self.now()) > 0:
+            if self.clock is None:
+                await asyncio.sleep(left)
+            else:
+                wall = self.clock.wall_delay(instant)
+                if wall > CLOCK_POLL_S:  # no speed-up meanwhile may make it late
+                    wall = max(CLOCK_POLL_S, self.clock.earliest_wall_delay(instant))
+                await asyncio.sleep(wall if wall > 0 else CLOCK_POLL_S)
+
     async def run(self, stop: asyncio.Event) -> dict[str, Any]:
         await self.listen()
         senders = [asyncio.ensure_future(self.arrivals(d)) for d in self.directions]
         await stop.wait()
-        ended = time.monotonic()
+        ended = self.now()
         received = {d: c.bytes for d, c in self.counts.items()}
         for task in senders + [t for c in self.counts.values() for t in c.active]:
             task.cancel()

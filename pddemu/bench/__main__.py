@@ -24,6 +24,7 @@ NETWORK_BENCHMARKS = (
     "handoff",
     "wan_classes",
     "faults",
+    "wan_tcp",
 )  # they make namespaces: root, or a user namespace
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from netem.nsexec import command_in
-from netem.topology import LinkConfig, Network
+from netem.topology import Network
 from pddemu.config import Config, load_config
 from pddemu.metrics.records import RequestRecord
 from pddemu.workload.replay_source import WorkloadRequest
@@ -148,14 +148,11 @@ def run_cell(config: Config, samples: int, eager: int, seed: int, scratch: Path)
     import uvloop
 
     from pddemu.emulate import run_system
-    from pddemu.emulated_network import intra_link, scale_model, wan_link
+    from pddemu.emulated_network import network_for, scale_model
 
     started = time.time()
     requests = workload(config, round(samples * MARGIN), eager, seed)
-    link = wan_link(config, scale_model(config))
-    with Network(
-        LinkConfig.symmetric(link), intra=intra_link(config, scale_model(config)), seed=seed
-    ) as network:
+    with network_for(config, scale_model(config), seed=seed) as network:
         before = retransmitted(network)
         run = uvloop.run(run_system("pdd", config, network, requests, scratch))
         after = retransmitted(network)

@@ -51,6 +51,8 @@ class RequestRecord:
     wan_bytes_cancelled: int = 0  # modelled bytes not sent because the anomaly filter acted
     anomaly_filtered: bool = False  # routed RLD-only, or its WAN transfer cut off mid-way
     predicted_output_tokens: float | None = None  # the router's prediction (pdd)
+    routed_s: float | None = None  # when the frontend routed it (P starts sending its KV)
+    kv_arrived_s: float | None = None  # when the decode side (MD, D) had its KV, last byte
     token_mismatch: bool = False  # the user's tokens differ from the single-process reference
     duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
     gap_tokens: int = 0  # positions received but held back behind a missing one when the request

@@ -129,9 +129,23 @@ ROWS: tuple[TableRow, ...] = (
     _metric("hit rate, MD side (mean)", "hit_rate.md_side_mean", percent),
     _metric("token mismatches", "token_mismatches", str),
     _metric("emulator lag p99", "emulator_lag_s.p99", seconds),
+    TableRow("effective speed-up (modelled s per wall s)", lambda s: _speedup(s)),
+    TableRow("valid (lag within the bound)", lambda s: _validity(s)),
     _metric("cost per hour", "cost_per_hour", number),
     _metric("BCR (goodput / cost per hour)", "bcr", number, compare=True),
 )
+
+
+def _speedup(summary: Summary) -> str:
+    """How fast the run went (a summary from before the shared clock has none)."""
+    speedup = summary.get("dilation", {}).get("speedup")
+    return MISSING if speedup is None else f"x{number(speedup)}"
+
+
+def _validity(summary: Summary) -> str:
+    if "valid" not in summary:
+        return MISSING
+    return "yes" if summary["valid"] else f"NO: {summary.get('invalid_reason')}"
 
 
 def comparison_rows(summaries: Mapping[str, Summary]) -> list[list[str]]:

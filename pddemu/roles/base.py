@@ -17,7 +17,10 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -32,6 +35,8 @@ from pddemu.runtime.events import EventLog
 from pddemu.wire import Control, KVChunk, Limits, Message, TokenIds, read_message
 
 log = logging.getLogger("pddemu.instance")
+T = TypeVar("T")
+BACK_TO_BACK_S = 0.05  # real time: a step this soon after the last one continues its timeline
 MAX_HTTP_BODY_BYTES = 16 << 20  # a request to an instance (a prompt's ids, a policy change)
 OPEN_ROUTES = frozenset({"/health"})  # what answers without the run's secret
 HELLO_LIMITS = Limits(
@@ -50,10 +55,16 @@ class Instance:
         self.refused = {"control": 0, "data": 0}  # requests and connections without the secret
         self.broken_channels = 0  # connections that ended mid-frame or with a bad frame
         self.config: Config = config_from_json(spec.config)
-        self.clock = ModelledClock(spec.epoch, self.config.scale.time_scale)
+        self.clock = (
+            ModelledClock.attach(spec.clock, self.name)
+            if spec.clock
+            else ModelledClock.fixed(spec.epoch, 1.0)  # a network without a page: real time
+        )
+        self.transit = self._transits()
         self._peers: dict[str, Channel] = {}
         self._peer_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
         self.lag_samples_s: list[float] = []
@@ -102,6 +113,8 @@ class Instance:
             for channel in self._peers.values():
                 channel.close()
             await runner.cleanup()
+            self._compute.shutdown(wait=True)
+            self.clock.close()
 
     async def start(self) -> None:
         """Start the role's own loops (subclasses)."""
@@ -191,6 +204,8 @@ class Instance:
             "name": self.name,
             "role": self.role,
             "lag_samples_s": self.lag_samples_s,
+            "lags_s": self.clock.lags,
+            "holds": self.clock.hold_counts(),
             "steps": self.steps,
             "busy_s": self.busy_s,
             "errors": self.errors,
@@ -216,6 +231,7 @@ class Instance:
             return
         channel.peer = str(hello.body["from"])
         channel.purpose = str(hello.body["purpose"])
+        channel.stamp = self.clock.now
         await channel.serve(self._dispatch)
         if channel.broken:
             self.broken_channels += 1
@@ -226,6 +242,8 @@ class Instance:
         self.heard_from(channel.peer)
         try:
             if isinstance(item, Envelope):
+                if "t" in item.body:
+                    self.count_message_lag(item.kind, channel.peer, float(item.body["t"]))
                 handler = getattr(self, f"on_{item.kind}", None)
                 if handler is None:
                     raise ValueError(
@@ -269,27 +287,97 @@ class Instance:
 
     async def open(self, name: str, purpose: str) -> Channel:
         address = self.address(name)
-        return await Channel.connect(
+        channel = await Channel.connect(
             address.addr, address.data_port, self.name, name, purpose, self.secret
         )
+        if purpose != "heartbeat":  # when a heartbeat is handled changes nothing modelled
+            channel.stamp = self.clock.now
+        return channel
 
     async def tell(self, name: str, kind: str, body: dict[str, Any], *attachments: Message) -> int:
         channel = await self.peer(name)
         return await channel.send(Control(kind, body), *attachments)
 
-    async def finish_step(self, started: float, duration: float, genuine_wall_s: float) -> float:
-        """Wait until the step's modelled end and record it; returns that end.
+    async def compute(self, work: Callable[..., T], *args: Any) -> T:
+        """Run genuine computation on the instance's compute thread: its event loop goes on
+        handling messages meanwhile, as a real instance's host does while its chips compute."""
+        return await asyncio.get_running_loop().run_in_executor(self._compute, work, *args)
 
-        Its lag is how far the emulation fell behind the model: a late wake-up, or genuine
-        work that took longer (in modelled time) than the step it stands for.
+    def genuine_work(self, started: float, duration: float) -> AbstractContextManager[float]:
+        """Around the genuine work of a step of the modelled duration: modelled time is held at
+        the step's end until the work is done, so no step ends before its work, however slow
+        the host."""
+        return self.clock.holding(started + duration)
+
+    def step_start(self, last_end: float, ready_at: float) -> float:
+        """When a step starts: when the engine is free (`last_end`) and its work is there
+        (`ready_at`). In real time (no shared clock: `pddemu serve`) nothing holds time for
+        the work, so a step starts no earlier than now, unless it follows the last one within
+        BACK_TO_BACK_S (a wake-up's latency, which would otherwise add to every step)."""
+        start = max(last_end, ready_at)
+        if not self.clock.shared:
+            now = self.clock.now()
+            if not 0 <= now - last_end < BACK_TO_BACK_S:
+                start = max(start, now)
+        return start
+
+    async def finish_step(self, started: float, duration: float) -> float:
+        """After a step's genuine work: wait until its modelled end; returns that end.
+
+        Its lag is how far past its end modelled time was when its work was done (none, when
+        the work began in time: the hold saw to it). A late wake-up from the wait is not lag:
+        the step's end, which the next step starts from, is the modelled one.
         """
         end = started + duration
-        late = await self.clock.sleep_until(end)
-        genuine = genuine_wall_s * self.config.scale.time_scale
+        self.lag_samples_s.append(self.clock.count_lag("step", self.clock.now() - end))
+        await self.clock.sleep_until(end)
         self.steps += 1
         self.busy_s += duration
-        self.lag_samples_s.append(max(late, genuine - duration, 0.0))
         return end
+
+    # -- lag of messages ----------------------------------------------------------------
+
+    def _transits(self) -> dict[str, tuple[float, bool]]:
+        """For each peer: the least modelled time a message from it takes, and whether that
+        is its exact time (a path the emulator does not shape: within a host, or the unshaped
+        intra-DC path) or only a bound (the WAN: its queueing is modelled, and unknown here)."""
+        wan, intra = self.config.wan, self.config.intra
+        intra_shaped = intra.rate_bps is not None or intra.delay_s > 0 or intra.jitter_s > 0
+        me = self.spec.me
+        transits = {}
+        for name, peer in self.spec.peers.items():
+            if (peer.role == "MD") != (me.role == "MD"):
+                transits[name] = (max(0.0, wan.delay_s - 3 * wan.jitter_s), False)
+            elif peer.addr == me.addr or not intra_shaped:
+                transits[name] = (0.0, True)
+            else:
+                transits[name] = (max(0.0, intra.delay_s - 3 * intra.jitter_s), False)
+        return transits
+
+    def count_message_lag(self, kind: str, peer: str, sent: float) -> float:
+        """How late a message is handled: now, less its send time and its transit (exactly,
+        on a path without modelled time; as a bound, `<kind>_wan`, across a shaped one)."""
+        transit, exact = self.transit.get(peer, (0.0, False))
+        lag_kind = self.lag_kind(kind)
+        return self.clock.count_lag(
+            lag_kind if exact else f"{lag_kind}_wan", self.clock.now() - sent - transit
+        )
+
+    def arrival(self, message: Envelope, ready: float | None = None) -> float:
+        """When a message reached this instance, in modelled time: on a path without modelled
+        time, when its sender had it ready (`ready`, else its send time), so neither end's
+        delay in handling it shows in what is done with it; otherwise now. Without a shared
+        clock (real time, `pddemu serve`) it is now: nothing can slow time down for the delay,
+        and a client on the wall clock sees it."""
+        sent = message.body.get("t")
+        peer = message.channel.peer if message.channel is not None else "?"
+        if sent is not None and self.clock.shared and self.transit.get(peer, (0.0, False))[1]:
+            return float(sent) if ready is None else min(float(ready), float(sent))
+        return self.clock.now()
+
+    def lag_kind(self, kind: str) -> str:
+        """Which lag a message of `kind` counts as (the frontend's deliveries are its own)."""
+        return "handler"
 
     def heard_from(self, peer: str) -> None:
         """A message from `peer` arrived (the router counts it as a sign of life)."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,9 +47,6 @@ from pddemu.wire.tensors import kv_tensor
 from pddemu.workload.expansion import output_group_start, output_index
 
 log = logging.getLogger("pddemu.decode")
-BACK_TO_BACK_S = (
-    0.05  # modelled: a step starting this soon after the last one continues its timeline
-)
 
 
 @dataclass
@@ -69,6 +65,7 @@ class DecodeRequest:
     stream_from: int = 0  # modelled position from which this instance delivers (a handoff's switch)
     finished: bool = False
     reserved: int = 0  # modelled tokens of KV memory held for this request
+    arrived: float = 0.0  # modelled time its KV was here, and memory for it
     on_step: Callable[[DecodeRequest], Awaitable[None]] | None = None  # role hook after each step
 
     @property
@@ -130,7 +127,9 @@ class DecodeInstance(Instance):
                 self.work.clear()
                 self.last_end = -math.inf  # idle: the next step starts when its work arrives
                 continue
-            started = self._start_time(-math.inf if batch else self.extends[0].ready_at)
+            started = self._start_time(
+                max(r.arrived for r in batch) if batch else self.extends[0].ready_at
+            )
             extends = [e for e in self.extends if e.ready_at <= started]
             for extend in extends:
                 self.extends.remove(extend)
@@ -147,11 +146,10 @@ class DecodeInstance(Instance):
                 await self.drop(request)
 
     def _start_time(self, ready_at: float = -math.inf) -> float:
-        """A step starts when the previous one ended (back to back), or now after idling, and
-        never before its work existed."""
-        now = self.clock.now()
-        start = self.last_end if 0 <= now - self.last_end < BACK_TO_BACK_S else now
-        return max(start, ready_at)
+        """A step starts when the engine is free (the last step's end: back to back, however
+        late this process woke from it) and its work is there (when it arrived, however late
+        this process handled it): `Instance.step_start`."""
+        return self.step_start(self.last_end, ready_at)
 
     def step_chunks(
         self, batch: list[DecodeRequest], extends: list[Extend]
@@ -166,20 +164,21 @@ class DecodeInstance(Instance):
         self, started: float, batch: list[DecodeRequest], extends: list[Extend]
     ) -> None:
         """One forward pass: the batch's decode tokens and the extends' tokens together."""
-        wall = time.monotonic()
-        for extend in extends:
-            extend.run()
-        starting = [r for r in batch if r.position >= self.group_end(r, len(r.outputs) - 1)]
-        if starting:
-            step_kvs, logits = self.model.decode_batch(
-                [r.outputs[-1] for r in starting], [r.kv for r in starting]
-            )
-            for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
-                request.kv.append(kv)
-                request.outputs.append(greedy(logits[i]))
-        genuine = time.monotonic() - wall
         duration = self.cost.forward_step(self.step_chunks(batch, extends))
-        end = self.last_end = await self.finish_step(started, duration, genuine)
+        starting = [r for r in batch if r.position >= self.group_end(r, len(r.outputs) - 1)]
+        with self.genuine_work(started, duration):
+            for extend in extends:
+                extend.run()
+            if starting:
+                step_kvs, logits = await self.compute(
+                    self.model.decode_batch,
+                    [r.outputs[-1] for r in starting],
+                    [r.kv for r in starting],
+                )
+                for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
+                    request.kv.append(kv)
+                    request.outputs.append(greedy(logits[i]))
+        end = self.last_end = await self.finish_step(started, duration)
         for request in batch:
             if not request.decoding:  # stopped during the step (handed over)
                 continue
@@ -196,8 +195,12 @@ class DecodeInstance(Instance):
         self.extends.append(extend)
         self.work.set()
 
-    def start_decoding(self, request: DecodeRequest) -> None:
-        self.events.begin("decode", request.rid, self.clock.now())
+    def start_decoding(self, request: DecodeRequest, at: float | None = None) -> None:
+        """Join the batch from modelled time `at` (now by default: a handoff, a resumed
+        stream), which its next step cannot start before."""
+        at = self.clock.now() if at is None else at
+        request.arrived = max(request.arrived, at)
+        self.events.begin("decode", request.rid, at)
         request.decoding = True
         self.work.set()
 
@@ -364,8 +367,8 @@ class DecodeInstance(Instance):
             raise ValueError(
                 f"{rid}: KV has {state['kv'].tokens} tokens, prompt has {body['prompt_tokens']}"
             )
-        body.setdefault("first_chunk_at", self.clock.now())
-        body["ended_at"] = self.clock.now()
+        body["ended_at"] = self.arrival(message, ready=message.body.get("ready"))
+        body.setdefault("first_chunk_at", body["ended_at"])
         self.events.record(
             "kv_transfer",
             rid,
@@ -377,6 +380,7 @@ class DecodeInstance(Instance):
         )
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
         request.reserved = state["reserved"]
+        request.arrived = body["ended_at"]
         # Not on this connection, which P reuses for its next transfer here.
         self.arriving.add(rid)
         self.spawn(
@@ -435,11 +439,11 @@ class DecodeInstance(Instance):
         self.requests[request.rid] = request
         request.streaming = True
         request.outputs = [first_token]
-        request.produced = [self.clock.now()]
+        request.produced = [request.arrived]  # P computed it: it came with the KV
         self.tokens_generated += 1
         await self.flush(request)
         if not request.finished:
-            self.start_decoding(request)
+            self.start_decoding(request, request.arrived)
 
     async def resume_stream(
         self, request: DecodeRequest, ids: list[int], position: int, have: int
@@ -464,7 +468,7 @@ class DecodeInstance(Instance):
                     f"tokens, the user has {ids[-1]}"
                 )
 
-        async def then(_at: float) -> None:
+        async def then(at: float) -> None:
             if request.rid not in self.requests:  # released meanwhile
                 return
             request.outputs = list(ids)
@@ -475,7 +479,7 @@ class DecodeInstance(Instance):
                 request.finished = True
                 await self.finished(request)
             else:
-                self.start_decoding(request)
+                self.start_decoding(request, at)
 
         if not todo:
             await then(self.clock.now())

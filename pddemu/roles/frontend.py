@@ -472,12 +472,12 @@ class Frontend(Instance):
 
     async def serve_flight(self, flight: Flight) -> None:
         record = flight.record
-        timeout = self.config.request_timeout_s / self.config.scale.time_scale
+        timeout = self.config.request_timeout_s  # modelled seconds
         flight.work = asyncio.ensure_future(self.run_flight(flight))
         if flight.abandoned:  # before it started
             flight.work.cancel()
         try:
-            await asyncio.wait_for(flight.work, timeout)
+            await self.clock.within(flight.work, timeout)
             record.state = "completed"
         except asyncio.CancelledError:
             if not flight.abandoned:  # the frontend itself is stopping
@@ -507,7 +507,7 @@ class Frontend(Instance):
         if not flight.transfers:
             return
         try:
-            await asyncio.wait_for(flight.transfers_reported.wait(), timeout)
+            await self.clock.within(flight.transfers_reported.wait(), timeout)
         except TimeoutError:
             self.errors.append(
                 f"{flight.record.request_id}: transfers to {sorted(flight.transfers)} never reported"
@@ -592,6 +592,7 @@ class Frontend(Instance):
                 record.wan_bytes_cancelled = increment * self.target_kv_bytes
             await self.tell(flight.decode, "release", {"rid": rid, "kv_expected": False})
         flight.transfers = {d["name"] for d in destinations}
+        record.routed_s = self.clock.now()
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         await flight.done.wait()
 
@@ -808,6 +809,9 @@ class Frontend(Instance):
     async def on_kv_arrived(self, message: Envelope) -> None:
         body = message.body
         self.wan.arrived(body["rid"], float(body["at"]) - float(body["first_chunk_at"]))
+        flight = self.flights.get(body["rid"])
+        if flight is not None:
+            flight.record.kv_arrived_s = float(body["at"])
 
     async def on_handoff_sent(self, message: Envelope) -> None:
         flight = self.legs.get(message.body["rid"])
@@ -849,7 +853,9 @@ class Frontend(Instance):
         known = flight.ids.setdefault(index, token)
         if known != token:
             flight.record.token_mismatch = True
-        shift = self.clock.now() - float(body["sent"])  # delivery latency to the frontend
+        # Delivery latency to the frontend: none on a path without modelled time (the relay,
+        # a baseline's decode), the measured one across the WAN (its queueing is modelled).
+        shift = self.arrival(message) - float(body["sent"])
         for offset, time in enumerate(body["times"]):
             position = first + offset
             if position < flight.delivered or position in flight.pending:
@@ -882,6 +888,9 @@ class Frontend(Instance):
         index = output_index(position, scale)
         if position == output_group_start(index, scale):
             flight.stream.put_nowait({"index": index, "id": flight.ids[index]})
+
+    def lag_kind(self, kind: str) -> str:
+        return "delivery" if kind == "tokens" else "handler"
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,7 @@ served; its modelled duration comes from the cost model (a tail chunk costs a fu
 from __future__ import annotations
 
 import asyncio
-import time
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +23,7 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.spec import InstanceSpec
-from pddemu.roles.transfer import Progress, TransferPool
+from pddemu.roles.transfer import Progress, TcpLedger, TransferPool
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.wire.tensors import kv_chunk_from_tensor
 
@@ -54,6 +54,7 @@ class PrefillJob:
     destinations: list[Destination] = field(default_factory=list)
     routed: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
+    arrived: float = -math.inf  # modelled time P had the request
 
 
 class PrefillInstance(Instance):
@@ -67,8 +68,10 @@ class PrefillInstance(Instance):
         self.queue: deque[PrefillJob] = deque()
         self.work = asyncio.Event()
         self.pool = TransferPool(self.open)
+        self.tcp = TcpLedger(lambda: self.clock.rate)
         self.prefill_tokens = 0
         self.transfers_cut = 0  # sends that ended unfinished (cut, cancelled, receiver lost)
+        self.last_end = -math.inf
 
     async def start(self) -> None:
         self.spawn(self.schedule(), "prefill scheduler")
@@ -82,6 +85,7 @@ class PrefillInstance(Instance):
             raise ValueError(f"{rid}: a prompt of {len(prompt)} tokens does not fit this instance")
         hit, node, handles = self.store.match(prompt)
         job = PrefillJob(rid, prompt, message.body, message.channel, hit=hit, node=node)
+        job.arrived = self.arrival(message)
         job.kv = KV.empty(self.model_config, capacity=len(prompt))
         prefix = self.store.assemble(handles, hit)
         if prefix is not None:
@@ -149,29 +153,34 @@ class PrefillInstance(Instance):
             if not batch:
                 self.work.clear()
                 continue
-            started = self.clock.now()
-            wall = time.monotonic()
-            for job, begin, end in batch:
-                kv, logits = self.model.prefill(
-                    job.prompt[begin:end], job.kv, chunk_size=end - begin
-                )
-                job.kv.append(kv)
-                job.last_logits = logits
-            genuine = time.monotonic() - wall
+            started = self._step_start(batch)
             duration = self.cost.prefill_step(
                 [
                     (self.modelled_span(job, begin, end), self.modelled_span(job, 0, begin))
                     for job, begin, end in batch
                 ]
             )
-            step_end = await self.finish_step(started, duration, genuine)
+            with self.genuine_work(started, duration):
+                for job, begin, end in batch:
+                    kv, logits = await self.compute(
+                        self.model.prefill, job.prompt[begin:end], job.kv, end - begin
+                    )
+                    job.kv.append(kv)
+                    job.last_logits = logits
+            step_end = self.last_end = await self.finish_step(started, duration)
             for job, _begin, end in batch:
                 tokens = self.modelled_span(job, _begin, end)
                 self.events.record("prefill_chunk", job.rid, started, step_end, tokens=tokens)
                 self.prefill_tokens += tokens
                 if end == len(job.prompt):
                     self.finish(job)
-                await job.progress.advance(end, finished=end == len(job.prompt))
+                await job.progress.advance(end, step_end, finished=end == len(job.prompt))
+
+    def _step_start(self, batch: list[tuple[PrefillJob, int, int]]) -> float:
+        """A step starts when the engine is free (the last step's end: back to back, however
+        late this process woke from it) and its requests are there (when they arrived, however
+        late this process handled them): `Instance.step_start`."""
+        return self.step_start(self.last_end, max(job.arrived for job, _, _ in batch))
 
     def finish(self, job: PrefillJob) -> None:
         """The prompt is computed: its first output token is known, its KV joins the cache."""
@@ -223,7 +232,16 @@ class PrefillInstance(Instance):
                 destination.tokens_sent += end - position
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
-            await channel.control("kv_end", {"rid": job.rid, "first_token": job.first_token})
+            await channel.control(
+                "kv_end",
+                {
+                    "rid": job.rid,
+                    "first_token": job.first_token,
+                    "ready": job.progress.at,  # the modelled time the whole KV was computed
+                },
+            )
+            wan = self.address(destination.name).role == "MD"
+            self.tcp.charge(channel, wan, destination.bytes_sent)
         except (asyncio.CancelledError, ConnectionError) as error:
             # Cancelled, or the connection broke (the receiver was lost): the receiver sees the
             # transfer end unfinished and forgets it; the frontend hears it will not complete.
@@ -282,4 +300,5 @@ class PrefillInstance(Instance):
             "prefill_tokens": self.prefill_tokens,
             "transfers_cut": self.transfers_cut,
             "cache_tokens": self.store.size_tokens,
+            "kv_transfers_tcp": self.tcp.transfers,
         }

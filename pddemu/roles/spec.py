@@ -23,7 +23,8 @@ class InstanceSpec:
     netns: str
     peers: dict[str, Address]  # every instance of the deployment, by name (me included)
     config: dict[str, Any]  # pddemu.config.config_to_json(...)
-    epoch: float  # CLOCK_MONOTONIC origin of modelled time, shared by the whole run
+    epoch: float  # CLOCK_MONOTONIC origin of modelled time when there is no clock page
+    clock: str = ""  # the run's clock page (netem.clock), which every participant reads
     log_path: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from netem.tcp import tcp_info, transfer_counters
 from pddemu.runtime.channel import Channel
 
 
@@ -37,12 +39,14 @@ class Progress:
 
     def __init__(self) -> None:
         self.tokens = 0
+        self.at = 0.0  # modelled time the computed tokens were, as of the last advance
         self.finished = False
         self._changed = asyncio.Condition()
 
-    async def advance(self, tokens: int, finished: bool = False) -> None:
+    async def advance(self, tokens: int, at: float, finished: bool = False) -> None:
         async with self._changed:
             self.tokens = tokens
+            self.at = at
             self.finished = self.finished or finished
             self._changed.notify_all()
 
@@ -50,3 +54,41 @@ class Progress:
         """Until more than `tokens` are computed, or the KV is complete."""
         async with self._changed:
             await self._changed.wait_for(lambda: self.tokens > tokens or self.finished)
+
+
+class TcpLedger:
+    """TCP_INFO counters (`netem.tcp`) of every KV transfer a sender made.
+
+    A transfer is charged with what its connection did from the end of the previous transfer
+    on it (or its opening) to its own end, when its last frame was handed to the kernel: the
+    retransmissions of a transfer's tail, after that, count for the next one on the
+    connection. Times are turned into modelled time at the clock's rate when read.
+    """
+
+    def __init__(self, rate: Callable[[], float]) -> None:
+        self.rate = rate
+        self.transfers: list[dict[str, Any]] = []
+        self._last: dict[int, dict[str, Any]] = {}  # by id of the connection's socket
+
+    def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:
+        sock = channel.writer.get_extra_info("socket")
+        if sock is None:
+            return
+        try:
+            info = tcp_info(sock)
+        except OSError:
+            return
+        counters = transfer_counters(self._last.get(id(sock), {}), info)
+        self._last[id(sock)] = info
+        rate = self.rate()
+        rtt, delivery = counters["min_rtt_us"], counters["delivery_rate_Bps"]
+        self.transfers.append(
+            {
+                "wan": wan,
+                "bytes": genuine_bytes,
+                "retransmits": counters["retransmits"] or 0,
+                "rto_events": counters["rto_events"] or 0,
+                "min_rtt_s": rtt * 1e-6 * rate if rtt else None,  # modelled
+                "delivery_rate_Bps": delivery / rate if delivery else None,  # per modelled s
+            }
+        )

@@ -83,6 +83,9 @@ class Channel:
         self._lock = asyncio.Lock()
         self.bytes_sent = 0
         self.broken = ""  # why serve() ended, when not by a clean close
+        # The sender's modelled clock: each control message carries its send time as "t", so
+        # the receiver can tell how late it handles it.
+        self.stamp: Callable[[], float] | None = None
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -124,6 +127,8 @@ class Channel:
         if attachments:
             assert isinstance(control, Control)
             control = Control(control.kind, {**control.body, "attach": len(attachments)})
+        if self.stamp is not None and isinstance(control, Control):
+            control = Control(control.kind, {**control.body, "t": self.stamp()})
         buffers = [buffer for message in (control, *attachments) for buffer in encode(message)]
         async with self._lock:
             for buffer in buffers:

@@ -1,34 +1,218 @@
-"""Modelled time: the emulator runs `time_scale` times faster than the system it models.
+"""Modelled time as every process of an emulation sees it: the run's shared clock
+(`netem.clock`), with asyncio sleeps that follow its rate, holds around genuine work, and the
+lag each participant counts.
 
-Every process of a run shares one epoch on CLOCK_MONOTONIC (system-wide on Linux), so modelled
-timestamps taken in different processes compare directly. Steps are scheduled on the modelled
-time line (start + modelled duration), never on "now + duration", so a late wake-up does not
-push every later step back: it shows as lag and is reported.
+One clock for the whole run: the controller makes the page, the roles, the frontend, the
+replayer and the shaper read it, and a controller (`pddemu.runtime.dilation`) slows it down
+when a participant falls behind (time dilation) instead of letting results drift. Steps are
+scheduled on the modelled time line (start + modelled duration), never on "now + duration":
+a late wake-up does not push later steps back; it shows as lag.
+
+A participant about to do the genuine work of a step that ends at modelled time T holds the
+clock at T (`holding`): whatever the host's speed, no one sees T pass before that work is
+done. Lag is counted by kind (`LAG_KINDS`), in modelled seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from netem.clock import Anchor, SharedClock
+
+T = TypeVar("T")
+
+# A sleep this short (wall seconds) is taken at the present rate: a speed-up within it makes it
+# late by a negligible share; a longer one is cut to what the clock would need at its fastest.
+# A sleeper behind a hold looks again this often.
+MAX_WALL_SLEEP_S = 0.005
+PRECISE_WALL_S = 0.002  # a precise sleep blocks for at most this much of its end
+# Lag of what the emulator knows the exact modelled time of: a step's end, a message's arrival
+# on a path without modelled time (within a host, the unshaped intra-DC path), a token's at the
+# frontend, a request's arrival, a packet's exit from the shaper.
+LAG_KINDS = ("step", "handler", "delivery", "send", "release")
+# Of those, the events the controller watches: a message handled or a request sent late. (A
+# step's lag is the holds' business: a step that would end before its work stands the clock
+# still instead, which the controller watches as frozen time.)
+CONTROLLED_KINDS = ("handler", "delivery", "send")
+# Across the WAN a message's modelled transit (queueing included) is unknown to its receiver:
+# its lag is known only as a bound (now - sent - least transit), recorded as `<kind>_wan`.
+
+
+class FixedRate:
+    """A clock of one process that runs at a fixed rate from an epoch: what a participant
+    without a shared page (a unit test, an instance driven in-process) reads."""
+
+    def __init__(
+        self, epoch: float, rate: float, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not rate > 0:
+            raise ValueError(f"time_scale must be positive, got {rate}")
+        self._anchor = Anchor(epoch, 0.0, float(rate), math.inf)
+        self.monotonic = monotonic
+
+    def anchor(self) -> Anchor:
+        return self._anchor
+
+    def now(self) -> float:
+        return self._anchor.at(self.monotonic())
+
+    def wall_delay(self, modelled: float) -> float:
+        return max(0.0, self._anchor.wall_at(modelled) - self.monotonic())
+
+    earliest_wall_delay = wall_delay
+
+    @property
+    def rate(self) -> float:
+        return self._anchor.rate
 
 
 class ModelledClock:
-    def __init__(self, epoch: float, time_scale: float) -> None:
-        if time_scale <= 0:
-            raise ValueError(f"time_scale must be positive, got {time_scale}")
-        self.epoch = epoch
-        self.time_scale = time_scale
+    """Modelled time for one participant: now(), sleep_until(), holds and its lag book."""
+
+    def __init__(self, source: SharedClock | FixedRate, slot: int | None = None) -> None:
+        self.source = source
+        self.slot = slot
+        self.lags: dict[str, list[float]] = {kind: [] for kind in LAG_KINDS}
+        self._holding = False
+
+    @classmethod
+    def fixed(cls, epoch: float, time_scale: float) -> ModelledClock:
+        return cls(FixedRate(epoch, time_scale))
+
+    @classmethod
+    def reading(cls, page: str | Path | None, epoch: float) -> ModelledClock:
+        """A clock that only reads (no slot): the run's page, or, without one, real time from
+        `epoch` (a network without a page runs its links in wall time)."""
+        if page is None:
+            return cls.fixed(epoch, 1.0)
+        return cls(SharedClock(page))
+
+    @classmethod
+    def attach(cls, page: str | Path, name: str) -> ModelledClock:
+        """Read the run's clock page as participant `name` (which gets a slot of its own)."""
+        shared = SharedClock(page)
+        return cls(shared, shared.claim(name))
+
+    def close(self) -> None:
+        """Give the slot back (releasing any hold) and unmap the page."""
+        if isinstance(self.source, SharedClock):
+            if self.slot is not None:
+                self.source.free(self.slot)
+                self.slot = None
+            self.source.close()
+
+    # -- reading --------------------------------------------------------------------------
 
     def now(self) -> float:
-        """Modelled seconds since the run's epoch."""
-        return (time.monotonic() - self.epoch) * self.time_scale
+        """Modelled seconds since the run's origin."""
+        return self.source.now()
 
-    def wall_at(self, modelled: float) -> float:
-        return self.epoch + modelled / self.time_scale
+    @property
+    def shared(self) -> bool:
+        """Whether this reads a run's clock page (which dilates and holds), not real time."""
+        return isinstance(self.source, SharedClock)
 
-    async def sleep_until(self, modelled: float) -> float:
-        """Sleep until the modelled instant; returns how late (modelled seconds) it woke."""
-        delay = self.wall_at(modelled) - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        return max(0.0, self.now() - modelled)
+    @property
+    def rate(self) -> float:
+        """Modelled seconds per wall second, now."""
+        return self.source.rate
+
+    async def sleep_until(self, modelled: float, precise: bool = False) -> float:
+        """Sleep until modelled time `modelled`; returns how late (modelled seconds) it woke.
+
+        The clock is re-read after every wake-up, since its rate may have changed or a hold
+        may have stopped it meanwhile; each wall sleep is capped so that a speed-up never
+        makes it late by more than the cap. The event loop's timers are millisecond-grained:
+        with `precise`, the last PRECISE_WALL_S of the wait block the loop instead (what the
+        replayer does, so requests leave on time).
+        """
+        while True:
+            now = self.now()
+            if now >= modelled:
+                return now - modelled
+            delay = self.source.wall_delay(modelled)
+            if delay > MAX_WALL_SLEEP_S:
+                # Far from it: as long as the clock could take at its fastest, so that no
+                # speed-up while asleep can make this late.
+                delay = max(MAX_WALL_SLEEP_S, self.source.earliest_wall_delay(modelled))
+            elif delay <= 0:  # due, but a hold stands before it: look again soon
+                delay = MAX_WALL_SLEEP_S
+            elif precise and delay <= PRECISE_WALL_S:
+                time.sleep(delay)
+                continue
+            await asyncio.sleep(max(0.0, delay - PRECISE_WALL_S) if precise else delay)
+
+    def wall_delay(self, modelled: float) -> float:
+        """Wall seconds until `modelled` at the present rate (an estimate, for progress)."""
+        return self.source.wall_delay(modelled)
+
+    async def within(self, awaitable: Awaitable[T], seconds: float) -> T:
+        """`awaitable`'s result, or TimeoutError (and it cancelled) once `seconds` of modelled
+        time have passed: asyncio.wait_for on the modelled clock."""
+        task = asyncio.ensure_future(awaitable)
+        timer = asyncio.ensure_future(self.sleep_until(self.now() + seconds))
+        try:
+            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            timer.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        raise TimeoutError(f"not done within {seconds:g} modelled seconds")
+
+    # -- holds ----------------------------------------------------------------------------
+
+    @contextmanager
+    def holding(self, until: float) -> Iterator[float]:
+        """Hold modelled time at `until` while the body runs (genuine work that must be done
+        by then); yields where it holds (the present, if `until` has passed)."""
+        if not isinstance(self.source, SharedClock) or self.slot is None:
+            yield max(until, self.now())
+            return
+        if self._holding:
+            raise RuntimeError("a participant holds one time at most")
+        self._holding = True
+        try:
+            yield self.source.hold(self.slot, until)
+        finally:
+            self._holding = False
+            self.source.release(self.slot)
+
+    # -- lag --------------------------------------------------------------------------------
+
+    def count_lag(self, kind: str, lag: float) -> float:
+        """Record one lag sample (modelled seconds; negative counts as 0); returns it. The
+        controller's kinds also go to the participant's slot."""
+        lag = lag if lag > 0 else 0.0
+        self.lags.setdefault(kind, []).append(lag)
+        if (
+            kind in CONTROLLED_KINDS
+            and isinstance(self.source, SharedClock)
+            and self.slot is not None
+        ):
+            self.source.count_lag(self.slot, lag)
+        return lag
+
+    def hold_counts(self) -> dict[str, float]:
+        """Holds this participant posted, how many stood the clock still, for how long (wall)."""
+        if not isinstance(self.source, SharedClock) or self.slot is None:
+            return {"posted": 0, "binding": 0, "frozen_wall_s": 0.0}
+        report = next(r for r in self.source.slots() if r.index == self.slot)
+        return {
+            "posted": report.holds,
+            "binding": report.holds_binding,
+            "frozen_wall_s": report.frozen_wall_s,
+        }

@@ -12,13 +12,12 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from netem.topology import LinkConfig, Network
 from pddemu.config import Config, config_from_dict, load_config
 from pddemu.deployment import Deployment
-from pddemu.emulated_network import scale_model, wan_link
+from pddemu.emulated_network import network_for, scale_model
 from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
-from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.timekeeping import RunTiming
 from pddemu.workload.expansion import genuine_output_length
 
 
@@ -37,7 +36,10 @@ def scenario_config(**policy: Any) -> Config:
     """The default config on a smaller, faster scenario: 8K-48K prompts over a 2 Gbit/s WAN."""
     base = load_config()
     data = {
-        "scale": {"token_scale": 16, "time_scale": 8.0},
+        # These scenarios test what the roles do, not timing (tests/roles/test_dilation.py
+        # does): up to 8 modelled s a wall second, holds standing the clock still
+        # for genuine work, and a lag bound that does not slow the clock for a loaded host.
+        "scale": {"token_scale": 16, "time_scale": 8.0, "max_lag": 1000.0},
         "target": {"model": base.target},
         "wan": {"rate": "2gbit", "delay": "20ms", "jitter": "2ms"},
         "hardware": {role: vars(hw) for role, hw in base.hardware.items()},
@@ -76,8 +78,8 @@ class Emulation:
     def __init__(self, name: str, config: Config, run_dir: Path) -> None:
         self.config = config
         self.run_dir = run_dir
-        self.network = Network(
-            LinkConfig.symmetric(wan_link(config, scale_model(config))), name=name
+        self.network = network_for(
+            config, scale_model(config), name=name, seed=config.workload.seed
         )
 
     def __enter__(self) -> Emulation:
@@ -98,27 +100,28 @@ class Emulation:
         deployment = Deployment(system, self.config, self.network, self.run_dir, epoch)
         records: list[RequestRecord] = []
         outputs: dict[str, list[int]] = {}
+        timing = RunTiming(self.network, self.config, system)
         try:
             await deployment.start()
-            clock = ModelledClock(epoch, self.config.scale.time_scale)
-            for policy, requests in phases:
-                if policy:
-                    async with aiohttp.ClientSession(headers=deployment.headers) as session:
-                        for name in deployment.specs:
-                            async with session.post(
-                                deployment.url(name, "/admin/policy"), json=policy
-                            ) as reply:
-                                assert reply.status == 200, await reply.text()
-                result = await replay(
-                    deployment.frontend_url,
-                    requests,
-                    clock,
-                    system,
-                    clock.now() + 0.5,
-                    headers=deployment.headers,
-                )
-                records += result.records
-                outputs.update(result.outputs)
+            async with timing as clock:
+                for policy, requests in phases:
+                    if policy:
+                        async with aiohttp.ClientSession(headers=deployment.headers) as session:
+                            for name in deployment.specs:
+                                async with session.post(
+                                    deployment.url(name, "/admin/policy"), json=policy
+                                ) as reply:
+                                    assert reply.status == 200, await reply.text()
+                    result = await replay(
+                        deployment.frontend_url,
+                        requests,
+                        clock,
+                        system,
+                        clock.now() + 0.5,
+                        headers=deployment.headers,
+                    )
+                    records += result.records
+                    outputs.update(result.outputs)
             stats = await deployment.stats()
         finally:
             await deployment.stop()
@@ -136,17 +139,23 @@ class Emulation:
 
         epoch = time.monotonic()
         deployment = Deployment(system, config, self.network, self.run_dir, epoch)
+        timing = RunTiming(self.network, config, system)
         try:
             await deployment.start()
-            clock = ModelledClock(epoch, config.scale.time_scale)
-            start = clock.now() + 0.5
-            injecting = asyncio.ensure_future(
-                inject(faults, deployment, clock.now, clock.sleep_until, start, [])
-            )
-            result = await replay(
-                deployment.frontend_url, requests, clock, system, start, headers=deployment.headers
-            )
-            await injecting
+            async with timing as clock:
+                start = clock.now() + 0.5
+                injecting = asyncio.ensure_future(
+                    inject(faults, deployment, clock.now, clock.sleep_until, start, [])
+                )
+                result = await replay(
+                    deployment.frontend_url,
+                    requests,
+                    clock,
+                    system,
+                    start,
+                    headers=deployment.headers,
+                )
+                await injecting
             stats = await deployment.stats()
         finally:
             await deployment.stop()

@@ -72,7 +72,7 @@ def test_every_request_ends_in_a_record_whatever_the_frontend_answers(frontend_u
     loop, url = frontend_url
     ids = ["r-no-record", "r-good", "r-extra-key", "r-no-ids", "r-not-json", "r-status"]
     workload = [Request(rid, arrival_s=0.01 * i) for i, rid in enumerate(ids)]
-    clock = ModelledClock(time.monotonic(), 1.0)
+    clock = ModelledClock.fixed(time.monotonic(), 1.0)
     result = loop.run_until_complete(replay(url, workload, clock, "pdd", 0.0))
     by_id = {record.request_id: record for record in result.records}
     assert sorted(by_id) == sorted(ids) and len(result.records) == len(ids)
@@ -92,7 +92,7 @@ def test_an_unreachable_frontend_is_a_failure_but_not_a_protocol_error() -> None
     with socket.socket() as probe:  # a port nothing listens on any more
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    clock = ModelledClock(time.monotonic(), 1.0)
+    clock = ModelledClock.fixed(time.monotonic(), 1.0)
     result = asyncio.run(replay(f"http://127.0.0.1:{port}", [Request("r", 0.0)], clock, "pdd", 0))
     (record,) = result.records
     assert record.state == "failed" and "ClientConnectorError" in record.failure_reason

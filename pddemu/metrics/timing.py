@@ -1,0 +1,139 @@
+"""How a run kept modelled time: the lag left in it, by kind and participant, its dilation, and
+whether its results can be trusted (summary.json's `lag`, `dilation`, `holds`, `valid`).
+
+Lag is how late, in modelled seconds, the emulator did something whose modelled time it knew
+(`pddemu.runtime.clock.LAG_KINDS`): a step whose end passed before its genuine work was done,
+a message handled after it arrived (on a path without modelled time), a token delivered by the
+frontend after it arrived, a request sent after its arrival time, a packet the shaper let go
+after its exit time. Kinds ending in `_wan` are bounds (a message across the WAN, whose
+modelled queueing its receiver cannot know) and are reported, not judged.
+
+A run is valid when the mean lag of each exact kind is at most `max_lag` x its TPOT p50. The
+mean is the lag's systematic part: what shifts a reported time by adding up along a request's
+path (a handful of messages and steps each), so a mean within 5 % of a TPOT keeps TTFT p50
+within a few per cent of the model's. Percentiles are reported beside it: a run with rare long
+stalls shows them there (and in its tails).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pddemu.metrics.distribution import describe, percentile
+from pddemu.runtime.clock import LAG_KINDS
+
+
+def timing_summary(
+    instance_stats: Mapping[str, Mapping[str, Any]],
+    replayer_lags: Mapping[str, list[float]],
+    release_lag: Mapping[str, Any] | None,
+    dilation: Mapping[str, Any],
+    tpot_p50: float | None,
+    max_lag: float,
+) -> dict[str, Any]:
+    participants = {name: stats.get("lags_s", {}) for name, stats in instance_stats.items()}
+    participants["replayer"] = dict(replayer_lags)
+    by_kind: dict[str, list[float]] = {}
+    for lags in participants.values():
+        for kind, samples in lags.items():
+            by_kind.setdefault(kind, []).extend(samples)
+    exact = np.asarray([s for kind in LAG_KINDS for s in by_kind.get(kind, [])], dtype=np.float64)
+    bound = max_lag * tpot_p50 if tpot_p50 else None
+    means = {kind: float(np.mean(by_kind[kind])) for kind in LAG_KINDS if by_kind.get(kind)}
+    release_count = sum(release_lag["counts"]) if release_lag else 0
+    if release_count:
+        means["release"] = release_lag["total_s"] / release_count
+    reason = invalid_reason(means, bound, max_lag)
+    holds = [stats.get("holds", {}) for stats in instance_stats.values()]
+    return {
+        "emulator_lag_s": {
+            "p99": percentile(exact, 99),
+            "max": float(exact.max()) if exact.size else None,
+            "mean": float(exact.mean()) if exact.size else None,
+            "samples": int(exact.size),
+        },
+        "lag": {
+            "bound_s": bound,
+            "max_lag": max_lag,
+            "mean_by_kind": means,
+            "by_kind": {kind: describe(samples) for kind, samples in sorted(by_kind.items())},
+            "release": {
+                "mean": means.get("release"),
+                "p99": histogram_percentile(release_lag, 99) if release_count else None,
+                "max": release_lag["max_s"] if release_lag else None,
+                "packets": release_count,
+            },
+            "by_participant": {
+                name: {kind: _brief(samples) for kind, samples in sorted(lags.items()) if samples}
+                for name, lags in sorted(participants.items())
+            },
+        },
+        "holds": {
+            "posted": sum(h.get("posted", 0) for h in holds),
+            "binding": sum(h.get("binding", 0) for h in holds),
+            "frozen_wall_s": sum(h.get("frozen_wall_s", 0.0) for h in holds),
+        },
+        "dilation": dict(dilation),
+        "tcp": tcp_summary(
+            [t for stats in instance_stats.values() for t in stats.get("kv_transfers_tcp", [])]
+        ),
+        "valid": reason is None,
+        "invalid_reason": reason,
+    }
+
+
+def tcp_summary(transfers: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """TCP_INFO of the KV transfers, summed per path: across the WAN (to MD) and within DC A
+    (to RLD, or the in-DC baseline's D). Minimum RTTs in modelled seconds; delivery rates in
+    genuine bits per modelled second, the unit of `scale.wan_rate_emulated_bps`."""
+    out = {}
+    for path, wan in (("wan", True), ("intra", False)):
+        chosen = [t for t in transfers if t["wan"] == wan]
+        out[path] = {
+            "transfers": len(chosen),
+            "retransmits": sum(t["retransmits"] for t in chosen),
+            "rto_events": sum(t["rto_events"] for t in chosen),
+            "transfers_with_retransmits": sum(1 for t in chosen if t["retransmits"]),
+            "min_rtt_s": describe([t["min_rtt_s"] for t in chosen if t["min_rtt_s"]]),
+            "delivery_rate_bps": describe(
+                [8 * t["delivery_rate_Bps"] for t in chosen if t["delivery_rate_Bps"]]
+            ),
+        }
+    return out
+
+
+def invalid_reason(means: Mapping[str, float], bound: float | None, max_lag: float) -> str | None:
+    """Why a run's results cannot be trusted (the worst kind of lag), or None."""
+    if bound is None:
+        return "no TPOT to bound the lag by" if any(means.values()) else None
+    kind, worst = max(means.items(), key=lambda item: item[1], default=("", 0.0))
+    if worst <= bound:
+        return None
+    return (
+        f"mean {kind} lag {worst * 1e3:.2f} ms is over {max_lag:.0%} of TPOT p50 "
+        f"= {bound * 1e3:.2f} ms"
+    )
+
+
+def histogram_percentile(histogram: Mapping[str, Any], q: float) -> float | None:
+    """The upper edge of the bucket holding the q-th percentile (the last bucket, open: the
+    largest value seen)."""
+    counts = histogram["counts"]
+    total = sum(counts)
+    if not total:
+        return None
+    edges = [*histogram["bucket_edges_s"], histogram["max_s"]]
+    running = 0
+    for count, edge in zip(counts, edges, strict=True):
+        running += count
+        if running >= q / 100 * total:
+            return float(edge)
+    return float(edges[-1])
+
+
+def _brief(samples: list[float]) -> dict[str, Any]:
+    full = describe(samples)
+    return {"p99": full["p99"], "max": full["max"], "count": full["count"]}

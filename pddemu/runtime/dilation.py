@@ -1,0 +1,172 @@
+"""Time dilation: the controller that sets the shared clock's rate.
+
+It runs beside the replayer and reads every participant's slot of the clock page (netem.clock)
+twenty times a second. When the participants' lag of the last half second averaged more than
+the target the page publishes (messages handled late, requests sent late), or genuine work
+held the clock still for more than a sliver of the wall time, the clock slows down at once
+(multiplicative decrease, harder when far behind); when the last half second had enough
+samples and they averaged well within the target, it speeds up gently (multiplicative
+increase); with too few samples to tell (an idle system, or a clock so slow it hears few
+messages) it goes back towards the rate it started at, no further. Never beyond the
+ceiling: `scale.time_scale`, or, for `time_scale = "auto"`, `AUTO_CEILING`. Results stay the
+modelled system's because everything (compute, network, arrivals) reads the same clock; only
+the wall time a run takes changes.
+
+It records the rate over the run so summary.json can say how much the run was dilated (wall
+seconds per modelled second) and how fast it really ran.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from netem.clock import SharedClock, SlotReport
+
+AUTO_CEILING = 64.0  # the fastest "auto" may run: a bound, far beyond what a laptop reaches
+AUTO_START = 2.0  # where a run begins, at most: low, so a loaded host is not late at first
+TIMELINE_STEP_S = 5.0  # modelled seconds between kept timeline points at a steady rate
+TIMELINE_CHANGE = 0.1  # a rate this much away from the last kept point is kept too
+
+
+@dataclass(frozen=True)
+class DilationPolicy:
+    """How the controller moves the rate (modelled seconds per wall second).
+
+    It keeps the mean lag of the last `window_periods` decisions within the page's target,
+    and the share of wall time holds stood the clock still below `frozen_ok`."""
+
+    ceiling: float
+    start: float
+    floor: float = 0.02
+    period_s: float = 0.05  # wall seconds between decisions
+    window_periods: int = 10  # decisions look at this many periods' samples
+    calm_samples: int = 5  # a speed-up needs this many samples in the window
+    calm_share: float = 0.5  # ... averaging at most this share of the target
+    decrease: float = 0.8  # factor on trouble
+    hard_decrease: float = 0.5  # factor when four times over the target, or mostly frozen
+    increase: float = 1.015  # factor per calm period (x1.35 per wall second)
+    recover: float = 1.05  # factor per quiet period below the start (x2.7 per wall second)
+    cooldown_periods: int = 4  # after a decrease, periods before the next one
+    frozen_ok: float = 0.01  # share of wall time holds may stand the clock still
+
+    @classmethod
+    def for_time_scale(cls, time_scale: float | None) -> DilationPolicy:
+        """`time_scale` is the fastest rate allowed; None is "auto". Either starts low (a
+        loaded host is not late at first, which a short run's lag would show) and speeds up
+        from there."""
+        ceiling = AUTO_CEILING if time_scale is None else time_scale
+        return cls(ceiling=ceiling, start=min(ceiling, AUTO_START))
+
+
+@dataclass
+class Dilation:
+    clock: SharedClock
+    policy: DilationPolicy
+    timeline: list[tuple[float, float, float]] = field(default_factory=list)  # wall, modelled, rate
+    decreases: int = 0
+    _last: dict[int, SlotReport] = field(default_factory=dict)
+    _frozen: float = 0.0
+    _wall: float = 0.0
+    _cooldown: int = 0
+    _window: deque[tuple[int, float, float, float]] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.clock.rate > self.policy.ceiling:
+            self.clock.set_rate(self.policy.ceiling)
+        self.clock.set_ceiling(self.policy.ceiling)
+        self.clock.set_rate(self.policy.start)
+        self._wall = self.clock.monotonic()
+        self._frozen = self.clock.frozen_wall_s
+        self._last = {r.index: r for r in self.clock.slots()}
+        self._note(self.policy.start)
+
+    def step(self) -> float:
+        """One decision from what the participants reported lately; returns the rate."""
+        wall = self.clock.monotonic()
+        frozen = self.clock.frozen_wall_s
+        reports = self.clock.slots()
+        samples, total = 0, 0.0
+        for report in reports:
+            before = self._last.get(report.index)
+            if before is not None and before.name == report.name and before.pid == report.pid:
+                samples += report.lags - before.lags
+                total += report.lag_sum_s - before.lag_sum_s
+        self._window.append((samples, total, frozen - self._frozen, wall - self._wall))
+        while len(self._window) > self.policy.window_periods:
+            self._window.popleft()
+        self._wall, self._frozen = wall, frozen
+        self._last = {r.index: r for r in reports}
+        samples = sum(w[0] for w in self._window)
+        mean = sum(w[1] for w in self._window) / samples if samples else 0.0
+        elapsed = sum(w[3] for w in self._window)
+        stood = sum(w[2] for w in self._window) / elapsed if elapsed > 0 else 0.0
+        policy, target = self.policy, self.clock.lag_target
+        rate = self.clock.rate
+        if self._cooldown:
+            self._cooldown -= 1
+        elif mean > target or stood > policy.frozen_ok:
+            hard = mean > 4 * target or stood > 10 * policy.frozen_ok
+            rate = max(policy.floor, rate * (policy.hard_decrease if hard else policy.decrease))
+            self.decreases += 1
+            self._cooldown = policy.cooldown_periods
+            self._window.clear()  # what comes next is the new rate's
+        elif samples >= policy.calm_samples and mean <= policy.calm_share * target:
+            rate = min(policy.ceiling, rate * policy.increase)
+        elif samples < policy.calm_samples and stood <= policy.frozen_ok and rate < policy.start:
+            # Too few samples to tell (a slow clock hears few messages): back towards the
+            # start, or a clock slowed by a loaded moment would stay slow for good.
+            rate = min(policy.start, rate * policy.recover)
+        if rate != self.clock.rate:
+            self.clock.set_rate(rate)
+        self._note(rate)
+        return rate
+
+    def release_dead(self) -> list[str]:
+        """Free the slots of participants that died (a hold of theirs would stop the run)."""
+        freed = []
+        for report in self.clock.slots():
+            try:
+                os.kill(report.pid, 0)
+            except ProcessLookupError:
+                self.clock.free(report.index)
+                freed.append(report.name)
+            except PermissionError:
+                pass
+        return freed
+
+    def _note(self, rate: float) -> None:
+        modelled = self.clock.now()
+        if self.timeline:
+            _, last_modelled, last_rate = self.timeline[-1]
+            changed = abs(rate - last_rate) > TIMELINE_CHANGE * last_rate
+            if not changed and modelled - last_modelled < TIMELINE_STEP_S:
+                return
+        self.timeline.append((self.clock.monotonic(), modelled, rate))
+
+    def summary(self, wall: tuple[float, float], modelled: tuple[float, float]) -> dict[str, Any]:
+        """The dilation of a span that started at (wall[0], modelled[0]) and ended at
+        (wall[1], modelled[1]): wall seconds per modelled second, its least, mean (the span's
+        wall time over its modelled length, holds included) and most, and its timeline."""
+        start, end = modelled
+        if end <= start:
+            return {"min": None, "mean": None, "max": None, "speedup": None, "timeline": []}
+        before = [p for p in self.timeline if p[1] <= start]
+        points = before[-1:] + [p for p in self.timeline if start < p[1] <= end]
+        mean = (wall[1] - wall[0]) / (end - start)
+        dilations = [1 / rate for _, _, rate in points] or [mean]
+        return {
+            "min": min(dilations),
+            "mean": mean,
+            "max": max(dilations),
+            "speedup": 1 / mean if mean > 0 else None,
+            "timeline": [
+                {
+                    "modelled_s": round(max(0.0, at - start), 3),
+                    "wall_per_modelled_s": round(1 / rate, 6),
+                }
+                for _, at, rate in points
+            ],
+        }

@@ -1,0 +1,148 @@
+"""One system's run on the shared clock: the replayer's view of it, the dilation controller, the
+TCP timers that follow its rate, and the marks its timing is summarised from.
+
+    timing = RunTiming(network, config, system)
+    async with timing as clock:          # controller running, the clock at its starting rate
+        result = await replay(..., clock, ...)
+    timing.report(instance_stats)        # lag, dilation, validity: pddemu.metrics.timing
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from netem.clock import SharedClock
+from netem.topology import Network, TopologyError
+from pddemu.config import Config
+from pddemu.metrics.timing import timing_summary
+from pddemu.roles.sizing import cost_model
+from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.dilation import Dilation, DilationPolicy
+
+DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
+RETIME_TCP_CHANGE = 0.3  # re-set the routes' TCP timers when the rate moved this much
+CONTROL_SHARE = 0.8  # the controller keeps the mean lag within this share of the bound
+TYPICAL_CONTEXT = 65536  # modelled tokens: pdd-janfeb's typical prompt
+
+
+def expected_tpot(config: Config, system: str, context_tokens: int = TYPICAL_CONTEXT) -> float:
+    """A decode step of the system's decode side at a batch of one and a typical context: the
+    scale of the lag bound before the run's own TPOT is known."""
+    return cost_model(config, system, DECODE_ROLE[system]).decode_step([context_tokens])
+
+
+class RunTiming:
+    def __init__(
+        self,
+        network: Network,
+        config: Config,
+        system: str,
+        context_tokens: int = TYPICAL_CONTEXT,
+        tpot_p50: Callable[[], float | None] | None = None,
+    ) -> None:
+        """`context_tokens`: the workload's typical context (prompt and output), which sets
+        the decode step the lag is bounded by until `tpot_p50` (the TPOT p50 of the requests
+        completed so far, which judges the run) has an answer; then the controller's target
+        follows it."""
+        if network.clock_path is None:
+            raise TopologyError("the emulated network has no clock page (Network(clock=True))")
+        self.network = network
+        self.config = config
+        self.system = system
+        self.page = network.clock_path
+        self.lag_bound_estimate = config.scale.max_lag * expected_tpot(
+            config, system, context_tokens
+        )
+        self.clock: ModelledClock | None = None
+        self.dilation: Dilation | None = None
+        self._controller: asyncio.Task | None = None
+        self._retimed_at = 0.0
+        self.marks: dict[str, tuple[float, float]] = {}  # wall, modelled
+        self._release_before: dict[str, Any] | None = None
+        self.release_lag: dict[str, Any] | None = None
+        self.tpot_p50 = tpot_p50
+
+    async def __aenter__(self) -> ModelledClock:
+        shared = SharedClock(self.page)
+        shared.set_lag_target(CONTROL_SHARE * self.lag_bound_estimate)
+        policy = DilationPolicy.for_time_scale(self.config.scale.time_scale)
+        if shared.rate > policy.start:  # where the run's last system left it
+            policy = replace(policy, start=min(shared.rate, policy.ceiling))
+        self.dilation = Dilation(shared, policy)
+        self.clock = ModelledClock.attach(self.page, f"replay-{self.system}")
+        self._release_before = self.network.release_lag()
+        await self._retime(shared.rate)
+        self._controller = asyncio.ensure_future(self._control())
+        self.marks["start"] = (time.monotonic(), self.clock.now())
+        return self.clock
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.clock is not None and self.dilation is not None
+        self.marks["end"] = (time.monotonic(), self.clock.now())
+        if self._controller is not None:
+            self._controller.cancel()
+            try:
+                await self._controller
+            except asyncio.CancelledError:
+                pass
+        after = self.network.release_lag()
+        if after is not None and self._release_before is not None:
+            self.release_lag = _difference(after, self._release_before)
+        self.clock.close()
+        self.dilation.clock.close()
+
+    async def _control(self) -> None:
+        """The controller's decisions, and the TCP timers re-set as the rate moves."""
+        assert self.dilation is not None
+        periods = 0
+        while True:
+            await asyncio.sleep(self.dilation.policy.period_s)
+            rate = self.dilation.step()
+            periods += 1
+            if periods % 20 == 0:
+                self.dilation.release_dead()
+                self._follow_the_bound()
+            if abs(rate - self._retimed_at) > RETIME_TCP_CHANGE * self._retimed_at:
+                await self._retime(rate)
+
+    def _follow_the_bound(self) -> None:
+        """The controller aims within the bound the run will be judged by: max_lag x the
+        TPOT p50 of the requests completed so far, once there are some."""
+        tpot = self.tpot_p50() if self.tpot_p50 is not None else None
+        if tpot and self.dilation is not None:
+            target = CONTROL_SHARE * self.config.scale.max_lag * tpot
+            self.dilation.clock.set_lag_target(target)
+
+    async def _retime(self, rate: float) -> None:
+        """The routes' TCP timers for `rate` (netlink from a thread: pyroute2 cannot use a
+        uvloop loop for it)."""
+        self._retimed_at = rate
+        if self.network.tcp is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.network.retime_tcp, rate)
+
+    def report(self, instance_stats: dict[str, dict[str, Any]], tpot_p50: float | None) -> dict:
+        """The run's lag, dilation and validity (summary.json's keys for the system)."""
+        assert self.clock is not None and self.dilation is not None
+        (wall0, modelled0), (wall1, modelled1) = self.marks["start"], self.marks["end"]
+        return timing_summary(
+            instance_stats,
+            self.clock.lags,
+            self.release_lag,
+            self.dilation.summary((wall0, wall1), (modelled0, modelled1)),
+            tpot_p50,
+            self.config.scale.max_lag,
+        )
+
+
+def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The shaper's release-lag histogram of a span, from its readings at both ends."""
+    return {
+        "bucket_edges_s": after["bucket_edges_s"],
+        "counts": [a - b for a, b in zip(after["counts"], before["counts"], strict=True)],
+        "total_s": after["total_s"] - before["total_s"],
+        "max_s": after["max_s"],  # the largest since the network came up
+    }

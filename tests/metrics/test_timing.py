@@ -1,0 +1,68 @@
+"""A run's timing in summary.json: lag by kind, validity against the bound, TCP per path."""
+
+from __future__ import annotations
+
+import pytest
+
+from pddemu.metrics.timing import histogram_percentile, invalid_reason, timing_summary
+
+DILATION = {"min": 0.1, "mean": 0.125, "max": 0.2, "speedup": 8.0, "timeline": []}
+
+
+def stats(**lags: list[float]) -> dict:
+    return {"lags_s": lags, "holds": {"posted": 10, "binding": 1, "frozen_wall_s": 0.002}}
+
+
+def test_the_mean_lag_of_known_times_judges_the_run_and_bounds_are_only_reported() -> None:
+    instances = {
+        "P0": stats(step=[0.0] * 98 + [0.0001, 0.0002]),
+        "FE0": stats(delivery=[0.0005] * 50, delivery_wan=[0.5] * 50),
+    }
+    summary = timing_summary(instances, {"send": [0.0]}, None, DILATION, 0.030, 0.05)
+    assert summary["valid"] and summary["invalid_reason"] is None
+    assert summary["lag"]["bound_s"] == pytest.approx(0.0015)
+    assert summary["emulator_lag_s"]["samples"] == 151  # the WAN bounds are not judged
+    assert summary["lag"]["by_kind"]["delivery_wan"]["p50"] == 0.5  # but reported
+    assert summary["lag"]["by_participant"]["replayer"]["send"]["count"] == 1
+    assert summary["holds"] == {"posted": 20, "binding": 2, "frozen_wall_s": 0.004}
+    assert summary["dilation"]["speedup"] == 8.0
+    spiky = stats(handler=[0.0] * 99 + [0.2])  # p99 2 ms, from one stall of 200 ms
+    late = timing_summary({"MD0": spiky}, {}, None, DILATION, 0.03, 0.05)
+    assert not late["valid"]
+    assert late["invalid_reason"] == "mean handler lag 2.00 ms is over 5% of TPOT p50 = 1.50 ms"
+    assert late["lag"]["mean_by_kind"]["handler"] == pytest.approx(0.002)
+
+
+def test_the_shapers_release_lag_counts_too() -> None:
+    histogram = {
+        "bucket_edges_s": [0.0, 0.001, 0.01],
+        "counts": [900, 50, 49, 1],
+        "total_s": 0.5,
+        "max_s": 0.05,
+    }
+    assert histogram_percentile(histogram, 99) == 0.01
+    assert histogram_percentile(histogram, 99.95) == 0.05  # the open bucket: the largest seen
+    summary = timing_summary({}, {}, histogram, DILATION, 0.01, 0.05)
+    assert summary["lag"]["release"]["mean"] == pytest.approx(0.0005)
+    assert summary["valid"]
+    assert invalid_reason({"release": 0.001}, 0.0005, 0.05).startswith("mean release lag 1.00 ms")
+    assert invalid_reason({}, None, 0.05) is None  # no request: nothing to judge
+
+
+def test_tcp_counters_are_summed_per_path() -> None:
+    transfers = [
+        {"wan": True, "bytes": 1, "retransmits": 3, "rto_events": 1, "min_rtt_s": 0.04,
+         "delivery_rate_Bps": 1e6},
+        {"wan": True, "bytes": 1, "retransmits": 0, "rto_events": 0, "min_rtt_s": 0.041,
+         "delivery_rate_Bps": None},
+        {"wan": False, "bytes": 1, "retransmits": 0, "rto_events": 0, "min_rtt_s": 1e-4,
+         "delivery_rate_Bps": 2e6},
+    ]  # fmt: skip
+    summary = timing_summary(
+        {"P0": {"kv_transfers_tcp": transfers}}, {}, None, DILATION, 0.03, 0.05
+    )
+    wan, intra = summary["tcp"]["wan"], summary["tcp"]["intra"]
+    assert (wan["transfers"], wan["retransmits"], wan["rto_events"]) == (2, 3, 1)
+    assert wan["transfers_with_retransmits"] == 1
+    assert wan["min_rtt_s"]["p50"] == pytest.approx(0.0405)
+    assert wan["delivery_rate_bps"]["count"] == 1 and intra["delivery_rate_bps"]["p50"] == 1.6e7

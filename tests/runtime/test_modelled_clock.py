@@ -1,0 +1,171 @@
+"""A participant's view of the shared clock (sleeps that follow the rate, holds, lag) and the
+dilation controller's decisions, on a fake wall clock where timing does not matter."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from netem.clock import SharedClock
+from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.dilation import AUTO_CEILING, AUTO_START, Dilation, DilationPolicy
+from tests.netem.test_clock import FakeWall
+
+
+def test_sleep_until_follows_a_speed_up_while_sleeping(tmp_path: Path) -> None:
+    """Asleep at rate 1 for a modelled second, the clock speeds up 100-fold after 50 ms: the
+    sleeper wakes within a few wall ms of the new deadline, not a second later."""
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, ceiling=100.0)
+    clock = ModelledClock(shared, shared.claim("sleeper"))
+    controller = SharedClock(tmp_path / "clock")
+
+    async def scenario() -> tuple[float, float]:
+        async def speed_up() -> None:
+            await asyncio.sleep(0.05)
+            controller.set_rate(100.0)
+
+        task = asyncio.ensure_future(speed_up())
+        started = time.monotonic()
+        late = await clock.sleep_until(clock.now() + 1.0)
+        await task
+        return time.monotonic() - started, late
+
+    wall, late = asyncio.run(scenario())
+    assert 0.05 < wall < 0.2  # 50 ms at rate 1, then ~9.5 ms at rate 100
+    assert late < 0.05 * 100  # modelled: at most a few wall ms late at rate 100
+    assert clock.now() >= 1.0
+
+
+def test_sleep_until_waits_behind_a_hold_and_wakes_at_its_release(tmp_path: Path) -> None:
+    shared = SharedClock.create(tmp_path / "clock", rate=50.0)
+    sleeper = ModelledClock(shared, shared.claim("sleeper"))
+    worker = ModelledClock(SharedClock(tmp_path / "clock"), shared.claim("worker"))
+
+    async def scenario() -> float:
+        target = sleeper.now() + 1.0  # 20 ms away at rate 50
+        with worker.holding(sleeper.now() + 0.5) as held:
+            assert held == pytest.approx(sleeper.now() + 0.5, abs=0.05)
+            sleep = asyncio.ensure_future(sleeper.sleep_until(target))
+            await asyncio.sleep(0.1)  # genuine work five times longer than the step
+            assert not sleep.done()
+            assert sleeper.now() == pytest.approx(held)  # time stands at the hold
+        return await sleep
+
+    late = asyncio.run(scenario())
+    assert late < 0.5  # woke within a few wall ms of the release + 10 ms
+    assert shared.slots()[1].holds_binding == 1
+
+
+def test_lag_is_recorded_by_kind_and_counted_in_the_slot(tmp_path: Path) -> None:
+    shared = SharedClock.create(tmp_path / "clock")
+    shared.set_lag_target(0.01)
+    clock = ModelledClock.attach(tmp_path / "clock", "FE0")
+    assert clock.count_lag("delivery", 0.02) == 0.02
+    assert clock.count_lag("handler", -1.0) == 0.0
+    assert clock.lags["delivery"] == [0.02] and clock.lags["handler"] == [0.0]
+    (report,) = shared.slots()
+    assert report.lags == 2 and report.lag_max_s == 0.02
+    clock.close()
+    assert shared.slots() == []
+
+
+def test_a_fixed_rate_clock_needs_no_page() -> None:
+    clock = ModelledClock.fixed(time.monotonic(), 1000.0)
+    with clock.holding(5.0) as held:
+        assert held == 5.0
+    assert asyncio.run(clock.sleep_until(clock.now() + 1.0)) < 20.0  # 1 ms of wall time
+
+
+def _dilation(
+    tmp_path: Path, policy: DilationPolicy, *participants: str
+) -> tuple[Dilation, SharedClock, FakeWall]:
+    wall = FakeWall()
+    shared = SharedClock.create(tmp_path / "clock", monotonic=wall, ceiling=policy.ceiling)
+    shared.set_lag_target(0.001)
+    for name in participants:
+        shared.claim(name)
+    return Dilation(shared, policy), shared, wall
+
+
+def test_the_controller_slows_down_on_lag_and_speeds_up_when_calm(tmp_path: Path) -> None:
+    policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0)
+    dilation, shared, wall = _dilation(tmp_path, policy, "MD0")  # the target: 1 ms
+    md = 0
+    for _ in range(40):
+        shared.count_lag(md, 0.0002)  # well within the target
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.increase)
+    for _ in range(40):
+        shared.count_lag(md, 0.0015)  # the window's mean is now 0.85 ms: within, not calm
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.increase)
+    for _ in range(20):
+        shared.count_lag(md, 0.003)  # the mean is over the target
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.increase * policy.decrease)
+    shared.count_lag(md, 0.05)  # fifty times over: the cut is harder
+    wall.advance(0.05)
+    rate = dilation.step()
+    assert rate == pytest.approx(8.0 * policy.increase * policy.decrease * policy.hard_decrease)
+    for _ in range(200):
+        wall.advance(0.05)
+        rate = dilation.step()  # no news: back towards where it started, no further
+    assert rate == pytest.approx(8.0)
+    for _ in range(200):
+        for _ in range(policy.calm_samples):
+            shared.count_lag(md, 0.0)
+        wall.advance(0.05)
+        rate = dilation.step()
+    assert rate == 16.0  # calm: faster, never beyond the ceiling
+    assert shared.rate == 16.0
+
+
+def test_holds_that_stand_the_clock_still_slow_it_down(tmp_path: Path) -> None:
+    dilation, shared, wall = _dilation(tmp_path, DilationPolicy(ceiling=8.0, start=8.0), "P0")
+    p = 0
+    shared.hold(p, shared.now() + 0.01)
+    wall.advance(0.05)  # reached after 1.25 ms, then stood for 48.75 ms: most of the period
+    shared.release(p)
+    assert dilation.step() == pytest.approx(8.0 * 0.5)
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * 0.5)  # cooling down: no second cut at once
+
+
+def test_auto_has_a_ceiling_and_every_run_starts_low() -> None:
+    auto = DilationPolicy.for_time_scale(None)
+    assert auto.ceiling == AUTO_CEILING and auto.start == AUTO_START < auto.ceiling
+    fixed = DilationPolicy.for_time_scale(4.0)
+    assert fixed.ceiling == 4.0 and fixed.start == AUTO_START
+    slow = DilationPolicy.for_time_scale(1.0)
+    assert slow.ceiling == slow.start == 1.0
+
+
+def test_the_dilation_summary_is_wall_per_modelled_second(tmp_path: Path) -> None:
+    policy = DilationPolicy(ceiling=4.0, start=4.0, increase=1.0, recover=1.0)
+    dilation, shared, wall = _dilation(tmp_path, policy)
+    start = (wall.t, shared.now())
+    wall.advance(1.0)  # 4 modelled s
+    shared.set_rate(2.0)
+    dilation.step()
+    wall.advance(1.0)  # 2 more
+    summary = dilation.summary((start[0], wall.t), (start[1], shared.now()))
+    assert summary["mean"] == pytest.approx(2.0 / 6.0)
+    assert summary["speedup"] == pytest.approx(3.0)
+    assert summary["min"] == pytest.approx(0.25) and summary["max"] == pytest.approx(0.5)
+    assert summary["timeline"][0]["modelled_s"] == 0.0
+    empty = dilation.summary((0.0, 0.0), (5.0, 5.0))
+    assert empty["mean"] is None
+
+
+def test_a_dead_participants_hold_is_released(tmp_path: Path) -> None:
+    dilation, shared, wall = _dilation(tmp_path, DilationPolicy(ceiling=1.0, start=1.0))
+    ghost = shared.claim("ghost", pid=2**22 + 12345)  # no such process
+    shared.hold(ghost, 0.0)
+    wall.advance(1.0)
+    assert shared.now() == pytest.approx(0.0)
+    assert dilation.release_dead() == ["ghost"]
+    wall.advance(1.0)
+    assert shared.now() == pytest.approx(1.0)
