@@ -174,9 +174,9 @@ def test_md_extends_inside_its_batched_step_at_forward_step_cost() -> None:
             durations: list = []
             finish = md.finish_step
 
-            async def finish_step(started: float, duration: float, genuine: float) -> float:
+            async def finish_step(started: float, duration: float) -> float:
                 durations.append(duration)
-                return await finish(started, duration, genuine)
+                return await finish(started, duration)
 
             md.finish_step = finish_step
             await step(started, batch, extends)
@@ -204,7 +204,7 @@ def test_md_extends_inside_its_batched_step_at_forward_step_cost() -> None:
         md.requests["handed"] = handed
         md.known["handed"] = []
         await asyncio.sleep(0.05)
-        relay = instance(RelayInstance, "RLD", CONFIG, md.clock.epoch)
+        relay = instance(RelayInstance, "RLD", CONFIG, md.spec.epoch)
         eager = reference(["handed"])["handed"][:5]
         from pddemu.runtime.channel import Envelope
         from pddemu.wire import TokenIds
