@@ -27,6 +27,27 @@ from netem.topology import Network
 
 AF21_TOS = 18 << 2  # the class pddemu's control connections carry (prio's band 1)
 TARGET_EXCESS_MS = {"fq": 5.0, "fq_codel": 5.0, "prio": 2.0}
+FIFO_VISIBLE_SHARE = 0.25  # of the queue's depth, at the loaded p90
+
+
+def queue_targets(
+    qdisc: str, idle_p50_ms: float, loaded_ms: list[float], queue_ms: float
+) -> dict[str, bool]:
+    """The disciplines' targets: fq, fq_codel and prio keep the small message's p50 near the
+    idle round trip; fifo shows the bulk flow's queue, its p90 at least a quarter of the queue's
+    depth above idle. Not its p50: how much queue one CUBIC flow keeps standing in a one-BDP
+    drop-tail buffer depends on when it loses packets (docs/netem.md), and it can run near
+    empty for a while; its p90 still shows the queue the flow builds before each loss."""
+    kind = qdisc.split(":")[0]
+    if kind in TARGET_EXCESS_MS:
+        limit = TARGET_EXCESS_MS[kind]
+        return {f"p50_at_most_{limit:g}ms_above_idle": _median(loaded_ms) - idle_p50_ms <= limit}
+    floor = FIFO_VISIBLE_SHARE * queue_ms
+    return {
+        f"queue_visible_p90_at_least_{floor:g}ms_above_idle": _quantile(loaded_ms, 0.9)
+        - idle_p50_ms
+        >= floor
+    }
 
 
 def _median(values: list[float]) -> float:
@@ -76,12 +97,7 @@ def qdisc_latency(
         "excess_p50_ms": excess,
         "bulk_goodput_bps": report["end"]["sum_received"]["bits_per_second"],
     }
-    kind = qdisc.split(":")[0]
-    if kind in TARGET_EXCESS_MS:
-        limit = TARGET_EXCESS_MS[kind]
-        result["targets"] = {f"p50_at_most_{limit:g}ms_above_idle": excess <= limit}
-    else:
-        result["targets"] = {"queue_visible_at_least_10ms": excess >= 10.0}
+    result["targets"] = queue_targets(qdisc, _median(idle), loaded, queue_ms=2e3 * delay_s)
     return result
 
 

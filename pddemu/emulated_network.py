@@ -131,7 +131,8 @@ def network_for(config: Config, scale: ScaleModel, clock: bool = True, **kwargs:
 
 def cross_traffic_spec(config: Config, scale: ScaleModel) -> CrossTrafficSpec | None:
     """`[wan.cross_traffic]` on the emulated link: modelled bytes become genuine ones (the byte
-    scale), modelled seconds wall ones (the time scale); utilisation is the same at any scale."""
+    scale); times stay modelled seconds, read on the run's clock page like the links'
+    (`scale_model` has time scale 1); utilisation is the same at any scale."""
     cross = config.wan.cross_traffic
     if cross is None:
         return None
@@ -140,7 +141,6 @@ def cross_traffic_spec(config: Config, scale: ScaleModel) -> CrossTrafficSpec | 
         schedule = tuple(
             replace(
                 change,
-                at_s=scale.modelled_to_wall(change.at_s),
                 flow_bytes=max(1, round(change.flow_bytes * scale.byte_scale))
                 if change.flow_bytes is not None
                 else None,

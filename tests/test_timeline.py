@@ -54,7 +54,9 @@ def test_wan_keys_reach_the_emulated_link(tmp_path) -> None:
     assert load_config().wan.qdisc == "fq_codel"  # the default a real router or host has
 
 
-def test_cross_traffic_sizes_and_times_are_scaled(tmp_path) -> None:
+def test_cross_traffic_sizes_are_scaled_and_times_modelled(tmp_path) -> None:
+    """Bytes shrink by the byte scale; times stay modelled seconds: the generator reads them
+    on the run's clock page, which runs at whatever rate the run does."""
     changes = tmp_path / "cross.schedule"
     changes.write_text("40 utilisation=0.7\n60 flow=1gb dir=b2a\n")
     config = load_config(
@@ -66,7 +68,8 @@ def test_cross_traffic_sizes_and_times_are_scaled(tmp_path) -> None:
     scale = scale_model(config)
     spec = cross_traffic_spec(config, scale)
     assert spec.mean_bytes == round(100e6 * scale.byte_scale)
-    assert [c.at_s for c in spec.schedule] == [10.0, 15.0]
+    assert scale.time_scale == 1.0
+    assert [c.at_s for c in spec.schedule] == [40.0, 60.0]
     assert spec.schedule[1].flow_bytes == round(1e9 * scale.byte_scale)
     assert cross_traffic_spec(load_config(), scale) is None
 

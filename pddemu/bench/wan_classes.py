@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from netem import nsutil
+from netem.bench_wan import queue_targets
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.runtime.auth import HelloCheck, RunSecret
@@ -31,8 +32,6 @@ from pddemu.runtime.channel import HELLO, Channel, Envelope
 from pddemu.wire import Control, KVChunk, KVDtype
 
 QDISCS = ("fifo", "fq", "fq_codel", "prio")
-TARGET_EXCESS_MS = {"fq": 5.0, "fq_codel": 5.0, "prio": 2.0}
-FIFO_QUEUE_AT_LEAST_MS = 10.0
 PROBE_IDS = 100  # a probe carries as many token ids as a 100-token handoff
 KV_TOKENS_PER_CHUNK = 1024  # 1 layer x K,V x 1 head x 1024 tokens x 64 dims of float32: 512 KiB
 
@@ -144,13 +143,9 @@ def control_behind_kv(
         "excess_p50_ms": excess,
         "bulk_goodput_bps": measured["bulk_goodput_bps"],
     }
-    if qdisc in TARGET_EXCESS_MS:
-        limit = TARGET_EXCESS_MS[qdisc]
-        result["targets"] = {f"p50_at_most_{limit:g}ms_above_idle": excess <= limit}
-    else:
-        result["targets"] = {
-            f"queue_visible_at_least_{FIFO_QUEUE_AT_LEAST_MS:g}ms": excess >= FIFO_QUEUE_AT_LEAST_MS
-        }
+    result["targets"] = queue_targets(
+        qdisc, statistics.median(idle), loaded, queue_ms=2e3 * delay_s
+    )
     return result
 
 

@@ -20,16 +20,16 @@ def namespaces(tools: None) -> None:
 
 def test_disciplines_keep_ping_out_of_the_bulk_queue() -> None:
     """One saturating TCP flow at 20 Mbit/s: fifo's queue shows in ping; fq, fq_codel and a
-    marked ping under prio stay near the idle round trip."""
+    marked ping under prio stay near the idle round trip (the benchmark's own targets)."""
     results = {
         qdisc: bench_wan.qdisc_latency(
             qdisc, rate_bps=20e6, delay_s=0.005, seconds=2.5, warmup_s=1.5, pings=50, idle_pings=30
         )
         for qdisc in ("fifo", "fq_codel", "prio")
     }
-    assert results["fifo"]["excess_p50_ms"] >= 10.0, results["fifo"]
-    assert results["fq_codel"]["excess_p50_ms"] <= 5.0, results["fq_codel"]
-    assert results["prio"]["excess_p50_ms"] <= 2.0, results["prio"]
+    for result in results.values():
+        assert all(result["targets"].values()), result
+    assert results["fifo"]["loaded_rtt_p90_ms"] > results["fq_codel"]["loaded_rtt_p90_ms"]
     for result in results.values():
         assert result["bulk_goodput_bps"] >= 0.8 * 20e6  # the bulk flow still fills the link
 
