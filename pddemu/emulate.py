@@ -2,7 +2,7 @@
 check every token against the single-process reference, and write the run's files.
 
     pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all]
-                   [--trace NAME|PATH] [--requests N] [--seed S]
+                   [--trace NAME|PATH] [--requests N] [--seed S] [--block-size TOKENS]
 
 The results are written after each system (summary.json, requests.csv, plots, report.md), so
 a run cut short keeps every system that finished. Whatever stops a system's replay (an
@@ -532,6 +532,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, help="replay a deterministic sample of N requests")
     parser.add_argument("--seed", type=int, help="seed of the workload and the link's random draws")
     parser.add_argument(
+        "--block-size",
+        type=int,
+        metavar="TOKENS",
+        help="tokens per hash id of a Mooncake trace whose lines do not say (default 512); "
+        "sets [workload] block_size",
+    )
+    parser.add_argument(
         "--faults",
         type=Path,
         metavar="FILE",
@@ -554,12 +561,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_cli)
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def config_of(args: argparse.Namespace) -> Config:
+    """The scenario a command line asks for: --config, then --set, then the workload flags."""
     faults = [f"faults.schedule={json.dumps(str(args.faults))}"] if args.faults else []
     config = load_config(args.config, [*args.set, *faults])
     if args.requests is not None and args.requests < 1:
         raise ConfigError("--requests must be at least 1")
-    config = config.with_workload(trace=args.trace, requests=args.requests, seed=args.seed)
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError("--block-size must be at least 1")
+    return config.with_workload(
+        trace=args.trace, requests=args.requests, seed=args.seed, block_size=args.block_size
+    )
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    config = config_of(args)
     workload = workload_of(config)
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)

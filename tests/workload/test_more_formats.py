@@ -137,3 +137,25 @@ def test_an_aiperf_messages_prompt_is_refused_for_what_it_is(tmp_path: Path) -> 
     path.write_text(json.dumps(line) + "\n")
     with pytest.raises(ValueError, match="a 'messages' prompt is not read"):
         list(read_trace(path))
+
+
+def test_emulate_block_size_flag_reads_a_mooncake_file_of_another_block_size(
+    tmp_path: Path,
+) -> None:
+    from pddemu.cli import build_parser
+    from pddemu.config import ConfigError
+    from pddemu.emulate import config_of, workload_of
+    from pddemu.workload.records import TraceError
+
+    path = tmp_path / "t.jsonl"
+    line = {"timestamp": 0, "input_length": 100, "output_length": 2, "hash_ids": [0, 1, 2, 3]}
+    path.write_text(json.dumps(line) + "\n")
+    command = ["emulate", "--out", str(tmp_path / "run"), "--trace", str(path)]
+    parser = build_parser()
+    with pytest.raises(TraceError, match="another block size"):
+        workload_of(config_of(parser.parse_args(command)))
+    config = config_of(parser.parse_args([*command, "--block-size", "32"]))
+    assert config.workload.block_size == 32
+    assert len(workload_of(config)) == 1  # the same file, read with 32-token blocks
+    with pytest.raises(ConfigError, match="--block-size must be at least 1"):
+        config_of(parser.parse_args([*command, "--block-size", "0"]))
