@@ -29,6 +29,20 @@ async def until(condition, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def until_seen(deployment: Deployment, instance: str, state: str) -> None:
+    """Until the router's liveness record holds `instance` in `state`."""
+    deadline = time.monotonic() + 30.0
+    async with aiohttp.ClientSession(headers=deployment.headers) as session:
+        while True:
+            async with session.get(deployment.url("FE0", "/stats")) as reply:
+                changes = (await reply.json())["liveness"]
+            if any(c["instance"] == instance and c["state"] == state for c in changes):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the router never saw {instance} {state}")
+            await asyncio.sleep(0.05)
+
+
 def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> None:
     require_namespaces()
     base = scenario_config()
@@ -51,7 +65,9 @@ def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> Non
                             raise AssertionError("a paused instance answered")
                     except TimeoutError:
                         pass
-                await asyncio.sleep(2.0 / config.scale.time_scale)  # 2 modelled s
+                # resumed once the router has seen the silence (not after a wall-time sleep,
+                # which a slow clock or a starved host would make too short)
+                await until_seen(deployment, "MD0", "suspect")
                 deployment.resume("MD0")
                 await deployment.wait_healthy({"MD0"})
                 first = deployment.processes["P0"].pid

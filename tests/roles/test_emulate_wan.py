@@ -6,19 +6,29 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 from tests.roles.test_emulate_cli import EMULATE, clean_start, role_processes, wait_clean  # noqa: F401
 
+MARK = "PDDEMU_TEST_RUN"
 
-def processes_with(needle: bytes) -> list[int]:
-    found = []
+
+def generators_of(run: str) -> set[int]:
+    """Cross-traffic generators this run made: every process of the run inherits its
+    environment, so the run's mark tells them from another run's on the same machine."""
+    found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if needle in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
+                cmdline = (entry / "cmdline").read_bytes()
+                if b"netem.crosstraffic.generator" not in cmdline:
+                    continue
+                if f"{MARK}={run}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.add(int(entry.name))
             except OSError:
                 continue
     return found
@@ -33,32 +43,44 @@ def test_an_outage_mid_replay_ends_every_request_and_leaves_nothing(
     # time at the default time_scale of 4), while the first requests' KV is crossing it
     schedule.write_text("1 link=down\n9 link=up\n")
     out = tmp_path / "run"
-    generators_before = set(processes_with(b"netem.crosstraffic.generator"))
-    done = subprocess.run(
-        [
-            *EMULATE,
-            "--out",
-            str(out),
-            "--system",
-            "pdd",
-            "--requests",
-            "4",
-            "--set",
-            "workload.arrival_rate=2.0",
-            "--set",
-            f"wan.schedule={str(schedule)!r}",
-            "--set",
-            "wan.cross_traffic.utilisation=0.3",
-            "--set",
-            'wan.cross_traffic.arrivals="paced"',
-            "--set",
-            'wan.cross_traffic.mean_size="20mb"',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run = uuid.uuid4().hex
+    stderr = tmp_path / "stderr"
+    seen: set[int] = set()  # the run's generators, watched while it runs
+    with stderr.open("w") as errors:
+        emulate = subprocess.Popen(
+            [
+                *EMULATE,
+                "--out",
+                str(out),
+                "--system",
+                "pdd",
+                "--requests",
+                "4",
+                "--set",
+                "workload.arrival_rate=2.0",
+                "--set",
+                f"wan.schedule={str(schedule)!r}",
+                "--set",
+                "wan.cross_traffic.utilisation=0.3",
+                "--set",
+                'wan.cross_traffic.arrivals="paced"',
+                "--set",
+                'wan.cross_traffic.mean_size="20mb"',
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            env={**os.environ, MARK: run},
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while emulate.poll() is None and time.monotonic() < deadline:
+                seen |= generators_of(run)
+                time.sleep(0.2)
+        finally:
+            if emulate.poll() is None:
+                emulate.kill()
+            emulate.wait()
+    assert emulate.returncode == 0, stderr.read_text()[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     pdd = summary["systems"]["pdd"]
     assert pdd["requests"]["total"] == 4
@@ -75,7 +97,8 @@ def test_an_outage_mid_replay_ends_every_request_and_leaves_nothing(
     assert cross["target_utilisation"] == 0.3
     assert summary["wan_modelled"]["schedule"] == str(schedule)
     assert wait_clean(out) == ([], [])
-    assert set(processes_with(b"netem.crosstraffic.generator")) <= generators_before
+    assert seen, "the run's cross-traffic generator was never seen: the check would be blind"
+    assert generators_of(run) == set()
 
 
 def _column(out: Path, name: str) -> list[str]:
