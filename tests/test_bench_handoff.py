@@ -3,7 +3,9 @@ counts (exactly the asked number of eager tokens, completed, MD's side measured)
 
 from __future__ import annotations
 
-from pddemu.bench.handoff import BULK_EVERY, handoffs, workload
+import json
+
+from pddemu.bench.handoff import BULK_EVERY, handoffs, merged, workload
 from pddemu.config import load_config
 from pddemu.metrics.records import RequestRecord
 
@@ -41,3 +43,29 @@ def test_only_handoffs_of_exactly_the_eager_tokens_count() -> None:
         record("bulk:0", 100),
     ]
     assert [r.request_id for r in handoffs(records, 100)] == ["sample:0"]
+
+
+def test_a_grid_measured_in_parts_is_merged_per_cell(tmp_path) -> None:
+    def cell(qdisc: str, jitter: float, payload: str, handoffs: int) -> dict:
+        return {
+            "qdisc": qdisc,
+            "jitter_ms": jitter,
+            "payload": payload,
+            "handoffs": handoffs,
+            "duplicate_tokens": 0,
+            "gap_tokens": 0,
+        }
+
+    setup = {"samples_per_cell": 5, "eager_tokens": 100}
+    out = tmp_path / "handoff.json"
+    earlier = {
+        "setup": setup,
+        "cells": [cell("prio", 2.0, "extend", 3), cell("fifo", 2.0, "extend", 9)],
+    }
+    out.write_text(json.dumps(earlier))
+    fresh = {"setup": setup, "cells": [cell("fifo", 2.0, "extend", 5)], "wall_s": 1.0}
+    combined = merged(fresh, out)
+    assert [(c["qdisc"], c["handoffs"]) for c in combined["cells"]] == [("fifo", 5), ("prio", 3)]
+    assert not combined["targets"]["at least 5 handoffs of exactly 100 eager tokens per cell"]
+    other = {"setup": {**setup, "samples_per_cell": 6}, "cells": [], "wall_s": 1.0}
+    assert merged(other, out)["cells"] == []  # another setup's file is replaced, not merged

@@ -5,6 +5,10 @@ the eager tokens' KV). PDD reports, for a 100-token handoff: KV-delta mean 185 m
 ("slower on average, immune to jitter and queueing").
 
     pddemu bench handoff [--samples N] [--eager-tokens 100] [--out FILE]
+                         [--qdisc fifo|prio]... [--jitter-ms MS]...
+
+`--qdisc` and `--jitter-ms` run part of the grid (so that each run stays short); the cells
+measured are merged into FILE, replacing the same cells of an earlier run of the same setup.
 
 Real runs of the emulator (namespaces, the shaper, one process per instance), on the default
 config except what the setup states. Per cell (payload x WAN jitter x queueing discipline):
@@ -178,9 +182,20 @@ def qdiscs_available(base: Config) -> tuple[str, ...]:
     return QDISCS if hasattr(base.wan, "qdisc") else ()
 
 
-def benchmark(samples: int, eager: int, seed: int = 0) -> dict[str, Any]:
+def benchmark(
+    samples: int,
+    eager: int,
+    seed: int = 0,
+    only_qdiscs: tuple[str, ...] = (),
+    only_jitters_ms: tuple[float, ...] = (),
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """The grid (or the part asked for); with `out`, merged into that file after every cell,
+    so a run cut short keeps the cells it measured."""
     base = load_config(None, [*OVERRIDES, f"policy.handoff_after_eager_tokens={eager}"])
     qdiscs = qdiscs_available(base)
+    run_qdiscs = tuple(q for q in qdiscs if not only_qdiscs or q in only_qdiscs)
+    jitters = tuple(j for j in JITTERS_MS if not only_jitters_ms or j in only_jitters_ms)
     result: dict[str, Any] = {
         "setup": {
             "config": "configs/default.toml",
@@ -204,8 +219,8 @@ def benchmark(samples: int, eager: int, seed: int = 0) -> dict[str, Any]:
     }
     started = time.time()
     with tempfile.TemporaryDirectory() as scratch:
-        for qdisc in qdiscs or (None,):
-            for jitter in JITTERS_MS:
+        for qdisc in run_qdiscs or (None,):
+            for jitter in jitters:
                 for payload in PAYLOADS:
                     changes = [f"wan.jitter={jitter:g}ms", f"policy.handoff_payload={payload}"]
                     if qdisc is not None:
@@ -221,7 +236,16 @@ def benchmark(samples: int, eager: int, seed: int = 0) -> dict[str, Any]:
                     result["cells"].append(
                         {"payload": payload, "jitter_ms": jitter, "qdisc": qdisc or "fifo", **cell}
                     )
+                    if out is not None:
+                        result["wall_s"] = round(time.time() - started, 1)
+                        write(merged(result, out), out)
     result["wall_s"] = round(time.time() - started, 1)
+    judge(result)
+    return result
+
+
+def judge(result: dict[str, Any]) -> None:
+    samples, eager = result["setup"]["samples_per_cell"], result["setup"]["eager_tokens"]
     short = [c for c in result["cells"] if c["handoffs"] < samples]
     result["targets"] = {
         f"at least {samples} handoffs of exactly {eager} eager tokens per cell": not short,
@@ -229,7 +253,33 @@ def benchmark(samples: int, eager: int, seed: int = 0) -> dict[str, Any]:
             c["duplicate_tokens"] == 0 and c["gap_tokens"] == 0 for c in result["cells"]
         ),
     }
-    return result
+
+
+def merged(result: dict[str, Any], earlier_path: Path) -> dict[str, Any]:
+    """`result`'s cells with the other cells of an earlier run of the same setup in the file
+    (a grid measured in parts); a file of another setup is replaced."""
+    try:
+        earlier = json.loads(earlier_path.read_text())
+    except (OSError, ValueError):
+        return result
+    if not isinstance(earlier, dict) or earlier.get("setup") != result["setup"]:
+        return result
+
+    def key(cell: dict[str, Any]) -> tuple:
+        return (cell["qdisc"], cell["jitter_ms"], cell["payload"])
+
+    fresh = {key(c) for c in result["cells"]}
+    cells = [c for c in earlier.get("cells", []) if key(c) not in fresh] + result["cells"]
+    order = {
+        (q, j, p): i
+        for i, (q, j, p) in enumerate(
+            (q, j, p) for q in QDISCS for j in JITTERS_MS for p in PAYLOADS
+        )
+    }
+    cells.sort(key=lambda c: order.get(key(c), len(order)))
+    combined = {**result, "cells": cells, "wall_s": sum(c.get("wall_s", 0) for c in cells)}
+    judge(combined)
+    return combined
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -247,15 +297,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=100, help="handoffs per cell (default 100)")
     parser.add_argument("--eager-tokens", type=int, default=100, help="eager tokens per handoff")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--qdisc", action="append", choices=QDISCS, help="only this discipline (repeatable)"
+    )
+    parser.add_argument(
+        "--jitter-ms",
+        action="append",
+        type=float,
+        choices=JITTERS_MS,
+        help="only this WAN jitter (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/handoff.json"))
     parser.set_defaults(func=run_cli)
+
+
+def write(result: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.eager_tokens < 2:
         raise SystemExit("pddemu bench handoff: --samples must be >= 1 and --eager-tokens >= 2")
-    result = benchmark(args.samples, args.eager_tokens, args.seed)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    result = benchmark(
+        args.samples,
+        args.eager_tokens,
+        args.seed,
+        tuple(args.qdisc or ()),
+        tuple(args.jitter_ms or ()),
+        args.out,
+    )
+    result = merged(result, args.out)
+    write(result, args.out)
     print(f"wrote {args.out} ({result['wall_s']:.0f} s)", file=sys.stderr)
     return 0 if all(result["targets"].values()) else 1

@@ -6,6 +6,9 @@ hit; the decode side (MD, or a baseline's D, also by session affinity for the DR
 parallel how much of the prompt it holds, and pins it. The routing policy then picks the
 pipeline and P is told where to stream the KV from which token. Tokens come back from RLD and
 MD; a position delivered twice (which a seamless handoff never sends) is checked and dropped.
+Only the current leg's instances stream (see below): tokens of an abandoned leg, or of an
+instance relieved of the stream at a failover (perhaps only silent under load: it may send on),
+are not the user's, so a failover never delivers a position twice either.
 
 The router never reads a request's output length (which only the emulated model's end of
 sequence knows): it predicts it (`pddemu/policy/output_length.py`) from the session's history and
@@ -69,9 +72,9 @@ class Flight:
     decode: str = ""
     rld: str = ""
     ids: dict[int, int] = field(default_factory=dict)  # genuine output index -> id
-    pending: dict[int, tuple[float, str, float]] = field(
+    pending: dict[int, tuple[float, str, float, str]] = field(
         default_factory=dict
-    )  # position -> (delivery time, role, time its instance produced it)
+    )  # position -> (delivery time, role, time its instance produced it, the instance)
     delivered: int = 0  # modelled output positions delivered in order
     replies: dict[str, asyncio.Future] = field(default_factory=dict)
     stream: asyncio.Queue = field(default_factory=asyncio.Queue)  # the user's tokens, then None
@@ -87,6 +90,7 @@ class Flight:
     abandoned: str = ""  # why the request was given up before its end (its client went away)
     leg: str = ""  # the id the instances know the current routing by
     legs: list[str] = field(default_factory=list)  # every leg it had
+    relieved: set[str] = field(default_factory=set)  # instances of this leg no longer streaming
     attempt: asyncio.Task | None = None  # the current routing and wait for the tokens
     reroute: str = ""  # why the current attempt is being replaced by a new routing
     routings: int = 0
@@ -250,6 +254,7 @@ class Frontend(Instance):
                     flight.decode, "resume", {"rid": leg, "ids": ids, "position": position}
                 )
                 await self._quietly(self.tell(lost, "release", {"rid": leg, "kv_expected": True}))
+                self.relieve(flight, lost)
                 flight.rld = ""
                 return
         if (
@@ -266,11 +271,20 @@ class Frontend(Instance):
             await self._quietly(self.tell(lost, "release", {"rid": leg, "kv_expected": True}))
             self.wan.forget(leg)
             self.transfers_over(flight, {lost})
+            self.relieve(flight, lost)
             flight.decode = ""
             return
         if lost == flight.rld and flight.md_took_over:
             return  # the relay had handed the request over
         await self.move(flight, lost)
+
+    def relieve(self, flight: Flight, lost: str) -> None:
+        """`lost` no longer streams this leg (its survivor streams from the user's position on):
+        what it sent and the user has not got yet is dropped, and so is what it still sends
+        (it may only have seemed lost: a silence under load, a slow link)."""
+        flight.relieved.add(lost)
+        for position in [p for p, held in flight.pending.items() if held[3] == lost]:
+            del flight.pending[position]
 
     async def move(self, flight: Flight, lost: str, why: str = "") -> None:
         """Move the stream to another decode instance (another MD or D; for pdd, the relay if
@@ -463,7 +477,11 @@ class Frontend(Instance):
         return flight
 
     def new_leg(self, flight: Flight, leg: str) -> str:
+        """A new routing: its instances stream every position from the user's, so what earlier
+        legs sent and the user has not got yet is theirs to send again."""
         flight.leg = leg
+        flight.pending.clear()
+        flight.relieved.clear()
         flight.legs.append(leg)
         self.legs[leg] = flight
         return leg
@@ -849,6 +867,8 @@ class Frontend(Instance):
         flight = self.legs.get(body["rid"])
         if flight is None or flight.recorded:  # a failed request's stream is already closed
             return
+        if body["rid"] != flight.leg or body.get("source") in flight.relieved:
+            return  # an abandoned leg's, or a relieved instance's: the stream is another's now
         index, token, first = int(body["index"]), int(body["id"]), int(body["first"])
         known = flight.ids.setdefault(index, token)
         if known != token:
@@ -861,9 +881,14 @@ class Frontend(Instance):
             if position < flight.delivered or position in flight.pending:
                 flight.record.duplicate_tokens += 1
                 continue
-            flight.pending[position] = (float(time) + shift, body["role"], float(time))
+            flight.pending[position] = (
+                float(time) + shift,
+                body["role"],
+                float(time),
+                str(body.get("source", "")),
+            )
         while flight.delivered in flight.pending:
-            self.deliver(flight, *flight.pending.pop(flight.delivered))
+            self.deliver(flight, *flight.pending.pop(flight.delivered)[:3])
         if flight.delivered >= flight.record.expected_output_tokens:
             flight.done.set()
 

@@ -38,8 +38,9 @@ def frontend() -> Frontend:
     return instance(Frontend, "FE")
 
 
-def tokens(rid: str, index: int, role: str) -> Envelope:
-    """Genuine output `index` and the modelled positions it stands for, as RLD or MD send it."""
+def tokens(rid: str, index: int, role: str, source: str = "") -> Envelope:
+    """Genuine output `index` and the modelled positions it stands for, as RLD or MD send it
+    (instance `source`, by default the role's first)."""
     first = output_group_start(index, SCALE)
     count = output_group_start(index + 1, SCALE) - first
     body = {
@@ -50,6 +51,7 @@ def tokens(rid: str, index: int, role: str) -> Envelope:
         "times": [0.1 * (first + i) for i in range(count)],
         "sent": 0.0,
         "role": role,
+        "source": source or f"{role}0",
     }
     return Envelope("tokens", body, [], None)
 

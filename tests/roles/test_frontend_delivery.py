@@ -58,3 +58,58 @@ def test_tokens_after_the_record_is_written_leave_it_alone() -> None:
 
     output_tokens, times, gap = asyncio.run(scenario())
     assert output_tokens == times == 1 and gap == 0
+
+
+def test_a_relay_thought_lost_adds_nothing_after_md_resumes() -> None:
+    """The relay only seemed lost (a silence under load): MD resumes from the user's position,
+    and what the relay sent early (reordered) or still sends (delayed) is not the user's."""
+
+    async def scenario() -> tuple[int, int, bool, list]:
+        fe = frontend()
+        flight = admit(fe, "r4")
+        flight.record.pipeline, flight.rld, flight.decode = "P-RLD-MD", "RLD0", "MD0"
+        fe.liveness.state["MD0"] = "up"
+        await fe.on_tokens(tokens("r4", 0, "RLD"))
+        await fe.on_tokens(tokens("r4", 2, "RLD"))  # ahead of output 1, which is delayed
+        await fe.fail_over_flight(flight, "RLD0")
+        await fe.on_tokens(tokens("r4", 1, "RLD"))  # the delayed one, after the resume
+        for index in (1, 2):  # MD streams every position from the user's
+            await fe.on_tokens(tokens("r4", index, "MD"))
+        fe.finish_record(flight)
+        resumes = [(name, body["position"]) for name, kind, body in fe.told if kind == "resume"]
+        return (
+            flight.record.duplicate_tokens,
+            flight.record.gap_tokens,
+            flight.done.is_set(),
+            resumes,
+        )
+
+    duplicates, gap, done, resumes = asyncio.run(scenario())
+    assert resumes == [("MD0", 1)]
+    assert (duplicates, gap, done) == (0, 0, True)
+
+
+def test_an_abandoned_legs_tokens_are_not_the_users() -> None:
+    """A request routed again (or moved) under a new leg: its old instances, which may still be
+    alive, send on; only the new leg's tokens reach the user, whatever the order."""
+
+    async def scenario() -> tuple[int, int, bool, int]:
+        fe = frontend()
+        flight = admit(fe, "r5")
+        await fe.on_tokens(tokens("r5", 0, "MD"))
+        await fe.on_tokens(tokens("r5", 2, "MD"))  # the old leg's, ahead of a delayed output 1
+        fe.new_leg(flight, "r5~1")  # moved: the new leg streams from position 1
+        await fe.on_tokens(tokens("r5", 1, "MD"))  # the old leg's, late
+        for index in (2, 1):  # the new leg's, reordered
+            await fe.on_tokens(tokens("r5~1", index, "MD", "MD1"))
+        fe.finish_record(flight)
+        record = flight.record
+        return (
+            record.duplicate_tokens,
+            record.gap_tokens,
+            flight.done.is_set(),
+            record.output_tokens,
+        )
+
+    duplicates, gap, done, delivered = asyncio.run(scenario())
+    assert (duplicates, gap, done, delivered) == (0, 0, True, OUTPUT)
