@@ -11,6 +11,7 @@ import pytest
 from pyroute2 import IPRoute
 
 from netem.bench import realtime_allowed
+from netem.clock import SharedClock
 from netem.registry import Registry, list_namespaces
 from netem.schedule import parse_schedule
 from netem.shaper import EARLY_S
@@ -111,6 +112,30 @@ def test_a_schedule_takes_the_intra_dc_path_down_and_up(run_name: str, tools: No
         time.sleep(max(0.0, start + 1.6 - time.monotonic()))
         assert len(ping_rtts(net, 3, 0.05, dst=net.a2.addr)) == 3
         assert len(ping_rtts(net, 3, 0.05)) == 3  # the WAN was never touched
+
+
+def test_a_schedule_follows_a_clock_running_at_another_rate(run_name: str, tools: None) -> None:
+    """Schedule times are modelled seconds on the run's clock page: at half speed, a step at
+    modelled 0.5 s comes at wall 1 s, and one at 1.5 s at wall 3 s (at the wall's rate the
+    link would be up again from wall 1.5 s, when it is probed down here)."""
+    schedule = parse_schedule("0.5 link=down\n1.5 link=up\n")
+    with network(
+        run_name, LinkSpec(), schedule=schedule, schedule_from_up=False, clock=True
+    ) as net:
+        assert net.clock_path is not None
+        clock = SharedClock(net.clock_path)
+        try:
+            clock.set_rate(0.5)
+            start_wall, start = time.monotonic(), clock.now()
+            net.start_schedule(start)
+            assert len(ping_rtts(net, 3, 0.05)) == 3  # wall 0-0.3 s: modelled 0-0.15 s
+            time.sleep(max(0.0, start_wall + 1.9 - time.monotonic()))
+            assert ping_rtts(net, 5, 0.05) == []  # wall 1.9 s: modelled 0.95 s, down
+            time.sleep(max(0.0, start_wall + 3.3 - time.monotonic()))
+            assert clock.now() - start >= 1.5
+            assert len(ping_rtts(net, 3, 0.05)) == 3  # modelled after 1.5 s: up again
+        finally:
+            clock.close()
 
 
 def test_paths_inside_and_from_the_host(run_name: str, tools: None) -> None:
