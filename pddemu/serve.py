@@ -8,7 +8,9 @@ Prints one JSON line when ready:
    "model": "pddemu", "tokenizer": ".../pddemu/tokenizer", ...}
 `base_url` is for OpenAI clients (they append /completions); `url` is for benchmark tools that
 append the whole path themselves (AIPerf's --url, vllm bench serve's --base-url); `tokenizer` is
-the model's tokenizer as a Hugging Face directory (their --tokenizer). Only the OpenAI routes
+the model's tokenizer as a Hugging Face directory (their --tokenizer); `time_zero_s` is the
+CLOCK_MONOTONIC instant of the timeline's time 0, from which `[wan] schedule` counts (serve runs
+in real time: a schedule's modelled second is a wall second). Only the OpenAI routes
 (/v1/models, /v1/completions, /v1/chat/completions) and /health are served on the host. Runs
 until SIGINT or SIGTERM, then removes everything it made. Without root it runs in a private
 user namespace, as `pddemu emulate` does; the host port stays reachable.
@@ -54,7 +56,8 @@ async def serve(
     try:
         await deployment.start()
         await proxy.start(listener)
-        conditions.begin(time.monotonic())  # the timeline's time 0: ready to serve
+        time_zero = time.monotonic()  # the timeline's time 0: ready to serve
+        conditions.begin(time_zero)
         url = server_url(listener)
         print(
             json.dumps(
@@ -66,6 +69,7 @@ async def serve(
                     "tokenizer": str(shipped_directory()),
                     "system": deployment.system,
                     "netns": deployment.network.a.netns,
+                    "time_zero_s": time_zero,
                 }
             ),
             flush=True,
