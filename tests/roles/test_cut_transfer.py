@@ -1,11 +1,15 @@
 """A KV transfer cut mid-way (its sender died, or cancelled it) is cleaned up on the receiving
-side: its memory is released, it is counted, and what arrived of the prompt stays in MD's DRC."""
+side: its memory is released, it is counted, and what arrived of the prompt stays in MD's DRC.
+On the sending side, every transfer that could not finish is counted and reported."""
 
 from __future__ import annotations
 
 import asyncio
 
 from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
+from pddemu.roles.spec import Address
+from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -46,3 +50,82 @@ def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> Non
     assert md.stats()["transfers_cut"] == 1
     hit, _node, _handles = md.store.match(list(range(1, 4 * md.page_tokens + 1)))
     assert hit == 2 * md.page_tokens  # the pages that arrived stay in the DRC
+
+
+class Receiver:
+    """A sender's end of a KV connection: `fail_at` chunks go through, the next one finds the
+    receiver gone (None: all go through)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.chunks = 0
+        self.closed = False
+        self.controls: list[str] = []
+        self.writer = self  # no socket to read TCP counters from
+
+    def get_extra_info(self, _name: str) -> None:
+        return None
+
+    async def control(self, kind: str, body: dict) -> None:
+        self.controls.append(kind)
+
+    async def send(self, chunk: object) -> int:
+        if self.fail_at is not None and self.chunks >= self.fail_at:
+            raise ConnectionResetError("the receiver is gone")
+        self.chunks += 1
+        return 1000
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
+    """P counts a send cut by the frontend, one whose receiver died mid-way and one whose
+    receiver could not be reached, and reports each to the frontend as cancelled (the last
+    two as unreachable); a finished send is not counted."""
+
+    async def scenario() -> tuple[PrefillInstance, dict, Connection]:
+        p = instance(PrefillInstance, "P")
+        step = p.chunk_genuine
+        receivers = {"MD0": Receiver(), "MD1": Receiver(fail_at=1), "MD2": Receiver()}
+
+        async def open_channel(name: str, _purpose: str) -> Receiver:
+            if name == "MD3":
+                raise ConnectionRefusedError("nobody listens")
+            return receivers[name]
+
+        p.pool = TransferPool(open_channel)
+        for name in receivers:
+            p.spec.peers[name] = Address(name, "MD", "127.0.0.1", 3, 4)
+        frontend = Connection()
+        frontend.closed = False
+        prompt = [1 + i % 200 for i in range(3 * step)]
+        kv, logits = p.model.prefill(prompt, None, len(prompt))
+        job = PrefillJob("r1", prompt, {}, frontend, kv=kv, first_token=1)
+        await job.progress.advance(2 * step, 0.0)  # two chunks computed, the third not yet
+        for name in ("MD0", "MD1", "MD2", "MD3"):
+            destination = Destination(name, 0, {})
+            destination.task = p.spawn(p.send(job, destination), name)
+            job.destinations.append(destination)
+        p.jobs["r1"] = job
+        await asyncio.sleep(0.05)  # MD1's second chunk failed, MD3 refused; MD0, MD2 wait
+        await p.on_cut(Envelope("cut", {"rid": "r1", "destination": "MD2"}, [], None))
+        await asyncio.sleep(0.01)
+        await job.progress.advance(3 * step, 0.0, finished=True)  # MD0's transfer completes
+        await asyncio.sleep(0.05)
+        return p, receivers, frontend
+
+    p, receivers, frontend = asyncio.run(scenario())
+    reports = {body["destination"]: body for kind, body in frontend.replies}
+    assert {kind for kind, _ in frontend.replies} == {"transfer_done"}
+    assert (
+        reports["MD0"]["cancelled"] is False
+        and reports["MD0"]["tokens_sent"] == 3 * p.chunk_genuine
+    )
+    assert receivers["MD0"].controls == ["kv_begin", "kv_end"]
+    assert reports["MD1"]["cancelled"] and reports["MD1"]["unreachable"]
+    assert reports["MD1"]["tokens_sent"] == p.chunk_genuine and receivers["MD1"].closed
+    assert reports["MD2"]["cancelled"] and not reports["MD2"]["unreachable"]
+    assert reports["MD2"]["tokens_sent"] == 2 * p.chunk_genuine and receivers["MD2"].closed
+    assert reports["MD3"]["cancelled"] and reports["MD3"]["unreachable"]
+    assert p.transfers_cut == 3 and p.stats()["transfers_cut"] == 3
