@@ -118,6 +118,29 @@ def test_p_and_md_killed_mid_run(emulation: Emulation) -> None:
     assert actions(result, "MD0") & {"moved", "finished"}
 
 
+def test_p_killed_mid_prefill_is_retried_once_on_the_other_p(emulation: Emulation) -> None:
+    """The first request (the least-loaded pick: P0) is still in its 32K-token prefill when P0
+    dies: it is routed again from the start on P1 (one retry), and what P0 had begun sending
+    is cut on the receiving side and counted there."""
+    config = with_systems(emulation.config)
+    rng = random.Random(5)
+    requests = [make_request("long", 0.0, 2048 * 16, 320, None, random_tokens(rng, 2048))]
+    records, outputs, stats, deployment = emulation.run_with_faults(
+        "pdd", requests, (InstanceFault(0.3, "kill", "P0"),), config
+    )
+    reference = reference_outputs(requests, ModelConfig(**config.model), 512)
+    by_id = {r.request_id: r for r in records}
+    assert by_id["long"].state == "completed" and outputs == reference
+    assert by_id["long"].retries == 1
+    result = {"stats": stats, "events": deployment.events}
+    assert actions(result, "P0") == {"routed"}
+    assert seen_within(result, "P0", "killed", OUT) < DETECT_WITHIN_S
+    cut = {name: stats[name]["transfers_cut"] for name in ("RLD0", "MD0", "MD1")}
+    # P0 was streaming the KV to both (its prefill steps hold the clock, so 0.3 s comes
+    # after routing, before the prefill ends); P1's transfers all finished
+    assert cut == {"RLD0": 1, "MD0": 1, "MD1": 0}
+
+
 def test_relay_killed_mid_stream_md_resumes(emulation: Emulation) -> None:
     config = with_systems(emulation.config, routing="always-relay")
     result = run(emulation, "pdd", config, (InstanceFault(3.0, "kill", "RLD0"),), seed=2)
