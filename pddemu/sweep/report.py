@@ -348,11 +348,21 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
     commit = (code.get("commit") or "unknown")[:10] + (" (modified)" if code.get("dirty") else "")
     seeds = sorted({e["seed"] for e in finished})
     quick = bool(meta.get("quick"))
+    # exit 4: the emulator fell behind the model by more than its bound (summary's `valid`)
+    not_valid = sum(1 for e in finished if e["point"].get("exit_status") == 4)
     return (
         f"`pddemu sweep --experiment experiments/{name}.toml{' --quick' if quick else ''}` "
         f"({'quick variant' if quick else 'full'}), code at {commit}; {len(finished)} of "
         f"{len(entries)} points done, seeds {', '.join(map(str, seeds)) or '-'}; "
-        f"{wall / 60:.1f} min of emulation (the points' wall time, one at a time)"
+        f"{wall / 60:.1f} min of emulation (the points' wall time, one at a time"
+        + (f", {wall / len(finished):.0f} s a point" if finished else "")
+        + ")"
+        + (
+            f"; {not_valid} of the points not valid (the emulator's lag over its bound: "
+            "`valid` and `invalid_reason` in their summaries)"
+            if not_valid
+            else ""
+        )
     )
 
 

@@ -123,6 +123,7 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
                     ttft_s={"mean": 2.0 if fast else 4.0, "p99": 8.0},
                 )
             )
+    load[1]["point"]["exit_status"] = 4  # one point not valid (the emulator's lag)
     write_sweep(results / "demo" / "load", load)
     base = [entry("naive", s, {}, ttft_s={"mean": 2.0 * (s + 1), "p99": 10.0}) for s in (0, 1, 2)]
     write_sweep(results / "demo" / "base", base)
@@ -145,6 +146,7 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     assert "| 1.0 | 1.00 s (1.00 s to 1.00 s, 3 seeds) |" in text
     assert "code at 0123456789" in text and "quick variant" in text
     assert "6.0 min of emulation" in text  # 12 points of 30 s in part load
+    assert "30 s a point); 1 of the points not valid" in text
 
 
 def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) -> None:
