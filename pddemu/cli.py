@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a sub-command; a user's mistake (config, trace, arguments) or a machine that cannot
     host the network gets one line naming the problem, not a traceback."""
     from netem.rootless import RootlessError, ensure_network_privileges
-    from pddemu.host_proxy import ListenError, listen, listen_arguments
+    from pddemu.host_door import ListenError, listen, listen_arguments
 
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv and not {"-h", "--help"} & set(argv) else None

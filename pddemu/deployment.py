@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -76,6 +77,8 @@ class Deployment:
     run_dir: Path
     epoch: float
     secret: RunSecret = field(default_factory=RunSecret.new)
+    # `pddemu serve`'s host door (`pddemu.host_door`), handed to the frontend process
+    host_door: socket.socket | None = None
 
     def __post_init__(self) -> None:
         self.specs = self.plan()
@@ -112,9 +115,15 @@ class Deployment:
                 epoch=self.epoch,
                 clock=str(self.network.clock_path or ""),
                 log_path=str(logs / f"{name}.log"),
+                extra=self._door_of(address),
             )
             for name, address in addresses.items()
         }
+
+    def _door_of(self, address: Address) -> dict[str, Any]:
+        if self.host_door is None or address.role != "FE":
+            return {}
+        return {"host_door_fd": self.host_door.fileno()}
 
     @property
     def frontend_url(self) -> str:
@@ -145,11 +154,13 @@ class Deployment:
         path = self.run_dir / "specs" / self.system / f"{name}.json"
         err = Path(self.specs[name].log_path).with_suffix(".err")
         with open(err, "a") as stderr:
+            door = self.specs[name].extra.get("host_door_fd")
             process = subprocess.Popen(
                 [sys.executable, "-m", "pddemu.roles", str(path)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                pass_fds=() if door is None else (door,),
             )
         assert process.stdin is not None
         process.stdin.write(self.secret.line())

@@ -33,14 +33,7 @@ from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
 from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
 from pddemu.hf_tokenizer import shipped_directory
-from pddemu.host_proxy import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    HostProxy,
-    listen,
-    port_number,
-    server_url,
-)
+from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
@@ -52,10 +45,8 @@ async def serve(
     listener: socket.socket,
     conditions: ReplayConditions,
 ) -> None:
-    proxy = HostProxy(deployment.frontend_url, deployment.headers)
     try:
-        await deployment.start()
-        await proxy.start(listener)
+        await deployment.start()  # its frontend serves the host door on `listener`
         time_zero = time.monotonic()  # the timeline's time 0: ready to serve
         conditions.begin(time_zero)
         url = server_url(listener)
@@ -76,7 +67,6 @@ async def serve(
         )
         await stop.wait()
     finally:
-        await proxy.stop()
         await deployment.stop()
 
 
@@ -130,7 +120,9 @@ def run_cli(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        deployment = Deployment(args.system, config, network, args.run_dir, time.monotonic())
+        deployment = Deployment(
+            args.system, config, network, args.run_dir, time.monotonic(), host_door=listener
+        )
         try:
             loop.run_until_complete(serve(deployment, stop, listener, conditions))
         finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 import traceback
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from pddemu.config import ROLES, Config, config_from_json
+from pddemu.host_door import public_application
 from pddemu.model import ModelConfig
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import Address, InstanceSpec
@@ -103,6 +105,7 @@ class Instance:
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, self.spec.me.addr, self.spec.me.http_port).start()
+        public = await self._open_host_door()
         await self.start()
         if self.role != "FE":
             self.start_heartbeats()
@@ -113,6 +116,8 @@ class Instance:
             for channel in self._peers.values():
                 channel.close()
             await runner.cleanup()
+            if public is not None:
+                await public.cleanup()
             self._compute.shutdown(wait=True)
             self.clock.close()
 
@@ -121,6 +126,21 @@ class Instance:
 
     def add_routes(self, app: web.Application) -> None:
         """Extra HTTP routes (the frontend's request API)."""
+
+    def add_public_routes(self, app: web.Application) -> None:
+        """The routes a host client may reach through `pddemu serve`'s door (the frontend's)."""
+
+    async def _open_host_door(self) -> web.AppRunner | None:
+        """Serve `pddemu serve`'s host door on the socket handed to this process, if one was
+        (`pddemu.host_door`): made in the host's namespace, it is reachable from the host."""
+        fd = self.spec.extra.get("host_door_fd")
+        if fd is None:
+            return None
+        app = public_application(self.add_public_routes, self._health, MAX_HTTP_BODY_BYTES)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await web.SockSite(runner, socket.socket(fileno=int(fd))).start()
+        return runner
 
     def start_heartbeats(self) -> None:
         """Heartbeats come from a thread of their own, on a connection of their own: they prove

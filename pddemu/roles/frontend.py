@@ -130,6 +130,7 @@ class Frontend(Instance):
         self.flights: dict[str, Flight] = {}
         self.legs: dict[str, Flight] = {}  # every leg of a request in flight -> its flight
         self.failover_log: list[dict[str, Any]] = []  # what was done when instances were lost
+        self.door = OpenAIFrontDoor(self)
         self.p_names = [a.name for a in spec.peers_with_role("P")]
         self.decode_names = [a.name for a in spec.peers_with_role(DECODE_ROLE[self.system])]
         self.rld_names = [a.name for a in spec.peers_with_role("RLD")]
@@ -414,7 +415,10 @@ class Frontend(Instance):
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
-        OpenAIFrontDoor(self).add_routes(app)
+        self.door.add_routes(app)
+
+    def add_public_routes(self, app: web.Application) -> None:
+        self.door.add_routes(app)  # the same door: one count of the requests it holds
 
     # -- the request API ------------------------------------------------------------------
 
