@@ -234,7 +234,7 @@ class MainDecodeInstance(DecodeInstance):
             raise ValueError(
                 f"{rid}: handoff part starts at output {body['start']}, MD has {len(known)}"
             )
-        arrived = self.clock.now()
+        arrived = body["arrived_at"] = self.clock.now()
         self.part_delays[request.meta["rld"]] = arrived - float(body["sent_at"])
         if body["payload"] == "extend":
             ids = message.token_ids()
@@ -306,6 +306,15 @@ class MainDecodeInstance(DecodeInstance):
         known = self.known.get(rid)
         if known is None or rid not in self.requests:  # released meanwhile
             return
+        self.events.record(  # sent by the relay -> arrived here (`arrived_s`) -> absorbed
+            "handoff_part",
+            rid,
+            float(body["sent_at"]),
+            at,
+            arrived_s=body["arrived_at"],
+            final=body["final"],
+            outputs=int(body["end"]) - int(body["start"]),
+        )
         if not body["final"]:
             rld = request.meta["rld"]
             await self.tell(rld, "caught_up", {"rid": rid, "upto": len(known), **self.outlook(rld)})
@@ -321,8 +330,8 @@ class MainDecodeInstance(DecodeInstance):
         if request.emitted >= request.total:
             request.finished = True
             await self.finished(request)
-        else:
-            self.start_decoding(request)
+        else:  # from when the part was absorbed, however late this process got here
+            self.start_decoding(request, at)
 
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)

@@ -186,6 +186,19 @@ class RelayInstance(DecodeInstance):
         if switch >= request.total:  # the relay ends the request first: nothing to hand over
             handoff.finishing = True
             return
+        now = self.clock.now()
+        self.events.record(  # the plan, beside what came of it (MD's and the frontend's times)
+            "handoff_plan",
+            request.rid,
+            now,
+            now,
+            mode=handoff.mode,
+            position=request.position,
+            switch=switch,
+            pace_s=pace,
+            to_md_s=self.to_md.margin(),
+            from_md_s=self.from_md.margin(),
+        )
         if pace > 0:
             handoff.pace_s, handoff.paced_from = pace, request.position
             handoff.delivered_at = request.produced[-1] if request.produced else self.clock.now()
