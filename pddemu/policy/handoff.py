@@ -88,6 +88,14 @@ def lead(outlook: HandoffOutlook, part_tokens: int, most: int) -> Lead:
     return Lead(tokens, max(o.relay_step_s, o.md_step_s + behind / tokens))
 
 
+def paced_step(delivered_at: float, last_due: float, positions: int) -> float:
+    """The pace that spreads `positions` still to deliver evenly from `delivered_at` to
+    `last_due` (none if the last is due already): the lead re-planned on MD's word."""
+    if positions < 1:
+        return 0.0
+    return max(0.0, (last_due - delivered_at) / positions)
+
+
 def stall_s(outlook: HandoffOutlook, part_tokens: int, planned: Lead) -> float:
     """Predicted user-visible stall (a gap minus the TPOT, about MD's step): the largest of the
     gap at the switch and the lead's own gaps, after a final part of `part_tokens`."""

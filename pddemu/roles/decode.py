@@ -91,6 +91,7 @@ class DecodeInstance(Instance):
         self.kv_reserved = 0  # modelled tokens of KV held by the requests here
         self.admission_waits = 0
         self.last_end = -math.inf
+        self.last_step_s = 0.0  # modelled duration of the last step
         self.receiving: dict[str, dict[str, Any]] = {}  # KV transfers in progress, by request
         self.arriving: set[str] = set()  # KV complete, being taken in (kv_arrived)
         self.transfers_cut = 0  # transfers that ended before their kv_end (sender lost or cut)
@@ -179,6 +180,7 @@ class DecodeInstance(Instance):
                     request.kv.append(kv)
                     request.outputs.append(greedy(logits[i]))
         end = self.last_end = await self.finish_step(started, duration)
+        self.last_step_s = duration
         for request in batch:
             if not request.decoding:  # stopped during the step (handed over)
                 continue

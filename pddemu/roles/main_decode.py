@@ -23,6 +23,7 @@ from typing import Any
 
 from pddemu.model import greedy
 from pddemu.model.kv import KV
+from pddemu.policy.handoff import PACE_SLACK
 from pddemu.roles.decode import DecodeInstance, DecodeRequest, Extend
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.runtime.channel import Envelope
@@ -53,6 +54,7 @@ class MainDecodeInstance(DecodeInstance):
         self.predicted: dict[str, int] = {}  # the next output the last extend predicts
         self.part_delays: dict[str, float] = {}  # relay -> how long its last part took to come
         self.pending_resume: dict[str, dict[str, Any]] = {}  # relay lost before the KV came
+        self.etas: dict[str, float] = {}  # the last `md_eta` told the relay, by request
 
     # -- the frontend's questions ---------------------------------------------------------
 
@@ -84,6 +86,7 @@ class MainDecodeInstance(DecodeInstance):
             self.store.release(pinned.node)
 
     def _release_held(self, rid: str) -> None:
+        self.etas.pop(rid, None)
         node = self.held.pop(rid, None)
         if node is not None:
             self.store.release(node)
@@ -332,6 +335,41 @@ class MainDecodeInstance(DecodeInstance):
             await self.finished(request)
         else:  # from when the part was absorbed, however late this process got here
             self.start_decoding(request, at)
+            if request.stream_from > request.emitted:  # the relay streams a lead meanwhile
+                request.on_step = self.catching_up
+                start = max(at, self.last_end)
+                self.tell_eta(request, start, self.cost.decode_step(self.batch_contexts()))
+
+    def batch_contexts(self) -> list[int]:
+        batch = [r for r in self.requests.values() if r.decoding and not r.finished]
+        return [self.modelled_context(r) for r in batch]
+
+    def tell_eta(self, request: DecodeRequest, after: float, step_s: float) -> None:
+        """Tell the relay when this instance will produce the token at the switch: one step
+        per position from its position after `after`, at `step_s` a step."""
+        eta = after + (request.stream_from + 1 - request.position) * step_s
+        self.etas[request.rid] = eta
+        body = {"rid": request.rid, "at": eta, "step_s": step_s, "sent": self.clock.now()}
+        self.spawn(self._tell_relay(request.meta["rld"], "md_eta", body), "md_eta")
+
+    async def catching_up(self, request: DecodeRequest) -> None:
+        """After each step towards the switch: tell the relay again when the prediction has
+        moved by more than PACE_SLACK of a step (MD's batch and its steps change as it goes);
+        the relay re-paces the lead it still holds."""
+        if request.position > request.stream_from:  # the switch's token is out: done
+            request.on_step = None
+            self.etas.pop(request.rid, None)
+            return
+        step = self.last_step_s
+        eta = self.last_end + (request.stream_from + 1 - request.position) * step
+        if abs(eta - self.etas.get(request.rid, eta)) > PACE_SLACK * step:
+            self.tell_eta(request, self.last_end, step)
+
+    async def _tell_relay(self, relay: str, kind: str, body: dict[str, Any]) -> None:
+        try:
+            await self.tell(relay, kind, body)
+        except OSError:  # the relay is gone: the frontend fails its streams over
+            pass
 
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)

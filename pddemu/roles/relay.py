@@ -23,10 +23,19 @@ decodes on from and the switch position S from which it streams.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from pddemu.policy.handoff import ONE_SHOT, DelayEstimate, HandoffOutlook, choose_mode, lead
+from pddemu.policy.handoff import (
+    ONE_SHOT,
+    DelayEstimate,
+    HandoffOutlook,
+    choose_mode,
+    lead,
+    paced_step,
+)
 from pddemu.roles.decode import DecodeInstance, DecodeRequest
 from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Channel, Envelope
@@ -49,6 +58,12 @@ class Handoff:
     rounds: int = 0
     bytes: int = 0
     waiting: bool = False  # a part is in flight: wait for MD's answer
+    md_first_at: float | None = None  # MD's token at the switch reaches the user (MD's `md_eta`)
+    md_step_s: float = 0.0  # MD's step then, as MD reported it
+    held: deque = field(default_factory=deque)  # the lead's token groups, held until their time
+    sender: asyncio.Task | None = None  # delivers `held`
+    replan: asyncio.Event = field(default_factory=asyncio.Event)  # a new `md_eta` came
+    handed_over: bool = False
 
 
 class RelayInstance(DecodeInstance):
@@ -58,6 +73,7 @@ class RelayInstance(DecodeInstance):
         super().__init__(spec)
         self.handoffs: dict[str, Handoff] = {}
         self.md_ready_early: dict[str, dict[str, Any]] = {}  # MD was ready before the relay
+        self.leads: dict[str, Handoff] = {}  # paced leads still delivering, by request
         self.released: set[str] = set()  # ended while their KV was on its way here
         self.md_lost: set[str] = set()  # their MD was lost: no handoff, finished here
         self.md_cost = cost_model(self.config, spec.system, "MD")
@@ -140,6 +156,10 @@ class RelayInstance(DecodeInstance):
         rid = message.body["rid"]
         self.handoffs.pop(rid, None)
         self.md_ready_early.pop(rid, None)
+        held = self.leads.pop(rid, None)
+        if held is not None:
+            held.held.clear()
+            held.replan.set()
         request = self.requests.get(rid)
         if request is not None:
             await self.drop(request)
@@ -155,6 +175,18 @@ class RelayInstance(DecodeInstance):
         self.md_ready_early.pop(rid, None)
         if rid not in self.requests and not self.expects(rid):
             await message.channel.control("stream_lost", {"rid": rid, "instance": self.name})
+
+    async def on_md_eta(self, message: Envelope) -> None:
+        """MD's prediction of when it produces the token at the switch, from its own steps as
+        they happen: the lead still held here is re-paced to end one MD step before that token
+        reaches the user."""
+        self.heard_from_md(message.body)
+        handoff = self.leads.get(message.body["rid"])
+        if handoff is None:
+            return
+        handoff.md_first_at = float(message.body["at"]) + self.from_md.margin()
+        handoff.md_step_s = float(message.body["step_s"])
+        handoff.replan.set()
 
     async def on_caught_up(self, message: Envelope) -> None:
         self.heard_from_md(message.body)
@@ -202,6 +234,7 @@ class RelayInstance(DecodeInstance):
         if pace > 0:
             handoff.pace_s, handoff.paced_from = pace, request.position
             handoff.delivered_at = request.produced[-1] if request.produced else self.clock.now()
+            self.leads[request.rid] = handoff
         await self.send_part(request, handoff, switch)
         if request.position >= switch:
             await self.hand_over(request)
@@ -219,30 +252,64 @@ class RelayInstance(DecodeInstance):
     async def hand_over(self, request: DecodeRequest) -> None:
         """The switch position is reached: the user keeps what was produced; MD streams on."""
         await self.flush(request)
-        self.handoffs.pop(request.rid, None)
+        handoff = self.handoffs.pop(request.rid, None)
+        if handoff is not None:
+            handoff.handed_over = True
+            if not handoff.held and request.rid in self.leads:
+                del self.leads[request.rid]
         await self.drop(request)
 
     async def send_tokens(self, request: DecodeRequest, body: dict[str, Any]) -> None:
-        """Positions of a paced lead reach the user `pace_s` apart at the earliest: each gets
-        its delivery time, and the group is held until its last one (an output buffer; the
-        relay decodes on meanwhile)."""
-        handoff = self.handoffs.get(request.rid)
-        if handoff is None or not handoff.pace_s:
+        """A paced lead's token groups are held here (an output buffer; the relay decodes on
+        meanwhile) and each sent when its last position's delivery time comes."""
+        handoff = self.leads.get(request.rid)
+        if handoff is None:
             await super().send_tokens(request, body)
             return
-        paced = []
-        for position, produced in enumerate(body["times"], start=body["first"]):
-            if position >= handoff.paced_from:
-                handoff.delivered_at = max(produced, handoff.delivered_at + handoff.pace_s)
-                produced = handoff.delivered_at
-            paced.append(produced)
-        self.spawn(
-            self._send_at(request, {**body, "times": paced}), f"paced tokens of {request.rid}"
-        )
+        handoff.held.append(body)
+        if handoff.sender is None or handoff.sender.done():
+            handoff.sender = self.spawn(
+                self._deliver_lead(request, handoff), f"paced tokens of {request.rid}"
+            )
 
-    async def _send_at(self, request: DecodeRequest, body: dict[str, Any]) -> None:
-        await self.clock.sleep_until(body["times"][-1])
-        await super().send_tokens(request, body)
+    def lead_times(self, handoff: Handoff, body: dict[str, Any]) -> list[float]:
+        """Delivery times of a held group's positions: `pace_s` apart at the earliest, as
+        planned; once MD has said when its token at the switch S reaches the user, spread
+        evenly from the last one delivered so that S - 1 comes one MD step before it (never
+        before a position was produced)."""
+        times, delivered_at = [], handoff.delivered_at
+        last = body["first"] - 1  # the position delivered at `delivered_at` (or before it)
+        switch = math.inf if handoff.switch is None else handoff.switch
+        for position, produced in enumerate(body["times"], start=body["first"]):
+            if handoff.paced_from <= position < switch:
+                step = handoff.pace_s
+                if handoff.md_first_at is not None:
+                    end = handoff.md_first_at - handoff.md_step_s
+                    step = paced_step(delivered_at, end, switch - 1 - last)
+                delivered_at = produced = max(produced, delivered_at + step)
+                last = position
+            times.append(produced)
+        return times
+
+    async def _deliver_lead(self, request: DecodeRequest, handoff: Handoff) -> None:
+        """Send the held groups in order, each when its last position is due; a new `md_eta`
+        re-plans the group waiting."""
+        while handoff.held:
+            body = handoff.held[0]
+            handoff.replan.clear()
+            times = self.lead_times(handoff, body)
+            due = asyncio.ensure_future(self.clock.sleep_until(times[-1]))
+            replanned = asyncio.ensure_future(handoff.replan.wait())
+            await asyncio.wait({due, replanned}, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in (due, replanned):
+                waiting.cancel()
+            if not due.done() or due.cancelled() or not handoff.held:
+                continue  # re-plan (or released meanwhile)
+            handoff.held.popleft()
+            handoff.delivered_at = times[-1]
+            await super().send_tokens(request, {**body, "times": times})
+        if handoff.handed_over and self.leads.get(request.rid) is handoff:
+            del self.leads[request.rid]
 
     async def send_part(self, request: DecodeRequest, handoff: Handoff, switch: int | None) -> None:
         """Send MD the outputs it lacks; the final part (`switch` given) also the last id, the
@@ -320,6 +387,7 @@ class RelayInstance(DecodeInstance):
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)
         self.handoffs.pop(request.rid, None)
+        self.leads.pop(request.rid, None)
         self.md_lost.discard(request.rid)
 
     def stats(self) -> dict[str, Any]:
