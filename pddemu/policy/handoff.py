@@ -23,6 +23,9 @@ and every gap of the lead is `pace`, a stall of pace - m. So:
   buffer), so it is freed as soon as it reaches S; MD's side, and so the request's end, is the
   same as with no lead at all.
 L is chosen so that behind / L is at most `PACE_SLACK` of m, within `catch_up_threshold_tokens`.
+This is the plan; once MD has absorbed the final part it says when it will produce S (`md_eta`,
+from its own steps as they happen) and the relay re-paces what it still holds (`paced_step`), so
+the gap at S does not rest on predicting MD's steps over the whole lead.
 
 Modes:
 - one-shot: the relay stops at once (L = 0) and sends everything MD lacks (k = all eager tokens):
