@@ -219,8 +219,8 @@ def benchmark(
     }
     started = time.time()
     with tempfile.TemporaryDirectory() as scratch:
-        for qdisc in run_qdiscs or (None,):
-            for jitter in jitters:
+        for jitter in jitters:  # jitter outermost: a run cut short has whole comparisons
+            for qdisc in run_qdiscs or (None,):
                 for payload in PAYLOADS:
                     changes = [f"wan.jitter={jitter:g}ms", f"policy.handoff_payload={payload}"]
                     if qdisc is not None:
