@@ -30,6 +30,9 @@ SWEEP_JSON = "sweep.json"
 SWEEP_CSV = "sweep.csv"
 SUMMARY_FILE = "summary.json"
 LOG_TAIL_CHARS = 2000
+# Per-point time series kept in the point's summary.json only: the shared clock's dilation
+# timeline is ~95 % of an entry, and sweep.json is committed (docs/reproduction/).
+TIME_SERIES = {"dilation": "timeline"}
 
 
 class SweepDir:
@@ -109,8 +112,18 @@ def entry(point: Point, record: dict[str, Any] | None) -> dict[str, Any]:
         "seed": point.seed,
         "system": point.system,
         "point": about,
-        **{k: v for k, v in summary.items() if k not in ("settings", "values", "seed", "point")},
+        **{
+            k: _without_time_series(k, v)
+            for k, v in summary.items()
+            if k not in ("settings", "values", "seed", "point")
+        },
     }
+
+
+def _without_time_series(key: str, value: Any) -> Any:
+    if key in TIME_SERIES and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != TIME_SERIES[key]}
+    return value
 
 
 def flat_entry(entry: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ class ScriptedExecutor:
                     "system": job.point.system,
                     "slo_attainment": 1.0,
                     "ttft_s": {"p99": 0.5},
+                    "dilation": {"speedup": 0.6, "timeline": [{"modelled_s": 0.0}]},
                 }
                 (job.out / "summary.json").write_text(
                     json.dumps({"systems": {job.point.system: summary}})
@@ -68,6 +69,7 @@ def test_finished_points_are_skipped(tmp_path: Path) -> None:
     entry = result["points"][0]
     assert entry["settings"] == {"wan.delay": "5ms"} and entry["values"] == {"wan.delay": 0.005}
     assert entry["system"] == "pdd" and entry["seed"] == 0 and entry["ttft_s"] == {"p99": 0.5}
+    assert entry["dilation"] == {"speedup": 0.6}  # its time series stays in summary.json
     assert (tmp_path / entry["point"]["dir"] / "point.json").exists()
     with open(tmp_path / "sweep.csv") as handle:
         rows = list(csv.DictReader(handle))
