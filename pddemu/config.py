@@ -477,6 +477,14 @@ class WorkloadConfig(Section):
         "`pdd-janfeb`: the generator's 2,000)",
         json_schema_extra={"allowed": 'integer ≥ 1, or "all"'},
     )
+    warmup_requests: int = Field(
+        0,
+        ge=0,
+        description="requests replayed first, before the `requests` measured, and left out of "
+        "summary.json's figures (requests.csv keeps them): the measured ones meet warm caches "
+        "and a running load, not the workload's start-up (pdd-janfeb: about 100, "
+        "docs/validation.md)",
+    )
     seed: int = Field(
         0, ge=0, description="the same seed gives the same requests, arrivals and link draws"
     )

@@ -303,9 +303,11 @@ def instance_reports(
 
 
 def workload_of(config: Config) -> list[Any]:
+    """The warm-up requests, then the measured ones, in arrival order."""
+    requests = config.workload.requests
     return load_workload(
         config.workload.trace,
-        requests=config.workload.requests,
+        requests=None if requests is None else config.workload.warmup_requests + requests,
         seed=config.workload.seed,
         token_scale=config.scale.token_scale,
         arrival_rate=config.workload.arrival_rate,
@@ -390,11 +392,15 @@ def write_outputs(
     all_records = [record for run in runs.values() for record in run.records]
     write_requests_csv(out / "requests.csv", all_records)
     slo = SLO(config.slo.ttft_s, config.slo.tpot_s)
+    measured = {
+        system: after_warmup(run.records, config.workload.warmup_requests)
+        for system, run in runs.items()
+    }
     summaries = {}
     for system, run in runs.items():
         summaries[system] = summarize(
             system,
-            run.records,
+            measured[system],
             run.instances,
             slo,
             {**scale.describe(), "time_scale": _speedup(run)},
@@ -431,6 +437,7 @@ def write_outputs(
         "config": config.source,
         "trace": config.workload.trace,
         "requests": config.workload.requests,
+        "warmup_requests": config.workload.warmup_requests,
         "seed": config.workload.seed,
         "arrival_rate": config.workload.arrival_rate or "trace",
         "wan_modelled": {
@@ -454,11 +461,17 @@ def write_outputs(
         config.wan.rate_bps,
         scale.byte_scale,
     )
-    plots = write_plots(
-        out, {system: run.records for system, run in runs.items()}, config.slo.ttft_s, wan
-    )
+    plots = write_plots(out, measured, config.slo.ttft_s, wan)
     write_report(out, summaries, meta, plots)
     return summaries, meta
+
+
+def after_warmup(records: list[RequestRecord], warmup: int) -> list[RequestRecord]:
+    """The measured requests: all but the first `warmup` to arrive (every request has a record,
+    whatever its end, so the first to arrive are the warm-up's)."""
+    if warmup == 0:
+        return records
+    return sorted(records, key=lambda r: (r.arrival_s, r.request_id))[warmup:]
 
 
 def report(

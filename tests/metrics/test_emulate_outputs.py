@@ -16,6 +16,7 @@ from pddemu.emulate import (
     PARTIAL_EXIT,
     SystemRun,
     report,
+    workload_of,
     write_outputs,
 )
 from pddemu.emulated_network import scale_model, wan_link
@@ -91,3 +92,24 @@ def test_a_clean_run_is_not_partial(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
     assert summary["partial"] is False and summary["systems"]["pdd"]["partial_reasons"] == []
     assert "Partial run" not in (tmp_path / "clean" / "report.md").read_text()
+
+
+def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figures(
+    tmp_path: Path,
+) -> None:
+    """The first W requests to arrive are the warm-up (records in any order): replayed on top of
+    the measured ones, in requests.csv, in no figure of summary.json."""
+    synthetic = ['workload.trace="synthetic"']
+    warm = load_config(None, [*synthetic, "workload.requests=3", "workload.warmup_requests=2"])
+    five = workload_of(load_config(None, [*synthetic, "workload.requests=5"]))
+    assert [r.request_id for r in workload_of(warm)] == [r.request_id for r in five]
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    scale = scale_model(warm)
+    runs = {"pdd": SystemRun("pdd", records[::-1], {}, sample_instances(), 0)}
+    out = tmp_path / "warm"
+    out.mkdir()
+    summaries, meta = write_outputs(warm, scale, wan_link(warm, scale), runs, [], out)
+    assert meta["warmup_requests"] == 2
+    assert summaries["pdd"]["requests"]["total"] == 3  # r3, r4, r5: r1 and r2 arrived first
+    assert summaries["pdd"]["requests"]["failed"] == 1  # r4
+    assert len((out / "requests.csv").read_text().splitlines()) == 1 + 5
