@@ -17,8 +17,9 @@ summary's fields), sweep.csv, and with --search search.json. Rerunning the same 
 the points already finished and redoes an interrupted one.
 
 Exit status: 0 when every point finished with exit 0; 3 when a point's emulation found a
-token mismatch; 1 when a point produced no results (its emulate.log says why) or the executor
-cannot run; 2 for bad input; 130 when interrupted.
+token mismatch; otherwise a point's own non-zero exit (4: not valid, 5: partial results); 1
+when a point produced no results (its emulate.log says why) or the executor cannot run; 2
+for bad input; 130 when interrupted.
 """
 
 from __future__ import annotations

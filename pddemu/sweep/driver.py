@@ -21,6 +21,7 @@ from pddemu.sweep.store import SweepDir, entry
 
 SEARCH_JSON = "search.json"
 RATE_KEY = "workload.arrival_rate"
+MISMATCH_EXIT = 3  # pddemu emulate's DEFECT_EXIT: a stream differs from the reference
 
 
 class Sweep:
@@ -71,12 +72,14 @@ class Sweep:
         return [entry(point, self.records.get(point.id)) for point in self.order]
 
     def exit_status(self) -> int:
-        """1 when a point produced no results, else the first non-zero exit status of a point's
-        emulation (3: a token mismatch), else 0."""
+        """1 when a point produced no results; else 3 when a point's emulation found a token
+        mismatch (a defect outranks the rest); else the first non-zero exit status of a point
+        (4: not valid, the emulator's lag over its bound; 5: partial results); else 0."""
         records = [self.records.get(point.id) for point in self.order]
         if any(record is None or record["status"] != "done" for record in records):
             return 1
-        return next((r["exit_status"] for r in records if r and r["exit_status"]), 0)
+        statuses = [r["exit_status"] for r in records if r and r["exit_status"]]
+        return MISMATCH_EXIT if MISMATCH_EXIT in statuses else next(iter(statuses), 0)
 
 
 @dataclass

@@ -131,6 +131,16 @@ def test_a_token_mismatch_is_a_result_and_the_sweep_says_so(tmp_path: Path) -> N
     assert again.ran == []
 
 
+def test_a_token_mismatch_outranks_a_point_that_was_not_valid(tmp_path: Path) -> None:
+    """Exit 4 (the emulator's lag over its bound) of an earlier point does not hide a later
+    point's mismatch."""
+    runs = sweep(tmp_path, ScriptedExecutor(exit_status=4))
+    runs.run(points())
+    assert runs.exit_status() == 4
+    runs.records[points()[-1].id]["exit_status"] = 3
+    assert runs.exit_status() == 3
+
+
 def test_one_emulation_asked_for_twice_runs_once(tmp_path: Path) -> None:
     """10gbit is the default rate: both settings name the same emulation."""
     same = expand(None, [], parse_grid(["wan.rate=10gbit,10000mbit"]), 1, ["naive"])
