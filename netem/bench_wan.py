@@ -28,6 +28,10 @@ from netem.topology import Network
 AF21_TOS = 18 << 2  # the class pddemu's control connections carry (prio's band 1)
 TARGET_EXCESS_MS = {"fq": 5.0, "fq_codel": 5.0, "prio": 2.0}
 FIFO_VISIBLE_SHARE = 0.25  # of the queue's depth, at the loaded p90
+# The bulk flow's congestion control, named rather than the host's default: a host may default
+# to BBR, which paces at its bandwidth estimate and keeps a drop-tail queue nearly empty, so
+# "the queue one saturating flow builds" would depend on the machine (docs/netem.md).
+BULK_CONGESTION = "cubic"
 
 
 def queue_targets(
@@ -77,7 +81,9 @@ def qdisc_latency(
         idle = ping(net, idle_pings, 0.02, tos=tos)
         report: dict[str, Any] = {}
         flow = threading.Thread(
-            target=lambda: report.update(iperf(net, warmup_s + seconds, "-O", str(warmup_s)))
+            target=lambda: report.update(
+                iperf(net, warmup_s + seconds, "-O", str(warmup_s), "-C", BULK_CONGESTION)
+            )
         )
         flow.start()
         time.sleep(warmup_s)
@@ -88,7 +94,7 @@ def qdisc_latency(
         "config": f"{qdisc} at {rate_bps / 1e6:g} Mbit/s, delay {delay_s * 1e3:g} ms each way, "
         "queue limit 1 BDP of the round trip (the default)",
         "tool": f"ping -i {interval:g}{' -Q 0x48 (AF21)' if tos else ''} during iperf3 TCP "
-        f"{seconds:g}s after {warmup_s:g}s; idle: {idle_pings} pings before",
+        f"({BULK_CONGESTION}) {seconds:g}s after {warmup_s:g}s; idle: {idle_pings} pings before",
         "idle_rtt_p50_ms": _median(idle),
         "loaded_rtt_p50_ms": _median(loaded),
         "loaded_rtt_p90_ms": _quantile(loaded, 0.9),
