@@ -17,6 +17,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("export", "pddemu.export"),
     ("sweep", "pddemu.sweep.cli"),
     ("bench", "pddemu.bench.cli"),
+    ("validate", "pddemu.validate.cli"),
 ]
 
 
@@ -31,6 +32,7 @@ EPILOG = """\
 examples:
   pddemu emulate --out runs/smoke --system pdd --requests 10   a short run
   pddemu emulate --out runs/latest                             what make emulate runs
+  pddemu validate --out runs/validate         the emulator against its own model
   pddemu serve --port 8000                     an OpenAI endpoint for AIPerf or vLLM
   pddemu export runs/latest --format perfetto --out trace.json
   pddemu trace stats traces/pdd-janfeb-2000.jsonl.gz
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             # The host-side socket is made in the host's namespace, before a private one
             # may be entered below: it stays reachable from the host.
             listener = listen(*listen_arguments(argv[1:]))
-        if command in ("emulate", "serve", "bench"):
+        if command in ("emulate", "serve", "bench", "validate"):
             # A user namespace can only be entered by a single-threaded process: before the
             # imports below start numpy's and torch's thread pools.
             ensure_network_privileges(force="--rootless" in argv)

@@ -24,6 +24,7 @@ NETWORK_BENCHMARKS = (
     "handoff",
     "wan_classes",
     "faults",
+    "validate",
     "wan_tcp",
 )  # they make namespaces: root, or a user namespace
 

@@ -1,0 +1,73 @@
+"""Results that do not depend on the host, and how fast they come: `pddemu validate` (the
+analytic check within 2 %, invariance within 3 %) and `make emulate` as a user runs it (its
+wall time, each system's effective speed-up, whether each run is valid).
+
+Goals: `make emulate` in at most 120 s of wall time on two cores, an effective speed-up of at
+least 8 modelled seconds per wall second, with every run valid and the checks within their
+bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+EMULATE_WALL_GOAL_S = 120.0
+SPEEDUP_GOAL = 8.0
+
+
+def run(quick: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch)
+        started = time.monotonic()
+        validate = _pddemu("validate", "--out", str(out / "validate"))
+        validate_wall = time.monotonic() - started
+        result_file = out / "validate" / "validation.json"
+        validation = json.loads(result_file.read_text()) if result_file.exists() else None
+        started = time.monotonic()
+        emulate = _pddemu(
+            "emulate", "--out", str(out / "emulate"), *(["--requests", "20"] if quick else [])
+        )
+        emulate_wall = time.monotonic() - started
+        summary_file = out / "emulate" / "summary.json"
+        summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    systems = summary["systems"] if summary else {}
+    runs = {
+        name: {
+            "speedup": s["dilation"]["speedup"],
+            "dilation": {k: s["dilation"][k] for k in ("min", "mean", "max")},
+            "valid": s["valid"],
+            "invalid_reason": s["invalid_reason"],
+            "lag_mean_by_kind_s": s["lag"]["mean_by_kind"],
+            "ttft_p50_s": s["ttft_s"]["p50"],
+            "tpot_p50_s": s["tpot_s"]["p50"],
+        }
+        for name, s in systems.items()
+    }
+    speedups = [r["speedup"] for r in runs.values() if r["speedup"]]
+    return {
+        "validate": {"exit": validate, "wall_s": validate_wall, "result": validation},
+        "emulate": {
+            "exit": emulate,
+            "wall_s": emulate_wall,
+            "requests": 20 if quick else 100,
+            "systems": runs,
+        },
+        "targets": {
+            "analytic within 2 %": bool(validation and validation["analytic"]["passed"]),
+            "invariance within 3 %": bool(validation and validation["invariance"]["passed"]),
+            f"make emulate within {EMULATE_WALL_GOAL_S:.0f} s": emulate_wall <= EMULATE_WALL_GOAL_S,
+            f"speed-up at least {SPEEDUP_GOAL:g}": bool(speedups) and min(speedups) >= SPEEDUP_GOAL,
+            "every emulate run valid": bool(runs) and all(r["valid"] for r in runs.values()),
+        },
+    }
+
+
+def _pddemu(*args: str) -> int:
+    """Run a pddemu command as a user would; its exit status."""
+    return subprocess.run([sys.executable, "-m", "pddemu.cli", *args], check=False).returncode

@@ -1,0 +1,190 @@
+"""The analytic check: an idle system, one request at a time, against the closed-form model.
+
+For each pipeline (P-MD and P-RLD-MD on pdd, naive's P-MD, indc's P-D) and a grid of prompt
+sizes and hit rates, one request is replayed alone on a fresh deployment of one instance per
+role (after a warm-up request with its cached prefix, when it has one), with a gap after it
+long enough for everything it started to end. Its TTFT, KV-transfer time (route to the decode
+side's last KV byte) and TPOT are set against `pddemu.validate.closed_form`; the check passes
+when every relative error is within the tolerance.
+
+The scenario is the given config with what the closed form leaves out switched off: no jitter
+or loss on the WAN, no anomaly filter, and the pipeline fixed by the routing policy.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pddemu.config import Config, config_from_json, config_to_json
+from pddemu.metrics.records import RequestRecord
+from pddemu.validate.closed_form import ClosedForm, Expected, Request
+
+TOLERANCE = 0.02
+OUTPUT_TOKENS = 65  # the prefill's token and two genuine decode groups at token scale 32
+SIZES = (8192, 32768, 65536)
+FULL_SIZES = (4096, 8192, 16384, 32768, 65536, 131072)
+HITS = (0.0, 0.5, 0.9)
+FULL_HITS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.97)
+GAP_S = 1.0  # modelled seconds of quiet after everything a request started has ended
+RELAY_STEP_S = 0.03  # modelled: less than any decode step of the shipped chips
+WARM_OUTPUT_MARGIN = 1.5
+PIPELINES = (  # (system, pipeline, routing policy that forces it)
+    ("pdd", "P-MD", "never-relay"),
+    ("pdd", "P-RLD-MD", "always-relay"),
+    ("naive", "P-MD", None),
+    ("indc", "P-D", None),
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A request of the check (what the replayer sends) and what the model expects of it."""
+
+    request_id: str
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    session: str | None
+    prompt_ids: list[int]
+    request: Request | None = None  # None: a warm-up, not measured
+    expected: Expected | None = None
+
+
+@dataclass
+class Outcome:
+    probe: Probe
+    measured: dict[str, float | None]
+    errors: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        request = self.probe.request
+        assert request is not None and self.probe.expected is not None
+        return {
+            "system": request.system,
+            "pipeline": request.pipeline,
+            "input_tokens": request.input_tokens,
+            "hit_tokens": request.hit_tokens,
+            "output_tokens": request.output_tokens,
+            "expected": vars(self.probe.expected),
+            "measured": self.measured,
+            "relative_error": self.errors,
+        }
+
+
+def scenario(config: Config, system: str, routing: str | None) -> Config:
+    """`config` with one instance per role and nothing the closed form leaves out."""
+    data = config_to_json(config)
+    data["systems"][system] = {role: 1 for role in data["systems"][system]}
+    data["wan"] = {**data["wan"], "jitter_s": 0.0, "loss": 0.0}
+    data["policy"] = {**data["policy"], "anomaly_filter": False}
+    if routing is not None:
+        data["policy"]["routing"] = routing
+    data["workload"] = {**data["workload"], "arrival_rate": None}
+    return config_from_json(data)
+
+
+def probes(
+    config: Config, system: str, pipeline: str, sizes: tuple[int, ...], hits: tuple[float, ...]
+) -> list[Probe]:
+    """The requests of one pipeline, each alone on the system: a warm-up holding the cached
+    prefix, then the measured request, each followed by the quiet it needs."""
+    model = ClosedForm(config)
+    page = config.cache_page_tokens
+    rng = random.Random(f"{system}/{pipeline}")
+    vocab = 256
+    g = config.scale.token_scale
+    # First, a request that opens every connection the measured ones use (a TCP handshake is
+    # a round trip no request of a running system pays).
+    opener = Request(system, pipeline, 8192, 0, 2, rid=f"open.{pipeline}")
+    out: list[Probe] = [
+        Probe(opener.rid, 0.0, 8192, 2, None, [rng.randrange(vocab) for _ in range(8192 // g)])
+    ]
+    now = _quiet(model.predict(opener), opener)
+    for size in sizes:
+        for hit_rate in hits:
+            hit = int(size * hit_rate) // page * page
+            prefix = [rng.randrange(vocab) for _ in range(hit // g)]
+            session = f"{system}-{pipeline}-{size}-{hit}"
+            tag = f"{pipeline}.{size}.{hit}"
+            if hit:
+                # The relay must still be decoding it when MD has its KV, or MD drops it
+                # rather than keeping it in its DRC.
+                kv = model.predict(Request(system, pipeline, hit, 0, 2)).kv_transfer_s or 0.0
+                output = max(2, math.ceil(WARM_OUTPUT_MARGIN * kv / RELAY_STEP_S))
+                warm = Request(system, pipeline, hit, 0, output, rid=f"warm.{tag}")
+                out.append(Probe(warm.rid, now, hit, output, session, prefix))
+                now += _quiet(model.predict(warm), warm)
+            rest = [
+                rng.randrange(vocab) for _ in range(-(-(size - hit) // config.scale.token_scale))
+            ]
+            request = Request(system, pipeline, size, hit, OUTPUT_TOKENS, rid=tag)
+            expected = model.predict(request)
+            out.append(
+                Probe(tag, now, size, OUTPUT_TOKENS, session, prefix + rest, request, expected)
+            )
+            now += _quiet(expected, request)
+    return out
+
+
+def _quiet(expected: Expected, request: Request) -> float:
+    """Modelled seconds from a request's arrival until it and its transfers have surely ended."""
+    decode = (expected.tpot_s or 0.05) * request.output_tokens
+    return 1.5 * max(expected.ttft_s + decode, expected.kv_transfer_s or 0.0) + GAP_S
+
+
+def judge(probe: Probe, record: RequestRecord, tolerance: float) -> Outcome:
+    measured = {
+        "ttft_s": record.ttft_s,
+        "kv_transfer_s": (
+            record.kv_arrived_s - record.routed_s
+            if record.kv_arrived_s is not None and record.routed_s is not None
+            else None
+        ),
+        "tpot_s": record.tpot_s,
+    }
+    assert probe.expected is not None
+    outcome = Outcome(probe, measured)
+    for name, value in measured.items():
+        want = getattr(probe.expected, name)
+        if want is None:
+            continue
+        outcome.errors[name] = None if value is None else (value - want) / want
+    return outcome
+
+
+def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
+    """Per pipeline and metric: the largest relative error, and whether all are within."""
+    table: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        request = outcome.probe.request
+        assert request is not None
+        key = f"{request.system} {request.pipeline}"
+        row = table.setdefault(key, {})
+        for name, error in outcome.errors.items():
+            worst = row.get(name)
+            if error is None:
+                row[name] = {"max_abs_error": None, "within": False}
+            elif worst is None or (
+                worst["max_abs_error"] is not None and abs(error) > worst["max_abs_error"]
+            ):
+                row[name] = {"max_abs_error": abs(error), "within": abs(error) <= tolerance}
+    passed = all(cell["within"] for row in table.values() for cell in row.values())
+    return {"tolerance": tolerance, "pipelines": table, "passed": passed}
+
+
+def write_probes_csv(path: Path, outcomes: list[Outcome]) -> None:
+    lines = ["system,pipeline,input,hit,metric,expected,measured,error"]
+    for outcome in outcomes:
+        request = outcome.probe.request
+        assert request is not None and outcome.probe.expected is not None
+        for name, error in outcome.errors.items():
+            lines.append(
+                f"{request.system},{request.pipeline},{request.input_tokens},"
+                f"{request.hit_tokens},{name},{getattr(outcome.probe.expected, name)!r},"
+                f"{outcome.measured[name]!r},{error!r}"
+            )
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,197 @@
+"""`pddemu validate`: does the emulator give the modelled system's answer, whatever the host?
+
+    pddemu validate [--out DIR] [--config FILE] [--full]
+
+Two checks (docs/validation.md says what each shows):
+- analytic: an idle system, one request at a time, each pipeline, a grid of prompt sizes and
+  hit rates: TTFT, KV-transfer time and TPOT against the closed-form model
+  (`pddemu.validate.closed_form`), within 2 %;
+- invariance: a sample of pdd-janfeb through pdd at time scale 1 and at "auto", and at token
+  scales 16, 32 and 64, over three seeds: TTFT p50/p90/p99 and TPOT p50 within 3 %, the
+  seed-to-seed spread reported beside each difference.
+
+By default it is kept short (outputs capped at 128 tokens, 16 requests a seed); `--full`
+replays 100 requests a seed with their own outputs and a finer analytic grid. Writes DIR/validation.json and DIR/validation.md and prints the tables. Exit
+status 0 when every check passed, 4 when one did not, 2 for bad input, 1 when the network
+cannot be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from pddemu.config import Config, load_config
+from pddemu.emulate import run_system, until_interrupted, workload_of
+from pddemu.emulated_network import network_for, scale_model
+from pddemu.validate import analytic, invariance
+from pddemu.workload.expansion import genuine_output_length
+
+FAILED_EXIT = 4
+QUICK = {"requests": 16, "arrival_rate": 1.0, "output_cap": 128, "seeds": (0, 1, 2)}
+FULL = {"requests": 100, "arrival_rate": 0.5, "output_cap": None, "seeds": (0, 1, 2)}
+
+
+def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
+    sizes = analytic.FULL_SIZES if full else analytic.SIZES
+    hits = analytic.FULL_HITS if full else analytic.HITS
+    outcomes = []
+    for system, pipeline, routing in analytic.PIPELINES:
+        config = analytic.scenario(base, system, routing)
+        probes = analytic.probes(config, system, pipeline, sizes, hits)
+        print(f"validate: analytic, {system} {pipeline}, {len(probes)} requests", file=sys.stderr)
+        run = _run(system, config, probes, out / "analytic" / f"{system}-{pipeline}")
+        by_id = {r.request_id: r for r in run.records}
+        outcomes += [
+            analytic.judge(p, by_id[p.request_id], analytic.TOLERANCE)
+            for p in probes
+            if p.request is not None
+        ]
+    analytic.write_probes_csv(out / "analytic.csv", outcomes)
+    return {
+        **analytic.summarise(outcomes, analytic.TOLERANCE),
+        "requests": [o.to_dict() for o in outcomes],
+    }
+
+
+def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
+    plan = FULL if full else QUICK
+    runs: dict[tuple, tuple[dict[str, float | None], float | None]] = {}
+
+    def measure(variant: invariance.Variant, seed: int) -> tuple[dict, float | None]:
+        """The metrics and speed-up of one run (runs that configure the same are run once:
+        the time comparison's "auto" is the token comparison's 32)."""
+        config = invariance.configure(base, variant, seed, plan["requests"], plan["arrival_rate"])
+        key = (config.scale.token_scale, config.scale.time_scale, seed)
+        if key not in runs:
+            workload = _capped(workload_of(config), plan["output_cap"], config)
+            print(f"validate: invariance, {variant.name}, seed {seed}", file=sys.stderr)
+            tag = f"token{key[0]}-time{key[1] or 'auto'}-seed{seed}"
+            run = _run("pdd", config, workload, out / "invariance" / tag)
+            runs[key] = (invariance.metrics_of(run.records), run.timing["dilation"]["speedup"])
+        return runs[key]
+
+    results: dict[str, Any] = {"workload": {**plan, "trace": base.workload.trace}}
+    for name, variants in (("time", invariance.TIME), ("tokens", invariance.TOKENS)):
+        measured = {v.name: {s: measure(v, s)[0] for s in plan["seeds"]} for v in variants}
+        speedups = {v.name: [measure(v, s)[1] for s in plan["seeds"]] for v in variants}
+        results[name] = {
+            **invariance.compare(measured, variants[0].name, invariance.TOLERANCE),
+            "measured": measured,
+            "speedup": speedups,
+        }
+    results["passed"] = results["time"]["passed"] and results["tokens"]["passed"]
+    return results
+
+
+def _capped(workload: list[Any], cap: int | None, config: Config) -> list[Any]:
+    """The workload with outputs of at most `cap` tokens (None: as they are)."""
+    if cap is None:
+        return workload
+    scale = config.scale.token_scale
+    return [
+        replace(
+            r,
+            output_tokens=min(r.output_tokens, cap),
+            genuine_output_tokens=genuine_output_length(min(r.output_tokens, cap), scale),
+        )
+        for r in workload
+    ]
+
+
+def _run(system: str, config: Config, workload: list[Any], out: Path) -> Any:
+    out.mkdir(parents=True, exist_ok=True)
+    with network_for(config, scale_model(config), seed=config.workload.seed) as network:
+        return uvloop.run(until_interrupted(run_system(system, config, network, workload, out)))
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["# pddemu validate", ""]
+    an = result["analytic"]
+    lines += [
+        f"## Analytic check (idle system, one request at a time; within {an['tolerance']:.0%})",
+        "",
+        "| pipeline | TTFT | KV transfer | TPOT |",
+        "|---|---:|---:|---:|",
+    ]
+    for pipeline, row in an["pipelines"].items():
+        cells = []
+        for metric in ("ttft_s", "kv_transfer_s", "tpot_s"):
+            cell = row.get(metric)
+            cells.append(
+                "-"
+                if cell is None
+                else f"{_pct(cell['max_abs_error'])} {'ok' if cell['within'] else 'OVER'}"
+            )
+        lines.append(f"| {pipeline} | {' | '.join(cells)} |")
+    lines += ["", "(largest relative error over the grid)", ""]
+    inv = result["invariance"]
+    for name, title in (("time", "time scale 1 vs auto"), ("tokens", "token scale 16/64 vs 32")):
+        block = inv[name]
+        lines += [
+            f"## Invariance: {title} (mean of {len(block['measured'][block['reference']])} "
+            f"seeds; within {block['tolerance']:.0%})",
+            "",
+            "| variant | " + " | ".join(invariance.METRICS) + " |",
+            "|---|" + "---:|" * len(invariance.METRICS),
+        ]
+        for variant, rows in block["variants"].items():
+            cells = [
+                f"{_pct(rows[m]['mean'])} (max {_pct(rows[m]['max_abs'])})"
+                for m in invariance.METRICS
+            ]
+            lines.append(f"| {variant} | {' | '.join(cells)} |")
+        spread = [_pct(block["seed_spread"][m]) for m in invariance.METRICS]
+        lines.append(f"| seed-to-seed spread of the reference | {' | '.join(spread)} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        allow_abbrev=False,  # `--rootless` is acted on before parsing, by its full name
+        help="check the emulator against the closed-form model and for invariance",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/validate"))
+    parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
+    parser.add_argument("--full", action="store_true", help="larger grids and workloads")
+    parser.add_argument(  # acted on by pddemu.cli.main, before anything starts a thread
+        "--rootless",
+        action="store_true",
+        help="run in a private user namespace even as root (the path a non-root user takes)",
+    )
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    base = load_config(args.config)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    result = {
+        "config": base.source,
+        "full": args.full,
+        "analytic": run_analytic(base, args.out, args.full),
+        "invariance": run_invariance(base, args.out, args.full),
+    }
+    result["wall_s"] = time.monotonic() - started
+    result["passed"] = result["analytic"]["passed"] and result["invariance"]["passed"]
+    (args.out / "validation.json").write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    (args.out / "validation.md").write_text(table)
+    print(table)
+    print(f"wrote {args.out / 'validation.json'} and {args.out / 'validation.md'}")
+    return 0 if result["passed"] else FAILED_EXIT

@@ -1,0 +1,58 @@
+"""The invariance comparison: differences seed by seed, their mean against the bound, and the
+seed-to-seed spread of the reference beside them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pddemu.validate.cli import markdown
+from pddemu.validate.invariance import METRICS, compare
+
+
+def metrics(scale: float) -> dict[str, float]:
+    return {name: scale * (i + 1) for i, name in enumerate(METRICS)}
+
+
+def test_a_variant_within_the_bound_on_average_passes() -> None:
+    measured = {
+        "time_scale 1": {0: metrics(1.0), 1: metrics(2.0), 2: metrics(1.5)},
+        "auto": {0: metrics(1.02), 1: metrics(2.0 * 0.98), 2: metrics(1.5 * 1.04)},
+    }
+    result = compare(measured, "time_scale 1", 0.03)
+    row = result["variants"]["auto"]["ttft_p50_s"]
+    assert row["by_seed"] == pytest.approx([0.02, -0.02, 0.04])
+    assert row["mean"] == pytest.approx(0.04 / 3) and row["max_abs"] == pytest.approx(0.04)
+    assert row["within"] and result["passed"]
+    assert result["seed_spread"]["ttft_p50_s"] == pytest.approx((2.0 - 1.0) / 1.5)
+
+
+def test_a_variant_off_by_more_fails_and_a_missing_metric_is_not_within() -> None:
+    measured = {
+        "token_scale 32": {0: metrics(1.0), 1: metrics(1.0)},
+        "token_scale 64": {0: metrics(1.05), 1: {**metrics(1.05), "tpot_p50_s": None}},
+    }
+    result = compare(measured, "token_scale 32", 0.03)
+    assert not result["passed"]
+    assert not result["variants"]["token_scale 64"]["ttft_p99_s"]["within"]
+    assert result["variants"]["token_scale 64"]["tpot_p50_s"]["by_seed"] == [pytest.approx(0.05)]
+
+
+def test_the_report_has_a_line_per_check() -> None:
+    measured = {"time_scale 1": {0: metrics(1.0)}, "auto": {0: metrics(1.01)}}
+    block = {**compare(measured, "time_scale 1", 0.03), "measured": measured}
+    result = {
+        "analytic": {
+            "tolerance": 0.02,
+            "pipelines": {
+                "naive P-MD": {
+                    "ttft_s": {"max_abs_error": 0.01, "within": True},
+                    "tpot_s": {"max_abs_error": 0.03, "within": False},
+                }
+            },
+        },
+        "invariance": {"time": block, "tokens": block},
+    }
+    text = markdown(result)
+    assert "| naive P-MD | +1.0% ok | - | +3.0% OVER |" in text
+    assert "| auto | +1.0% (max +1.0%)" in text
+    assert text.count("seed-to-seed spread") == 2
