@@ -48,3 +48,24 @@ def test_a_cached_prefix_is_neither_computed_nor_sent() -> None:
     warm = model.predict(Request("naive", "P-MD", 65536, 58880, 2))
     assert warm.ttft_s < cold.ttft_s / 4 and warm.kv_transfer_s < cold.kv_transfer_s / 4
     assert cold.tpot_s == warm.tpot_s
+
+
+def test_the_analytic_scenario_queues_the_largest_transfer_without_loss() -> None:
+    from pddemu.emulated_network import queue_bytes, scale_model
+    from pddemu.validate.analytic import scenario
+
+    config = scenario(load_config(), "pdd", "never-relay", 65536)
+    assert config.wan.qdisc == "fifo" and config.wan.jitter_s == 0 and config.systems["pdd"]
+    largest = ClosedForm(config)._kv_chunk("r0", 0, 65536 // config.scale.token_scale)
+    genuine = largest.data.nbytes
+    assert queue_bytes(config, scale_model(config)) >= 2 * genuine * 0.99
+
+
+def test_a_probe_without_a_record_is_judged_missing_not_a_crash() -> None:
+    from pddemu.validate.analytic import Probe, judge
+
+    model = ClosedForm(load_config())
+    request = Request("pdd", "P-MD", 8192, 0, 65)
+    probe = Probe("r0", 0.0, 8192, 65, None, [1] * 256, request, model.predict(request))
+    outcome = judge(probe, None)
+    assert outcome.errors == {"ttft_s": None, "kv_transfer_s": None, "tpot_s": None}
