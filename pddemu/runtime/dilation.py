@@ -13,7 +13,9 @@ modelled system's because everything (compute, network, arrivals) reads the same
 the wall time a run takes changes.
 
 It records the rate over the run so summary.json can say how much the run was dilated (wall
-seconds per modelled second) and how fast it really ran.
+seconds per modelled second) and how fast it really ran, and what made it slow down: each
+decrease is charged to the participant that contributed most to its cause (`slowed_by`:
+"lag <name>" or "hold <name>"), which says which process bounds the run's speed.
 """
 
 from __future__ import annotations
@@ -67,11 +69,13 @@ class Dilation:
     policy: DilationPolicy
     timeline: list[tuple[float, float, float]] = field(default_factory=list)  # wall, modelled, rate
     decreases: int = 0
+    slowed_by: dict[str, int] = field(default_factory=dict)  # decreases by cause and participant
     _last: dict[int, SlotReport] = field(default_factory=dict)
     _frozen: float = 0.0
     _wall: float = 0.0
     _cooldown: int = 0
     _window: deque[tuple[int, float, float, float]] = field(default_factory=deque)
+    _by_slot: deque[dict[str, tuple[float, float]]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if self.clock.rate > self.policy.ceiling:
@@ -89,14 +93,22 @@ class Dilation:
         frozen = self.clock.frozen_wall_s
         reports = self.clock.slots()
         samples, total = 0, 0.0
+        by_slot = {}
         for report in reports:
             before = self._last.get(report.index)
             if before is not None and before.name == report.name and before.pid == report.pid:
                 samples += report.lags - before.lags
                 total += report.lag_sum_s - before.lag_sum_s
+                by_slot[report.name] = (
+                    report.lag_sum_s - before.lag_sum_s,
+                    report.frozen_wall_s - before.frozen_wall_s,
+                )
         self._window.append((samples, total, frozen - self._frozen, wall - self._wall))
+        self._by_slot.append(by_slot)
         while len(self._window) > self.policy.window_periods:
             self._window.popleft()
+        while len(self._by_slot) > self.policy.window_periods:
+            self._by_slot.popleft()
         self._wall, self._frozen = wall, frozen
         self._last = {r.index: r for r in reports}
         samples = sum(w[0] for w in self._window)
@@ -111,8 +123,11 @@ class Dilation:
             hard = mean > 4 * target or stood > 10 * policy.frozen_ok
             rate = max(policy.floor, rate * (policy.hard_decrease if hard else policy.decrease))
             self.decreases += 1
+            cause = self._culprit(lag=mean > target)
+            self.slowed_by[cause] = self.slowed_by.get(cause, 0) + 1
             self._cooldown = policy.cooldown_periods
             self._window.clear()  # what comes next is the new rate's
+            self._by_slot.clear()
         elif samples >= policy.calm_samples and mean <= policy.calm_share * target:
             rate = min(policy.ceiling, rate * policy.increase)
         elif samples < policy.calm_samples and stood <= policy.frozen_ok and rate < policy.start:
@@ -123,6 +138,15 @@ class Dilation:
             self.clock.set_rate(rate)
         self._note(rate)
         return rate
+
+    def _culprit(self, lag: bool) -> str:
+        """Who contributed most to the window's lag (`lag`) or to its frozen time."""
+        totals: dict[str, float] = {}
+        for period in self._by_slot:
+            for name, (lag_sum, frozen) in period.items():
+                totals[name] = totals.get(name, 0.0) + (lag_sum if lag else frozen)
+        name = max(totals, key=totals.__getitem__, default="?")
+        return f"{'lag' if lag else 'hold'} {name}"
 
     def release_dead(self) -> list[str]:
         """Free the slots of participants that died (a hold of theirs would stop the run)."""
@@ -151,8 +175,16 @@ class Dilation:
         (wall[1], modelled[1]): wall seconds per modelled second, its least, mean (the span's
         wall time over its modelled length, holds included) and most, and its timeline."""
         start, end = modelled
+        slowed_by = dict(sorted(self.slowed_by.items(), key=lambda item: -item[1]))
         if end <= start:
-            return {"min": None, "mean": None, "max": None, "speedup": None, "timeline": []}
+            return {
+                "min": None,
+                "mean": None,
+                "max": None,
+                "speedup": None,
+                "slowed_by": slowed_by,
+                "timeline": [],
+            }
         before = [p for p in self.timeline if p[1] <= start]
         points = before[-1:] + [p for p in self.timeline if start < p[1] <= end]
         mean = (wall[1] - wall[0]) / (end - start)
@@ -162,6 +194,7 @@ class Dilation:
             "mean": mean,
             "max": max(dilations),
             "speedup": 1 / mean if mean > 0 else None,
+            "slowed_by": slowed_by,
             "timeline": [
                 {
                     "modelled_s": round(max(0.0, at - start), 3),

@@ -121,6 +121,7 @@ def test_the_controller_slows_down_on_lag_and_speeds_up_when_calm(tmp_path: Path
         rate = dilation.step()
     assert rate == 16.0  # calm: faster, never beyond the ceiling
     assert shared.rate == 16.0
+    assert dilation.slowed_by == {"lag MD0": 2}  # both cuts charged to the one who lagged
 
 
 def test_holds_that_stand_the_clock_still_slow_it_down(tmp_path: Path) -> None:
@@ -132,6 +133,7 @@ def test_holds_that_stand_the_clock_still_slow_it_down(tmp_path: Path) -> None:
     assert dilation.step() == pytest.approx(8.0 * 0.5)
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * 0.5)  # cooling down: no second cut at once
+    assert dilation.slowed_by == {"hold P0": 1}
 
 
 def test_auto_has_a_ceiling_and_every_run_starts_low() -> None:
