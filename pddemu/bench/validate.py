@@ -22,6 +22,7 @@ SPEEDUP_GOAL = 8.0
 
 
 def run(quick: bool) -> dict[str, Any]:
+    load_before = _loadavg()
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
         started = time.monotonic()
@@ -51,6 +52,7 @@ def run(quick: bool) -> dict[str, Any]:
     }
     speedups = [r["speedup"] for r in runs.values() if r["speedup"]]
     return {
+        "loadavg": {"before": load_before, "after": _loadavg()},  # /proc/loadavg's 1, 5, 15 min
         "validate": {"exit": validate, "wall_s": validate_wall, "result": validation},
         "emulate": {
             "exit": emulate,
@@ -66,6 +68,10 @@ def run(quick: bool) -> dict[str, Any]:
             "every emulate run valid": bool(runs) and all(r["valid"] for r in runs.values()),
         },
     }
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def _pddemu(*args: str) -> int:
