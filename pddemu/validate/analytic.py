@@ -26,12 +26,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pddemu.config import Config, config_from_json, config_to_json
 from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
 from pddemu.validate.closed_form import DECODE_ROLE, ClosedForm, Expected, Request
 
 TOLERANCE = 0.02
+JUDGED = ("ttft_s", "kv_transfer_s", "tpot_s")  # route_s is reported beside: what routing took
 OUTPUT_TOKENS = 65  # the prefill's token and two genuine decode groups at token scale 32
 SIZES = (8192, 32768, 65536)
 FULL_SIZES = (4096, 8192, 16384, 32768, 65536, 131072)
@@ -66,6 +69,7 @@ class Outcome:
     probe: Probe
     measured: dict[str, float | None]
     errors: dict[str, float | None] = field(default_factory=dict)
+    route_excess_s: float | None = None  # measured route - the closed form's
 
     def to_dict(self) -> dict[str, Any]:
         request = self.probe.request
@@ -79,6 +83,7 @@ class Outcome:
             "expected": vars(self.probe.expected),
             "measured": self.measured,
             "relative_error": self.errors,
+            "route_excess_s": self.route_excess_s,
         }
 
 
@@ -170,8 +175,14 @@ def _quiet(model: ClosedForm, expected: Expected, request: Request) -> float:
 
 def judge(probe: Probe, record: RequestRecord | None) -> Outcome:
     """The probe's measured metrics (None when it has no record, or the metric none) and
-    their relative errors against the closed form."""
-    measured: dict[str, float | None] = {"ttft_s": None, "kv_transfer_s": None, "tpot_s": None}
+    their relative errors against the closed form (route_s's absolute error, in seconds:
+    what the emulator's own handling on the routing path added)."""
+    measured: dict[str, float | None] = {
+        "ttft_s": None,
+        "kv_transfer_s": None,
+        "tpot_s": None,
+        "route_s": None,
+    }
     if record is not None:
         measured = {
             "ttft_s": record.ttft_s,
@@ -181,14 +192,19 @@ def judge(probe: Probe, record: RequestRecord | None) -> Outcome:
                 else None
             ),
             "tpot_s": record.tpot_s,
+            "route_s": (
+                record.routed_s - record.arrival_s if record.routed_s is not None else None
+            ),
         }
     assert probe.expected is not None
     outcome = Outcome(probe, measured)
-    for name, value in measured.items():
-        want = getattr(probe.expected, name)
+    for name in JUDGED:
+        want, value = getattr(probe.expected, name), measured[name]
         if want is None:
             continue
         outcome.errors[name] = None if value is None else (value - want) / want
+    route = measured["route_s"]
+    outcome.route_excess_s = None if route is None else route - probe.expected.route_s
     return outcome
 
 
@@ -209,7 +225,23 @@ def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
             ):
                 row[name] = {"max_abs_error": abs(error), "within": abs(error) <= tolerance}
     passed = all(cell["within"] for row in table.values() for cell in row.values())
-    return {"tolerance": tolerance, "pipelines": table, "passed": passed}
+    excess: dict[str, list[float]] = {}
+    for outcome in outcomes:
+        request = outcome.probe.request
+        assert request is not None
+        if outcome.route_excess_s is not None:
+            excess.setdefault(f"{request.system} {request.pipeline}", []).append(
+                outcome.route_excess_s
+            )
+    return {
+        "tolerance": tolerance,
+        "pipelines": table,
+        "passed": passed,
+        "route_excess_s": {  # not judged: what routing took beyond the closed form
+            key: {"mean": float(np.mean(values)), "max": max(values)}
+            for key, values in excess.items()
+        },
+    }
 
 
 def write_probes_csv(path: Path, outcomes: list[Outcome]) -> None:

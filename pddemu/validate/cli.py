@@ -123,20 +123,28 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         f"## Analytic check (idle system, one request at a time; within {an['tolerance']:.0%})",
         "",
-        "| pipeline | TTFT | KV transfer | TPOT |",
-        "|---|---:|---:|---:|",
+        "| pipeline | TTFT | KV transfer | TPOT | routing: mean / max excess (not judged) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for pipeline, row in an["pipelines"].items():
         cells = []
-        for metric in ("ttft_s", "kv_transfer_s", "tpot_s"):
+        for metric in analytic.JUDGED:
             cell = row.get(metric)
-            cells.append(
-                "-"
-                if cell is None
-                else f"{_pct(cell['max_abs_error'])} {'ok' if cell['within'] else 'OVER'}"
-            )
+            if cell is None:
+                cells.append("-")
+            elif cell["max_abs_error"] is None:
+                cells.append("missing")
+            else:
+                cells.append(f"{_pct(cell['max_abs_error'])} {'ok' if cell['within'] else 'OVER'}")
+        route = an.get("route_excess_s", {}).get(pipeline)
+        cells.append(f"{route['mean'] * 1e3:+.1f} / {route['max'] * 1e3:+.1f} ms" if route else "-")
         lines.append(f"| {pipeline} | {' | '.join(cells)} |")
-    lines += ["", "(largest relative error over the grid)", ""]
+    lines += [
+        "",
+        "(largest relative error over the grid; routing: arrival to the route's decision, "
+        "beyond the closed form's)",
+        "",
+    ]
     inv = result["invariance"]
     for name, title in (("time", "time scale 1 vs auto"), ("tokens", "token scale 16/64 vs 32")):
         block = inv[name]

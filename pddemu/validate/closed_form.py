@@ -82,6 +82,7 @@ class Expected:
     ttft_s: float
     kv_transfer_s: float | None  # route to the last KV byte at the decode side (WAN or not)
     tpot_s: float | None
+    route_s: float = 0.0  # arrival to the route's decision (reported beside, not judged)
 
 
 class ClosedForm:
@@ -116,7 +117,7 @@ class ClosedForm:
             ttft = kv + back
         decode_role = "RLD" if request.pipeline == "P-RLD-MD" else DECODE_ROLE[request.system]
         tpot = self._tpot(request, decode_role) if request.pipeline != "P-RLD-MD" else None
-        return Expected(ttft, kv - route, tpot)
+        return Expected(ttft, kv - route, tpot, route)
 
     # -- the parts --------------------------------------------------------------------------
 

@@ -69,3 +69,4 @@ def test_a_probe_without_a_record_is_judged_missing_not_a_crash() -> None:
     probe = Probe("r0", 0.0, 8192, 65, None, [1] * 256, request, model.predict(request))
     outcome = judge(probe, None)
     assert outcome.errors == {"ttft_s": None, "kv_transfer_s": None, "tpot_s": None}
+    assert outcome.route_excess_s is None
