@@ -86,16 +86,24 @@ class PrefillInstance(Instance):
         hit, node, handles = self.store.match(prompt)
         job = PrefillJob(rid, prompt, message.body, message.channel, hit=hit, node=node)
         job.arrived = self.arrival(message)
+        self.jobs[rid] = job
+        # The hit goes out first: the frontend's route waits on it, and the copy of the cached
+        # prefix below is the emulator's own (a paged cache shares the pages), so its host
+        # time must not delay the route. Until the prefix is in place nothing can be sent: the
+        # job's progress stays at 0 and it is not queued.
+        await message.channel.control("p_hit", {"rid": rid, "hit": hit, "instance": self.name})
+        if job.cancelled:
+            self.store.release(job.node)
+            self.jobs.pop(rid, None)
+            return
         job.kv = KV.empty(self.model_config, capacity=len(prompt))
         prefix = self.store.assemble(handles, hit)
         if prefix is not None:
             job.kv.append(prefix)
         job.scheduled = hit
-        job.progress.tokens = hit
-        self.jobs[rid] = job
+        await job.progress.advance(hit, job.arrived)
         self.queue.append(job)
         self.work.set()
-        await message.channel.control("p_hit", {"rid": rid, "hit": hit, "instance": self.name})
 
     async def on_route(self, message: Envelope) -> None:
         job = self.jobs.get(message.body["rid"])
