@@ -57,11 +57,16 @@ _CEILING = struct.Struct("=d")  # offset 72: the fastest rate the clock may be s
 SEQ_AT, ANCHOR_AT, LAG_TARGET_AT, FROZEN_AT, BINDING_AT, CEILING_AT = 8, 16, 48, 56, 64, 72
 
 # A slot: name, pid, the hold (under the lock), then its owner's counters.
-_SLOT = struct.Struct("=32sQdd QQ Qdd")
+# Lag is counted apart for each of LAG_KINDS kinds (numbered by the participants, the same in
+# every process of a run): the controller keeps each kind's mean within its target, as a run's
+# validity judges each kind's mean, so a frequent kind on time cannot hide a rare one late.
+LAG_KINDS = 3
+_SLOT = struct.Struct("=32sQdd QQ QdQdQd d")
 _SLOT_HOLD = struct.Struct("=dd")  # offset 40 in a slot: hold at, wall seconds it froze time
 _SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stopped the clock
-_SLOT_LAG = struct.Struct("=Qdd")  # offset 72: count, sum, max
-SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT = 40, 56, 72
+_SLOT_LAG = struct.Struct("=Qd")  # offset 72 + 16 x kind: count, sum
+_SLOT_LAG_MAX = struct.Struct("=d")  # offset 120: the largest of any kind
+SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT = 40, 56, 72, 120
 
 
 class ClockError(RuntimeError):
@@ -99,9 +104,16 @@ class SlotReport:
     frozen_wall_s: float
     holds: int
     holds_binding: int
-    lags: int
-    lag_sum_s: float
+    lag_by_kind: tuple[tuple[int, float], ...]  # (count, sum) of each kind
     lag_max_s: float
+
+    @property
+    def lags(self) -> int:
+        return sum(count for count, _ in self.lag_by_kind)
+
+    @property
+    def lag_sum_s(self) -> float:
+        return sum(total for _, total in self.lag_by_kind)
 
 
 class SharedClock:
@@ -230,7 +242,9 @@ class SharedClock:
             fields = _SLOT.unpack_from(self._page, _slot_at(index))
             name = fields[0].rstrip(b"\0").decode()
             if name:
-                reports.append(SlotReport(index, name, *fields[1:]))
+                kinds = fields[6 : 6 + 2 * LAG_KINDS]
+                by_kind = tuple(zip(kinds[::2], kinds[1::2], strict=True))
+                reports.append(SlotReport(index, name, *fields[1:6], by_kind, fields[-1]))
         return reports
 
     # -- writing (serialised by the file lock) ----------------------------------------------
@@ -284,8 +298,8 @@ class SharedClock:
                 at = _slot_at(index)
                 if not _SLOT.unpack_from(self._page, at)[0].rstrip(b"\0"):
                     _SLOT.pack_into(
-                        self._page, at, encoded, pid or os.getpid(), math.inf, 0.0, 0, 0, 0,
-                        0.0, 0.0,
+                        self._page, at, encoded, pid or os.getpid(), math.inf, 0.0, 0, 0,
+                        *(0, 0.0) * LAG_KINDS, 0.0,
                     )  # fmt: skip
                     return index
         raise ClockError(f"clock page {self.path}: all {MAX_SLOTS} slots are taken")
@@ -362,11 +376,18 @@ class SharedClock:
 
     # -- a participant's own counters (written by the slot's owner only) --------------------
 
-    def count_lag(self, index: int, lag: float) -> None:
-        """Add one lag sample (modelled seconds, 0 when on time) to the slot's counters."""
-        where = _slot_at(index) + SLOT_LAG_AT
-        count, total, worst = _SLOT_LAG.unpack_from(self._page, where)
-        _SLOT_LAG.pack_into(self._page, where, count + 1, total + lag, max(worst, lag))
+    def count_lag(self, index: int, lag: float, kind: int = 0) -> None:
+        """Add one lag sample of `kind` (modelled seconds, 0 when on time) to the slot's
+        counters."""
+        if not 0 <= kind < LAG_KINDS:
+            raise ClockError(f"no lag kind {kind}: the page counts {LAG_KINDS}")
+        slot = _slot_at(index)
+        where = slot + SLOT_LAG_AT + kind * _SLOT_LAG.size
+        count, total = _SLOT_LAG.unpack_from(self._page, where)
+        _SLOT_LAG.pack_into(self._page, where, count + 1, total + lag)
+        (worst,) = _SLOT_LAG_MAX.unpack_from(self._page, slot + SLOT_LAG_MAX_AT)
+        if lag > worst:
+            _SLOT_LAG_MAX.pack_into(self._page, slot + SLOT_LAG_MAX_AT, lag)
 
 
 def _slot_at(index: int) -> int:

@@ -203,7 +203,7 @@ class ModelledClock:
             and isinstance(self.source, SharedClock)
             and self.slot is not None
         ):
-            self.source.count_lag(self.slot, lag)
+            self.source.count_lag(self.slot, lag, CONTROLLED_KINDS.index(kind))
         return lag
 
     def hold_counts(self) -> dict[str, float]:

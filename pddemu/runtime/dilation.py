@@ -2,7 +2,8 @@
 
 It runs beside the replayer and reads every participant's slot of the clock page (netem.clock)
 twenty times a second. When the participants' lag of the last half second averaged more than
-the target the page publishes (messages handled late, requests sent late), or genuine work
+the target the page publishes, in any one kind (handler, delivery, send: each is judged on its
+own mean, so frequent deliveries on time cannot hide late handling) (messages handled late, requests sent late), or genuine work
 held the clock still for more than a sliver of the wall time, the clock slows down at once
 (multiplicative decrease, harder when far behind); when the last half second had enough
 samples and they averaged well within the target, it speeds up gently (multiplicative
@@ -25,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from netem.clock import SharedClock, SlotReport
+from netem.clock import LAG_KINDS, SharedClock, SlotReport
 
 AUTO_CEILING = 64.0  # the fastest "auto" may run: a bound, far beyond what a laptop reaches
 AUTO_START = 2.0  # where a run begins, at most: low, so a loaded host is not late at first
@@ -74,8 +75,10 @@ class Dilation:
     _frozen: float = 0.0
     _wall: float = 0.0
     _cooldown: int = 0
-    _window: deque[tuple[int, float, float, float]] = field(default_factory=deque)
-    _by_slot: deque[dict[str, tuple[float, float]]] = field(default_factory=deque)
+    _window: deque[tuple[tuple[int, ...], tuple[float, ...], float, float]] = field(
+        default_factory=deque
+    )  # per period: lag samples and sums by kind, frozen wall seconds, wall seconds
+    _by_slot: deque[dict[str, tuple[tuple[float, ...], float]]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if self.clock.rate > self.policy.ceiling:
@@ -92,18 +95,24 @@ class Dilation:
         wall = self.clock.monotonic()
         frozen = self.clock.frozen_wall_s
         reports = self.clock.slots()
-        samples, total = 0, 0.0
+        counts = [0] * LAG_KINDS
+        sums = [0.0] * LAG_KINDS
         by_slot = {}
         for report in reports:
             before = self._last.get(report.index)
             if before is not None and before.name == report.name and before.pid == report.pid:
-                samples += report.lags - before.lags
-                total += report.lag_sum_s - before.lag_sum_s
+                added = [
+                    (now[0] - then[0], now[1] - then[1])
+                    for now, then in zip(report.lag_by_kind, before.lag_by_kind, strict=True)
+                ]
+                for kind, (count, total) in enumerate(added):
+                    counts[kind] += count
+                    sums[kind] += total
                 by_slot[report.name] = (
-                    report.lag_sum_s - before.lag_sum_s,
+                    tuple(total for _, total in added),
                     report.frozen_wall_s - before.frozen_wall_s,
                 )
-        self._window.append((samples, total, frozen - self._frozen, wall - self._wall))
+        self._window.append((tuple(counts), tuple(sums), frozen - self._frozen, wall - self._wall))
         self._by_slot.append(by_slot)
         while len(self._window) > self.policy.window_periods:
             self._window.popleft()
@@ -111,8 +120,14 @@ class Dilation:
             self._by_slot.popleft()
         self._wall, self._frozen = wall, frozen
         self._last = {r.index: r for r in reports}
-        samples = sum(w[0] for w in self._window)
-        mean = sum(w[1] for w in self._window) / samples if samples else 0.0
+        samples = sum(sum(w[0]) for w in self._window)
+        kind_means = {
+            kind: sum(w[1][kind] for w in self._window) / n
+            for kind in range(LAG_KINDS)
+            if (n := sum(w[0][kind] for w in self._window))
+        }
+        worst_kind = max(kind_means, key=kind_means.__getitem__, default=None)
+        mean = kind_means[worst_kind] if worst_kind is not None else 0.0  # each kind on its own
         elapsed = sum(w[3] for w in self._window)
         stood = sum(w[2] for w in self._window) / elapsed if elapsed > 0 else 0.0
         policy, target = self.policy, self.clock.lag_target
@@ -123,7 +138,7 @@ class Dilation:
             hard = mean > 4 * target or stood > 10 * policy.frozen_ok
             rate = max(policy.floor, rate * (policy.hard_decrease if hard else policy.decrease))
             self.decreases += 1
-            cause = self._culprit(lag=mean > target)
+            cause = self._culprit(worst_kind if mean > target else None)
             self.slowed_by[cause] = self.slowed_by.get(cause, 0) + 1
             self._cooldown = policy.cooldown_periods
             self._window.clear()  # what comes next is the new rate's
@@ -139,14 +154,16 @@ class Dilation:
         self._note(rate)
         return rate
 
-    def _culprit(self, lag: bool) -> str:
-        """Who contributed most to the window's lag (`lag`) or to its frozen time."""
+    def _culprit(self, kind: int | None) -> str:
+        """Who contributed most to the window's lag of `kind`, or (None) to its frozen time."""
         totals: dict[str, float] = {}
         for period in self._by_slot:
-            for name, (lag_sum, frozen) in period.items():
-                totals[name] = totals.get(name, 0.0) + (lag_sum if lag else frozen)
+            for name, (lag_sums, frozen) in period.items():
+                totals[name] = totals.get(name, 0.0) + (
+                    lag_sums[kind] if kind is not None else frozen
+                )
         name = max(totals, key=totals.__getitem__, default="?")
-        return f"{'lag' if lag else 'hold'} {name}"
+        return f"{'lag' if kind is not None else 'hold'} {name}"
 
     def release_dead(self) -> list[str]:
         """Free the slots of participants that died (a hold of theirs would stop the run)."""

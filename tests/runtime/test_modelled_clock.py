@@ -124,6 +124,20 @@ def test_the_controller_slows_down_on_lag_and_speeds_up_when_calm(tmp_path: Path
     assert dilation.slowed_by == {"lag MD0": 2}  # both cuts charged to the one who lagged
 
 
+def test_a_late_rare_kind_is_not_hidden_by_a_frequent_one_on_time(tmp_path: Path) -> None:
+    policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0)
+    dilation, shared, wall = _dilation(tmp_path, policy, "FE0", "P0")  # the target: 1 ms
+    fe, p = 0, 1
+    for _ in range(100):
+        shared.count_lag(fe, 0.0, kind=1)  # deliveries on time
+    shared.count_lag(p, 0.002, kind=0)  # one message handled 2 ms late: over the target
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease)  # pooled: 0.02 ms, calm
+    assert dilation.slowed_by == {"lag P0": 1}
+    report = next(r for r in shared.slots() if r.name == "P0")
+    assert report.lag_by_kind[0] == (1, 0.002) and report.lags == 1
+
+
 def test_holds_that_stand_the_clock_still_slow_it_down(tmp_path: Path) -> None:
     dilation, shared, wall = _dilation(tmp_path, DilationPolicy(ceiling=8.0, start=8.0), "P0")
     p = 0
