@@ -114,10 +114,11 @@ def test_a_schedule_takes_the_intra_dc_path_down_and_up(run_name: str, tools: No
         assert len(ping_rtts(net, 3, 0.05)) == 3  # the WAN was never touched
 
 
-def test_a_schedule_follows_a_clock_running_at_another_rate(run_name: str, tools: None) -> None:
-    """Schedule times are modelled seconds on the run's clock page: at half speed, a step at
-    modelled 0.5 s comes at wall 1 s, and one at 1.5 s at wall 3 s (at the wall's rate the
-    link would be up again from wall 1.5 s, when it is probed down here)."""
+def test_a_schedule_follows_the_clock_as_it_slows_down(run_name: str, tools: None) -> None:
+    """Schedule times are modelled seconds on the run's clock page, whose rate changes as the
+    run dilates: the link goes down at modelled 0.5 s (wall 0.5 s at rate 1); the clock then
+    slows to a quarter, so the step at modelled 1.5 s comes at wall 0.8 + 0.7 / 0.25 = 3.6 s
+    (at the wall's rate the link would be up again from wall 1.5 s, when it is probed down)."""
     schedule = parse_schedule("0.5 link=down\n1.5 link=up\n")
     with network(
         run_name, LinkSpec(), schedule=schedule, schedule_from_up=False, clock=True
@@ -125,13 +126,14 @@ def test_a_schedule_follows_a_clock_running_at_another_rate(run_name: str, tools
         assert net.clock_path is not None
         clock = SharedClock(net.clock_path)
         try:
-            clock.set_rate(0.5)
             start_wall, start = time.monotonic(), clock.now()
             net.start_schedule(start)
-            assert len(ping_rtts(net, 3, 0.05)) == 3  # wall 0-0.3 s: modelled 0-0.15 s
-            time.sleep(max(0.0, start_wall + 1.9 - time.monotonic()))
-            assert ping_rtts(net, 5, 0.05) == []  # wall 1.9 s: modelled 0.95 s, down
-            time.sleep(max(0.0, start_wall + 3.3 - time.monotonic()))
+            assert len(ping_rtts(net, 3, 0.05)) == 3  # wall 0-0.3 s: before the outage
+            time.sleep(max(0.0, start_wall + 0.8 - time.monotonic()))
+            clock.set_rate(0.25)  # dilation, mid-outage
+            time.sleep(max(0.0, start_wall + 2.0 - time.monotonic()))
+            assert ping_rtts(net, 5, 0.05) == []  # modelled about 1.1 s: still down
+            time.sleep(max(0.0, start_wall + 3.9 - time.monotonic()))
             assert clock.now() - start >= 1.5
             assert len(ping_rtts(net, 3, 0.05)) == 3  # modelled after 1.5 s: up again
         finally:
