@@ -8,7 +8,9 @@ relay's position at the final part) streams every position from S. `pddemu.polic
 picks the mode (one-shot, catch-up, or adaptively between them), S and the pace at which the
 relay delivers the positions between its final part and S (holding each token until its time,
 so that MD's delay is spread over them rather than seen at once), from the relay's and MD's
-step times and the WAN's delays, as the relay measures them.
+step times and the WAN's delays, as the relay measures them. That pace is a plan: MD, once it
+has the final part, says when it will produce S (`md_eta`, again whenever its steps move that)
+and the relay re-paces the positions it still holds to end one MD step before MD's first.
 
 Payloads (`policy.handoff_payload`): extend (token ids; MD recomputes their KV inside its next
 batched step), sent on the control connection to MD; or kv-delta (the eager tokens' KV, which
