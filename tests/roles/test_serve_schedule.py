@@ -72,6 +72,12 @@ def test_a_scheduled_outage_happens_on_serves_timeline(tmp_path: Path) -> None:
         assert again_first - again_sent < first - sent
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(30) == 0
+        try:
+            exit_code = process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()  # a hung serve must not outlive the test (its guardian then removes the namespaces)
+            process.wait()
+            raise
+    assert exit_code == 0
     run = ready["netns"].rsplit("-", 1)[0]
     assert not [n for n in list_namespaces() if n.startswith(run + "-")], "serve left some"
