@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import signal
 import socket
 import threading
 import time
@@ -70,6 +72,7 @@ class Instance:
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
         self.lag_samples_s: list[float] = []
+        self.resumed_at = -math.inf  # modelled time the last pause fault ended (SIGCONT)
         self.steps = 0
         self.busy_s = 0.0
         self.events = EventLog()  # spans for timelines (pddemu export --format perfetto)
@@ -106,6 +109,10 @@ class Instance:
         await runner.setup()
         await web.TCPSite(runner, self.spec.me.addr, self.spec.me.http_port).start()
         public = await self._open_host_door()
+        if threading.current_thread() is threading.main_thread():
+            # A Python-level handler, not the loop's: it runs before any coroutine goes on
+            # after the resume (the loop's would be queued behind what woke with it).
+            signal.signal(signal.SIGCONT, self._resumed)
         await self.start()
         if self.role != "FE":
             self.start_heartbeats()
@@ -347,13 +354,30 @@ class Instance:
         Its lag is how far past its end modelled time was when its work was done (none, when
         the work began in time: the hold saw to it). A late wake-up from the wait is not lag:
         the step's end, which the next step starts from, is the modelled one.
+
+        A pause fault that froze the instance during the step is the modelled instance's
+        stall, not the emulator's lag: the step ends no earlier than the resume (its tokens
+        come after it; the part left at the pause, at most one step, is not added), and the
+        lateness up to the resume counts as `pause` (reported, not judged).
         """
         end = started + duration
-        self.lag_samples_s.append(self.clock.count_lag("step", self.clock.now() - end))
+        late = self.clock.now() - end
+        if started < self.resumed_at:
+            frozen = min(max(0.0, late), max(0.0, self.resumed_at - end))
+            self.clock.count_lag("pause", frozen)
+            late -= frozen
+        self.lag_samples_s.append(self.clock.count_lag("step", late))
         await self.clock.sleep_until(end)
+        if started < self.resumed_at:
+            end = max(end, self.resumed_at)
         self.steps += 1
         self.busy_s += duration
         return end
+
+    def _resumed(self, _signum: int = signal.SIGCONT, _frame: object = None) -> None:
+        """SIGCONT: a pause fault ended (the deployment stopped this process); what it did
+        late because of it is the fault's, from now on."""
+        self.resumed_at = self.clock.now()
 
     # -- lag of messages ----------------------------------------------------------------
 
@@ -379,8 +403,12 @@ class Instance:
         on a path without modelled time; as a bound, `<kind>_wan`, across a shaped one)."""
         transit, exact = self.transit.get(peer, (0.0, False))
         lag_kind = self.lag_kind(kind)
+        due = sent + transit
+        if due < self.resumed_at:  # it came while a pause fault froze this instance
+            self.clock.count_lag("pause", self.resumed_at - due)
+            due = self.resumed_at
         return self.clock.count_lag(
-            lag_kind if exact else f"{lag_kind}_wan", self.clock.now() - sent - transit
+            lag_kind if exact else f"{lag_kind}_wan", self.clock.now() - due
         )
 
     def arrival(self, message: Envelope, ready: float | None = None) -> float:
@@ -392,7 +420,8 @@ class Instance:
         sent = message.body.get("t")
         peer = message.channel.peer if message.channel is not None else "?"
         if sent is not None and self.clock.shared and self.transit.get(peer, (0.0, False))[1]:
-            return float(sent) if ready is None else min(float(ready), float(sent))
+            at = float(sent) if ready is None else min(float(ready), float(sent))
+            return max(at, self.resumed_at)  # a frozen instance takes it when it resumes
         return self.clock.now()
 
     def lag_kind(self, kind: str) -> str:

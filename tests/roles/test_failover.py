@@ -158,6 +158,8 @@ def test_md_paused_for_3_s_fails_over_and_rejoins(emulation: Emulation) -> None:
     check_every_request(result)
     assert seen_within(result, "MD0", "paused", OUT) < DETECT_WITHIN_S
     assert seen_within(result, "MD0", "resumed", {"up"}) < DETECT_WITHIN_S
+    lags = result["stats"]["MD0"]["lags_s"]  # the 3 s stall is the fault's, not step lag
+    assert max(lags.get("step") or [0.0]) < 1.0
 
 
 def test_md_killed_and_restarted_in_naive_rejoins(emulation: Emulation) -> None:
