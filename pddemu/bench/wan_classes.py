@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from netem import nsutil
-from netem.bench_wan import queue_targets
+from netem.bench_wan import BULK_CONGESTION, queue_targets
 from netem.spec import LinkSpec
+from netem.tcp import TcpTuning
 from netem.topology import LinkConfig, Network
 from pddemu.runtime.auth import HelloCheck, RunSecret
 from pddemu.runtime.channel import HELLO, Channel, Envelope
@@ -121,7 +122,10 @@ def control_behind_kv(
     (in a run called `name`, unique by default)."""
     spec = LinkSpec(rate_bps=rate_bps, delay_s=delay_s, qdisc=qdisc)
     name = name or f"bcls{qdisc.replace('_', '')[:6]}-{os.getpid()}"
-    with Network(LinkConfig.symmetric(spec), name=name, backend="auto") as net:
+    # the KV connection's congestion control named, as `[wan] tcp_congestion` names it in
+    # pddemu's runs, rather than the host's default (BBR keeps a fifo nearly empty)
+    tcp = TcpTuning(congestion=BULK_CONGESTION)
+    with Network(LinkConfig.symmetric(spec), name=name, backend="auto", tcp=tcp) as net:
         with nsutil.inside(net.b.netns):
             listener = socket.create_server((net.b.addr, 0))
         with nsutil.inside(net.a.netns):
