@@ -113,8 +113,8 @@ def invalid_reason(means: Mapping[str, float], bound: float | None, max_lag: flo
     if worst <= bound:
         return None
     return (
-        f"mean {kind} lag {worst * 1e3:.2f} ms is over {max_lag:.0%} of TPOT p50 "
-        f"= {bound * 1e3:.2f} ms"
+        f"mean {kind} lag {worst * 1e3:.2f} ms is over its bound {bound * 1e3:.2f} ms "
+        f"({max_lag:.0%} of TPOT p50 {bound / max_lag * 1e3:.2f} ms)"
     )
 
 
