@@ -42,6 +42,14 @@ README.md explains the output; docs/ has a page per area. `pddemu COMMAND --help
 each command's options."""
 
 
+def add_rootless_flag(
+    parser: argparse.ArgumentParser,
+    help: str = "run in a private user namespace even as root (the path a non-root user takes)",
+) -> None:
+    """`--rootless`, which `main` acts on from the raw argv before anything starts a thread."""
+    parser.add_argument("--rootless", action="store_true", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pddemu",

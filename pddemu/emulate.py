@@ -43,6 +43,7 @@ import uvloop
 from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
 from netem.topology import Network
+from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.deployment import Deployment, DeploymentError, InstanceEvent
 from pddemu.emulated_network import (
@@ -566,11 +567,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value, e.g. --set policy.handoff_mode=one-shot (repeatable)",
     )
-    parser.add_argument(  # acted on by pddemu.cli.main, before anything starts a thread
-        "--rootless",
-        action="store_true",
-        help="run in a private user namespace even as root (the path a non-root user takes)",
-    )
+    add_rootless_flag(parser)
     parser.set_defaults(func=run_cli)
 
 

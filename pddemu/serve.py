@@ -29,6 +29,7 @@ from pathlib import Path
 
 import uvloop
 
+from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import Deployment
 from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
@@ -99,11 +100,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--run-dir", type=Path, default=Path("runs/serve"), help="logs and instance specs"
     )
-    parser.add_argument(  # acted on by pddemu.cli.main, before anything starts a thread
-        "--rootless",
-        action="store_true",
-        help="run in a private user namespace even as root (the path a non-root user takes)",
-    )
+    add_rootless_flag(parser)
     parser.set_defaults(func=run_cli)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from netem.signals import on_termination, raise_keyboard_interrupt
+from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.sweep.driver import RATE_KEY, SearchGroup, Sweep, run_searches
 from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_cpus
@@ -85,11 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"CPUs one emulation reserves (Ray) or is counted for (local; default "
         f"{DEFAULT_CPUS_PER_POINT:g})",
     )
-    parser.add_argument(
-        "--rootless",
-        action="store_true",
-        help="run every point in a private user namespace even as root",
-    )
+    add_rootless_flag(parser, help="run every point in a private user namespace even as root")
     parser.add_argument(
         "--search",
         choices=("goodput",),

@@ -30,6 +30,7 @@ from typing import Any
 import uvloop
 
 from netem.signals import on_termination, raise_keyboard_interrupt
+from pddemu.cli import add_rootless_flag
 from pddemu.config import Config, load_config
 from pddemu.emulate import INTERRUPTED_EXIT, run_system, until_interrupted, workload_of
 from pddemu.emulated_network import network_for, scale_model
@@ -182,11 +183,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/validate"))
     parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
     parser.add_argument("--full", action="store_true", help="larger grids and workloads")
-    parser.add_argument(  # acted on by pddemu.cli.main, before anything starts a thread
-        "--rootless",
-        action="store_true",
-        help="run in a private user namespace even as root (the path a non-root user takes)",
-    )
+    add_rootless_flag(parser)
     parser.set_defaults(func=run_cli)
 
 
