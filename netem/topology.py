@@ -252,10 +252,13 @@ class Network:
                 )
 
     def wan_routes(self) -> list[tuple[str, str]]:
-        """(namespace, destination) of every route whose traffic crosses the WAN."""
+        """(namespace, destination) of every route whose traffic crosses the WAN: the
+        emulator's and cross-traffic's (DC A's route to cross_b; DC B's A block holds cross_a),
+        so other tenants' flows run the same TCP as the emulator's."""
         addr = self.addresses
         return [
             (self.a.netns, f"{addr.b}/32"),
+            (self.a.netns, f"{addr.cross_b}/32"),
             (self.a2.netns, f"{addr.b}/32"),
             (self.b.netns, addr.a_block),
         ]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
+import time
+from pathlib import Path
 
 from netem import nsutil
 from netem.clock import SharedClock
+from netem.crosstraffic import CrossTrafficSpec, TimedChange
+from netem.nsexec import command_in
 from netem.shaper import EARLY_S
 from netem.spec import LinkSpec
 from netem.tcp import TcpTuning, tcp_info, transfer_counters
@@ -26,7 +31,7 @@ def test_tcp_parameters_are_on_every_route_across_the_wan(run_name: str) -> None
     link = LinkConfig.symmetric(LinkSpec(rate_bps=25e6, delay_s=0.005))
     with Network(link, name=run_name, tcp=TUNING, clock=True) as network:
         metrics = network.tcp_metrics()
-        assert len(metrics) == 3  # a -> b, a2 -> b, b -> DC A
+        assert len(metrics) == 4  # a -> b, a -> cross_b, a2 -> b, b -> DC A (with cross_a)
         for found in metrics.values():
             assert found["rto_min"] == 200 and found["quickack"] == 1
             assert (found["initcwnd"], found["initrwnd"]) == (20, 41)
@@ -72,3 +77,38 @@ def _read(sock: socket.socket, size: int) -> int:
     while got < size:
         got += len(sock.recv(65536))
     return got
+
+
+def test_cross_traffic_flows_run_the_routes_congestion_control(run_name: str) -> None:
+    """Other tenants' flows take the WAN's congestion control, not the host's default: one
+    long flow each way, read with `ss -ti` at both senders while it runs."""
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    named = "reno" if default != "reno" else "cubic"  # built into every kernel, unlike bbr
+    flows = tuple(
+        TimedChange(at_s=at, flow_bytes=50_000_000, direction=d)
+        for at, d in ((0.0, "a2b"), (0.01, "b2a"))
+    )
+    cross = CrossTrafficSpec(utilisation=0.0, schedule=flows)
+    link = LinkConfig.symmetric(LinkSpec(rate_bps=20e6, delay_s=0.005))
+    tuning = TcpTuning(congestion=named)
+    with Network(link, name=run_name, tcp=tuning, cross_traffic=cross) as network:
+        addresses = network.addresses
+        senders = {network.a.netns: addresses.cross_a, network.b.netns: addresses.cross_b}
+        found: dict[str, list[str]] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(found) < 2:
+            time.sleep(0.2)
+            for ns, source in senders.items():
+                if algorithms := _congestion_of_flows_from(ns, source):
+                    found[ns] = algorithms
+    assert set(found) == set(senders), found  # both flows seen running
+    for algorithms in found.values():
+        assert set(algorithms) == {named}, (default, found)
+
+
+def _congestion_of_flows_from(ns: str, source: str) -> list[str]:
+    """The congestion control of each established TCP connection from `source` in `ns`."""
+    argv = ["ss", "-tinH", "state", "established", "src", source]
+    out = subprocess.run(command_in(ns, argv), capture_output=True, text=True, check=True).stdout
+    # `ss -i` prints each connection's details on a line of its own, the algorithm among them
+    return re.findall(r"^\s+.*?\b(reno|cubic|bbr|bbr2|dctcp|vegas|westwood|htcp)\b", out, re.M)
