@@ -55,6 +55,8 @@ class RequestRecord:
     kv_arrived_s: float | None = None  # when the decode side (MD, D) had its KV, last byte
     token_mismatch: bool = False  # the user's tokens differ from the single-process reference
     duplicate_tokens: int = 0  # positions delivered twice to the frontend (dropped there)
+    dropped_stale_tokens: int = 0  # tokens from an abandoned leg or a relieved instance (an
+    # instance streaming after the stream was taken from it), dropped by the frontend
     gap_tokens: int = 0  # positions received but held back behind a missing one when the request
     # ended (a failed request's diagnosis; a completed request has none)
     retries: int = 0  # times it was routed again from the start (an instance lost before its

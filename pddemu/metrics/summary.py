@@ -133,6 +133,7 @@ def summarize(
         "delivery": {
             "duplicate_tokens": sum(r.duplicate_tokens for r in records),
             "gap_tokens": sum(r.gap_tokens for r in records),
+            "dropped_stale_tokens": sum(r.dropped_stale_tokens for r in records),
         },
         "failover": {
             "retried": sum(1 for r in records if r.retries),

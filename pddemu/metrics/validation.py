@@ -34,6 +34,7 @@ _COUNTERS = (
     "wan_bytes_genuine",
     "wan_bytes_cancelled",
     "duplicate_tokens",
+    "dropped_stale_tokens",
     "gap_tokens",
 )
 

@@ -872,7 +872,10 @@ class Frontend(Instance):
         if flight is None or flight.recorded:  # a failed request's stream is already closed
             return
         if body["rid"] != flight.leg or body.get("source") in flight.relieved:
-            return  # an abandoned leg's, or a relieved instance's: the stream is another's now
+            # an abandoned leg's, or a relieved instance's: the stream is another's now (counted,
+            # so that an instance streaming after its release stays visible)
+            flight.record.dropped_stale_tokens += len(body["times"])
+            return
         index, token, first = int(body["index"]), int(body["id"]), int(body["first"])
         known = flight.ids.setdefault(index, token)
         if known != token:

@@ -161,7 +161,7 @@ def test_pdd_mechanism_counters() -> None:
     }
     assert s["anomaly_filtered"] == 1
     assert s["token_mismatches"] == 1
-    assert s["delivery"] == {"duplicate_tokens": 2, "gap_tokens": 0}
+    assert s["delivery"] == {"duplicate_tokens": 2, "gap_tokens": 0, "dropped_stale_tokens": 0}
 
 
 def test_hit_rates_per_request_and_token_weighted() -> None:

@@ -23,7 +23,7 @@ def test_positions_behind_a_missing_one_are_held_and_counted_as_a_gap() -> None:
 
 
 def test_overlapping_copies_are_dropped_and_the_stream_completes_in_order() -> None:
-    async def scenario() -> tuple[int, int, list[float], bool, int]:
+    async def scenario() -> tuple[int, int, list[float], bool, int, int]:
         fe = frontend()
         flight = admit(fe, "r2")
         for index in (0, 1):
@@ -38,10 +38,11 @@ def test_overlapping_copies_are_dropped_and_the_stream_completes_in_order() -> N
             record.token_times_s,
             flight.done.is_set(),
             record.handoff_position,
+            record.dropped_stale_tokens,
         )
 
-    duplicates, gap, times, done, handoff_at = asyncio.run(scenario())
-    assert (duplicates, gap, done, handoff_at) == (SCALE, 0, True, 1 + SCALE)
+    duplicates, gap, times, done, handoff_at, stale = asyncio.run(scenario())
+    assert (duplicates, gap, done, handoff_at, stale) == (SCALE, 0, True, 1 + SCALE, 0)
     assert len(times) == OUTPUT and times == sorted(times)
 
 
@@ -64,7 +65,7 @@ def test_a_relay_thought_lost_adds_nothing_after_md_resumes() -> None:
     """The relay only seemed lost (a silence under load): MD resumes from the user's position,
     and what the relay sent early (reordered) or still sends (delayed) is not the user's."""
 
-    async def scenario() -> tuple[int, int, bool, list]:
+    async def scenario() -> tuple[int, int, bool, list, int]:
         fe = frontend()
         flight = admit(fe, "r4")
         flight.record.pipeline, flight.rld, flight.decode = "P-RLD-MD", "RLD0", "MD0"
@@ -82,18 +83,21 @@ def test_a_relay_thought_lost_adds_nothing_after_md_resumes() -> None:
             flight.record.gap_tokens,
             flight.done.is_set(),
             resumes,
+            flight.record.dropped_stale_tokens,
         )
 
-    duplicates, gap, done, resumes = asyncio.run(scenario())
+    duplicates, gap, done, resumes, dropped = asyncio.run(scenario())
     assert resumes == [("MD0", 1)]
     assert (duplicates, gap, done) == (0, 0, True)
+    # the relieved relay's late group is not delivered, but counted
+    assert dropped == len(tokens("r4", 1, "RLD").body["times"]) > 0
 
 
 def test_an_abandoned_legs_tokens_are_not_the_users() -> None:
     """A request routed again (or moved) under a new leg: its old instances, which may still be
     alive, send on; only the new leg's tokens reach the user, whatever the order."""
 
-    async def scenario() -> tuple[int, int, bool, int]:
+    async def scenario() -> tuple[int, int, bool, int, int]:
         fe = frontend()
         flight = admit(fe, "r5")
         await fe.on_tokens(tokens("r5", 0, "MD"))
@@ -109,7 +113,10 @@ def test_an_abandoned_legs_tokens_are_not_the_users() -> None:
             record.gap_tokens,
             flight.done.is_set(),
             record.output_tokens,
+            record.dropped_stale_tokens,
         )
 
-    duplicates, gap, done, delivered = asyncio.run(scenario())
+    duplicates, gap, done, delivered, dropped = asyncio.run(scenario())
     assert (duplicates, gap, done, delivered) == (0, 0, True, OUTPUT)
+    # the old leg's late group is not delivered, but counted; the new leg's all are delivered
+    assert dropped == len(tokens("r5", 1, "MD").body["times"]) > 0
