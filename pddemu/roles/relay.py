@@ -290,6 +290,8 @@ class RelayInstance(DecodeInstance):
                     step = paced_step(delivered_at, end, switch - 1 - last)
                 delivered_at = produced = max(produced, delivered_at + step)
                 last = position
+            elif position < handoff.paced_from:  # produced before the lead: goes as it is
+                delivered_at, last = max(delivered_at, produced), position
             times.append(produced)
         return times
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from pddemu.config import load_config
 from pddemu.model import ModelConfig, greedy
@@ -20,7 +21,7 @@ from pddemu.reference import reference_outputs
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.frontend import Frontend
 from pddemu.roles.main_decode import MainDecodeInstance
-from pddemu.roles.relay import RelayInstance
+from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.workload.expansion import genuine_output_length
 from tests.roles.in_process import instance, wire
 
@@ -239,3 +240,16 @@ def test_md_extends_inside_its_batched_step_at_forward_step_cost() -> None:
     cost = instance(MainDecodeInstance, "MD", CONFIG).cost
     assert duration == cost.forward_step(expected)
     assert all(d == cost.forward_step(e) for e, d, _, _ in steps)
+
+
+def test_a_lead_group_that_starts_before_the_lead_is_paced_evenly_from_its_last_position() -> None:
+    """A held group holding positions produced before the final part (7, 8, 9 here) delivers
+    them as they are; the lead's positions (10..19, the switch at 20) are spread evenly from the
+    last delivered one to one MD step before MD's first: the first step is no shorter."""
+    handoff = Handoff(mode="catch_up", md_batch=[], switch=20, pace_s=0.01, paced_from=10)
+    handoff.delivered_at, handoff.md_first_at, handoff.md_step_s = 1.0, 1.6, 0.1
+    body = {"first": 7, "times": [0.90, 0.95, 1.0] + [1.0] * 10}
+    times = RelayInstance.lead_times(None, handoff, body)  # type: ignore[arg-type]
+    assert times[:3] == [0.90, 0.95, 1.0]
+    steps = np.diff([1.0, *times[3:]])
+    assert np.allclose(steps, 0.05) and times[-1] == pytest.approx(1.5)
