@@ -69,6 +69,24 @@ def binned_rates(times: list[int], bin_ms: int, duration_ms: int) -> list[int]:
     return [round(n * OPPORTUNITY_BYTES * 8 * 1000 / bin_ms) for n in counts]
 
 
+def capacity_bytes(rates_bps: list[int], bin_ms: int, start_s: float, end_s: float) -> float:
+    """Bytes a saturated link following `rates_bps` (one rate a bin, looping) delivers between
+    `start_s` and `end_s` of the schedule's time: the trace's own count to compare with."""
+    bin_s = bin_ms / 1000
+    cumulative = [0.0]
+    for rate in rates_bps:
+        cumulative.append(cumulative[-1] + rate * bin_s / 8)
+    period_s = bin_s * len(rates_bps)
+
+    def until(t: float) -> float:
+        passes, rest = divmod(t, period_s)
+        index = min(int(rest / bin_s), len(rates_bps) - 1)
+        partial = (rest - index * bin_s) / bin_s * (cumulative[index + 1] - cumulative[index])
+        return passes * cumulative[-1] + cumulative[index] + partial
+
+    return until(end_s) - until(start_s)
+
+
 def schedule_text(
     uplink: list[int],
     downlink: list[int],

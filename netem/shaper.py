@@ -13,7 +13,15 @@ Given a clock page (`netem.clock`), the elements and the schedule run in the clo
 rates, delays and schedule steps are then in that (modelled) time, so a clock that slows down
 (dilation) or stands still (a hold) slows or stops the link with it; a select() timeout is the
 wall time left at the clock's rate, never longer than MAX_WALL_WAIT_S while the clock is held.
-How late each packet leaves, in the clock's time, is counted (`release_lag`).
+How late each packet leaves, in the clock's time, is counted (`release_lag`); asked for
+(`record_interval_s`), what each direction delivered per interval is recorded too, both by
+when it was due and by when it was written (`netem.delivery`: a host's stall of the shaper
+shows there, apart from the link's own schedule).
+
+Each turn of the loop (`turn`) runs at one reading of the time: first the schedule's steps due
+by then, each after everything due before it has left (so a late turn still changes the link
+at each step's own time, never after packets that reached the shaper later); then the packets
+read, which arrive at that time; then everything due leaves.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from netem.clock import Anchor, SharedClock
+from netem.delivery import DeliveryRecord
 from netem.direction import Direction
 from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
@@ -63,20 +73,30 @@ class Route:
     source_fd: int
     sink_fd: int
     write_errors: int = 0
+    record: DeliveryRecord | None = None
 
 
 class Shaper:
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        open_end: Callable[[str, str, str], int] = open_tun,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        """`open_end(ifname, netns, tun_device)` gives a link end's packet fd (a TUN; a test
+        may pass datagram sockets) and `now` the time (default: the clock page's, else
+        time.monotonic)."""
         self.routes: list[Route] = []
         self.by_fd: dict[int, Route] = {}
         self.links: dict[str, dict[str, Route]] = {}
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
         self.clock = SharedClock(config["clock"]) if config.get("clock") else None
-        self.now = self.clock.now if self.clock is not None else time.monotonic
+        self.now = now or (self.clock.now if self.clock is not None else time.monotonic)
         self.release_lag = ReleaseLag()
+        self.record_interval_s: float | None = config.get("record_interval_s")
         for index, link in enumerate(config["links"]):
-            fd_a = open_tun(link["a"]["ifname"], link["a"]["netns"], tun_device)
-            fd_b = open_tun(link["b"]["ifname"], link["b"]["netns"], tun_device)
+            fd_a = open_end(link["a"]["ifname"], link["a"]["netns"], tun_device)
+            fd_b = open_end(link["b"]["ifname"], link["b"]["netns"], tun_device)
             seed = int(link.get("seed", 0)) * 2 + index * 1000
             a2b = Route(
                 link["name"],
@@ -102,17 +122,22 @@ class Shaper:
         self.clients: dict[int, tuple[socket.socket, bytearray]] = {}
         self.cursor: Cursor | None = None
         self.before_schedule: list[tuple[Route, LinkSpec, bool]] = []
+        self.restart_records(self.now())
         if config.get("schedule"):
             self.start_schedule(Schedule.from_dict(config["schedule"]), self.now())
+
+    def restart_records(self, origin: float) -> None:
+        """Record deliveries afresh from `origin` (when recording was asked for)."""
+        if self.record_interval_s is not None:
+            for route in self.routes:
+                route.record = DeliveryRecord(self.record_interval_s, origin)
 
     def run(self) -> None:
         routes = self.routes
         by_fd = self.by_fd
         control_fd = self.control.fileno()
         clock = self.clock
-        now_of = self.now
         monotonic = time.monotonic
-        read = os.read
         while True:
             next_time = min(route.direction.next_time() for route in routes)
             if self.cursor is not None:
@@ -135,36 +160,50 @@ class Shaper:
                 readable, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
-            now = now_of()
-            for fd in readable:
-                route = by_fd.get(fd)
-                if route is None:
-                    self._serve_control(fd)
-                    now = now_of()
-                    continue
-                push = route.direction.push
-                for _ in range(READ_BATCH):
-                    try:
-                        packet = read(fd, MAX_PACKET)
-                    except BlockingIOError:
-                        break
-                    push(packet, now)
-            if self.cursor is not None:
-                for at, step in self.cursor.due(now + early):
-                    self._release(at, now)
-                    self._apply_step(step, at)
-            self._release(now + early, now)
+            self.turn(readable, self.now(), early)
+
+    def turn(self, readable: Iterable[int], now: float, early: float) -> None:
+        """One turn of the loop at time `now` (see the module's docstring): `readable` are the
+        fds select() found ready; packets due within `early` after `now` leave now."""
+        self._follow_schedule(now, now)
+        for fd in readable:
+            route = self.by_fd.get(fd)
+            if route is None:
+                self._serve_control(fd)
+                now = self.now()
+                self._follow_schedule(now, now)
+                continue
+            push = route.direction.push
+            for _ in range(READ_BATCH):
+                try:
+                    packet = os.read(fd, MAX_PACKET)
+                except BlockingIOError:
+                    break
+                push(packet, now)
+        self._follow_schedule(now + early, now)
+        self._release(now + early, now)
+
+    def _follow_schedule(self, until: float, now: float) -> None:
+        """Apply every step due by `until`, each at its own time after what was due before."""
+        if self.cursor is None:
+            return
+        for at, step in self.cursor.due(until):
+            self._release(at, now)
+            self._apply_step(step, at)
 
     def _release(self, until: float, now: float) -> None:
         """Write out every packet due by `until`, counting how late each leaves at `now`."""
         lag = self.release_lag
         for route in self.routes:
+            record = route.record
             for packet, exit_time in route.direction.release(until):
                 try:
                     os.write(route.sink_fd, packet)
                 except OSError:
                     route.write_errors += 1
                 lag.count(now - exit_time)
+                if record is not None:
+                    record.count(len(packet), exit_time, now)
 
     # -- schedules ------------------------------------------------------------------------
 
@@ -181,6 +220,7 @@ class Shaper:
             (route, route.direction.spec, route.direction.gate.up) for route in self.routes
         ]
         self.cursor = Cursor(schedule, start)
+        self.restart_records(start)
 
     def stop_schedule(self, now: float) -> None:
         """Stop following the schedule; every link returns to its spec and state from before."""
@@ -250,6 +290,7 @@ class Shaper:
                     "ok": True,
                     "links": self.stats(),
                     "release_lag": self.release_lag.to_dict(),
+                    **({"delivery": self.deliveries()} if self.record_interval_s else {}),
                 }
             routes = self._select(request)
             now = self.now()
@@ -291,6 +332,13 @@ class Shaper:
                 d: {**r.direction.counters(), "write_errors": r.write_errors}
                 for d, r in routes.items()
             }
+            for name, routes in self.links.items()
+        }
+
+    def deliveries(self) -> dict[str, dict[str, Any]]:
+        """Each direction's delivery record (`netem.delivery`), by link and direction."""
+        return {
+            name: {d: r.record.to_dict() for d, r in routes.items() if r.record is not None}
             for name, routes in self.links.items()
         }
 

@@ -109,6 +109,9 @@ class Network:
     # the userspace shaper at real-time priority where allowed (netem.shaper): its releases keep
     # their times however busy the host is with the processes it carries traffic for
     realtime_shaper: bool = False
+    # the shaper records what each direction delivered per interval this wide (netem.delivery;
+    # `deliveries()`): for measurement runs, it grows with the run
+    record_interval_s: float | None = None
     # A clock page (netem.clock) in the run's directory, which the shaper follows: the links'
     # rates, delays and schedules are then in the clock's time, not the wall's.
     clock: bool = False
@@ -300,6 +303,14 @@ class Network:
             return None
         return control.request(record.control, {"op": "stats"})["release_lag"]
 
+    def deliveries(self) -> dict[str, Any]:
+        """The shaper's delivery records by link and direction (`netem.delivery`); the run
+        must have been made with `record_interval_s`."""
+        record = self._require_record()
+        if not record.control or self.record_interval_s is None:
+            raise TopologyError(f"run {self.name} records no deliveries")
+        return control.request(record.control, {"op": "stats"})["delivery"]
+
     def stats(self) -> dict[str, Any]:
         record = self._require_record()
         if record.control:
@@ -490,6 +501,7 @@ class Network:
             "clock": str(self.clock_path) if self.clock_path else None,
             "die_with_parent": threading.current_thread() is threading.main_thread(),
             "realtime": self.realtime_shaper,
+            "record_interval_s": self.record_interval_s,
         }
         self.shaper = subprocess.Popen(
             [sys.executable, "-m", "netem.shaper"],

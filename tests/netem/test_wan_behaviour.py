@@ -49,8 +49,11 @@ def test_cross_traffic_reaches_its_target_utilisation() -> None:
 
 
 def test_a_mahimahi_trace_is_followed_per_100ms() -> None:
+    """The shaper's own record follows the trace within a packet per 100 ms (by construction,
+    also on a busy host); the receiver's meter follows it in the median."""
     result = bench_wan.trace_replay(seconds=3, period_ms=1000)
-    assert result["intervals"] >= 20
+    assert result["intervals"] >= 20 and result["shaper_intervals"] >= 18
+    assert result["targets"]["shaper_due_within_one_packet_per_100ms"], result
     assert result["relative_error_p50"] <= 0.02, result
 
 
