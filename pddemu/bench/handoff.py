@@ -7,42 +7,61 @@ the eager tokens' KV). PDD reports, for a 100-token handoff: KV-delta mean 185 m
     pddemu bench handoff [--samples N] [--eager-tokens 100] [--out FILE]
                          [--qdisc fifo|prio]... [--jitter-ms MS]...
 
-`--qdisc` and `--jitter-ms` run part of the grid (so that each run stays short); the cells
-measured are merged into FILE, replacing the same cells of an earlier run of the same setup.
+`--qdisc` and `--jitter-ms` run part of the grid; the cells measured are merged into FILE,
+replacing the same cells of an earlier run of the same setup.
 
 Real runs of the emulator (namespaces, the shaper, one process per instance), on the default
-config except what the setup states. Per cell (payload x WAN jitter x queueing discipline):
-- sample requests: fresh prompts small enough that MD holds their KV well before the relay has
-  streamed `eager_tokens` tokens; the relay hands over one-shot at exactly that position
-  (`policy.handoff_after_eager_tokens`); a handoff counts when the relay delivered exactly
-  `eager_tokens` tokens and MD the rest;
-- bulk requests: fresh 64K-token prompts of one output token, whose KV crosses the WAN while
-  the samples hand over (the queueing PDD's KV-delta suffers from); the anomaly filter is off
-  so their transfers are not cut off;
-- the WAN's queueing discipline: `fifo` (the handoff's ids share one queue with the bulk KV)
-  and `prio` (the roles mark control and token-id connections AF21, bulk KV AF11, and `prio`
-  serves the control class first), when the WAN model has disciplines.
+config except what the setup states. A cell is a payload x WAN jitter x queueing discipline.
+The cells of one payload differ only in what the WAN's schedule sets live (jitter, queueing
+discipline), so they share one deployment: one phase each, in turn, the schedule switching
+the WAN at each phase's start. In a phase:
+- sample requests, paced SAMPLE_SPACING_S apart: fresh prompts small enough that MD holds
+  their KV well before the relay has streamed `eager_tokens` tokens; the relay hands over
+  one-shot at exactly that position (`policy.handoff_after_eager_tokens`); a handoff counts
+  when the relay delivered exactly `eager_tokens` tokens and MD the rest, and the handoff (the
+  relay's first part to MD's first token) lies inside the phase;
+- bulk requests throughout the run (Poisson, one per BULK_INTERVAL_S): fresh 64K-token prompts
+  of one output token, whose KV crosses the WAN while the samples hand over (the queueing
+  PDD's KV-delta suffers from); the anomaly filter is off so their transfers are not cut off.
+A cell keeps sending samples until it has N handoffs (`measure`): a round sends each short
+cell its shortfall plus a margin, in one deployment per payload, until no cell is short; a cell
+still short after CAP_FACTOR x N + CAP_EXTRA samples is an error naming it.
+
+The queueing disciplines: `fifo` (the handoff's ids share one queue with the bulk KV) and
+`prio` (the roles mark control and token-id connections AF21, bulk KV AF11, and `prio` serves
+the control class first).
+
 Reported per cell: the MD-side handoff latency (the relay sends its part -> MD produces its
 first token), the user-visible stall (the gap at the switch minus the request's TPOT) and the
 gap itself, each as mean, p50, p99, max and std (population), in modelled ms; the TCP segments
-the run's
-namespaces retransmitted (the kernel's per-namespace counters, /proc/net/snmp). The figures
-are reported beside the paper's, not fitted to them: docs/validation.md compares them.
+the run's namespaces retransmitted during the cell's phases (the kernel's per-namespace
+counters, /proc/net/snmp, read as the run's clock passes); and what says whether the samples
+are independent: the lag-1 autocorrelation of the MD-side latency in arrival order beside its
+95 % band under independence (+-1.96/sqrt(n)), and how many handoffs overlapped another
+sample's handoff. Per deployment (`runs`): its wall time, the replay's modelled length and
+speed-up, so setup and sampling cost can be told apart. The figures are reported beside the
+paper's, not fitted to them: docs/validation.md compares them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from netem.clock import SharedClock
 from netem.nsexec import command_in
 from netem.topology import Network
 from pddemu.config import Config, load_config
@@ -57,35 +76,125 @@ PAYLOADS = ("extend", "kv-delta")
 JITTERS_MS = (2.0, 0.0, 5.0, 10.0)  # the default first
 QDISCS = ("fifo", "prio")
 SAMPLE_PROMPT_TOKENS = 4096
-SAMPLE_EXTRA_OUTPUT = 200  # tokens MD produces after the switch
-SAMPLE_RATE = 1.0  # modelled requests per second
+SAMPLE_EXTRA_OUTPUT = 100  # tokens MD produces after the switch
+SAMPLE_SPACING_S = 0.5  # modelled seconds between a phase's sample arrivals
+PHASE_LEAD_S = 1.0  # a phase's WAN settings are in force this long before its first sample
+PHASE_TAIL_S = 2.5  # after its last sample arrives, before the next phase's settings
 BULK_PROMPT_TOKENS = 65536
-BULK_EVERY = 8  # one bulk request per this many samples: with the samples, half the WAN
+BULK_INTERVAL_S = 8.0  # mean modelled seconds between bulk requests: about half the WAN
 OVERRIDES = [
     "policy.routing=always-relay",
     "policy.handoff_mode=one-shot",
     "policy.anomaly_filter=false",
 ]
-MARGIN = 1.15  # samples sent per handoff wanted (a few may miss the window)
+MARGIN = 1.1  # samples sent per handoff still wanted (a few miss their phase's window)
+CAP_FACTOR, CAP_EXTRA = 2, 5  # a cell sends at most CAP_FACTOR * N + CAP_EXTRA samples
+POLL_S = 0.2  # wall seconds between readings of the TCP counters
 STATS = ("mean", "p50", "p99", "max", "std")
 
 
-def workload(config: Config, samples: int, eager: int, seed: int) -> list[WorkloadRequest]:
-    """`samples` sample requests and one bulk request per BULK_EVERY, Poisson arrivals."""
+@dataclass(frozen=True)
+class Cell:
+    payload: str
+    jitter_ms: float
+    qdisc: str
+
+    def __str__(self) -> str:
+        return f"{self.payload}, jitter {self.jitter_ms:g} ms, {self.qdisc}"
+
+
+class ShortCellError(RuntimeError):
+    """A cell could not get its handoffs within its cap of samples."""
+
+
+T = TypeVar("T")
+
+
+def sample_cap(wanted: int) -> int:
+    return CAP_FACTOR * wanted + CAP_EXTRA
+
+
+def measure(
+    cells: Iterable[Cell],
+    wanted: int,
+    run_round: Callable[[dict[Cell, int]], dict[Cell, list[T]]],
+) -> dict[Cell, list[T]]:
+    """Each cell's measured handoffs, at least `wanted` of them: `run_round` is asked for a
+    number of samples per cell and answers with the handoffs they gave (some samples give none);
+    rounds go on for the cells still short, each asking the shortfall plus MARGIN. Raises
+    ShortCellError, naming the cell, when a short cell has sent its `sample_cap` samples."""
+    kept: dict[Cell, list[T]] = {cell: [] for cell in cells}
+    sent = dict.fromkeys(kept, 0)
+    cap = sample_cap(wanted)
+    while short := {cell: wanted - len(got) for cell, got in kept.items() if len(got) < wanted}:
+        stuck = [cell for cell in short if sent[cell] >= cap]
+        if stuck:
+            raise ShortCellError(
+                "; ".join(
+                    f"cell {cell}: {len(kept[cell])} handoffs of {wanted} after {sent[cell]} "
+                    f"samples (the cap)"
+                    for cell in stuck
+                )
+            )
+        asks = {
+            cell: min(cap - sent[cell], math.ceil(need * MARGIN)) for cell, need in short.items()
+        }
+        got = run_round(asks)
+        for cell, count in asks.items():
+            sent[cell] += count
+            kept[cell] += got.get(cell, [])
+    return kept
+
+
+@dataclass(frozen=True)
+class Phase:
+    cell: Cell
+    samples: int
+    start_s: float  # modelled seconds from the replay's start: the WAN takes its settings
+    end_s: float  # the next phase's start
+
+    def arrival(self, i: int) -> float:
+        return self.start_s + PHASE_LEAD_S + i * SAMPLE_SPACING_S
+
+
+def phases(asks: list[tuple[Cell, int]]) -> list[Phase]:
+    """One phase per cell, back to back from the replay's start."""
+    out, at = [], 0.0
+    for cell, samples in asks:
+        end = at + PHASE_LEAD_S + (samples - 1) * SAMPLE_SPACING_S + PHASE_TAIL_S
+        out.append(Phase(cell, samples, at, end))
+        at = end
+    return out
+
+
+def schedule_text(plan: list[Phase]) -> str:
+    """The WAN's schedule ([wan] schedule): each phase's jitter and discipline at its start."""
+    return "".join(
+        f"{p.start_s:.3f} jitter={p.cell.jitter_ms:g}ms qdisc={p.cell.qdisc}\n" for p in plan
+    )
+
+
+def workload(config: Config, plan: list[Phase], eager: int, seed: int) -> list[WorkloadRequest]:
+    """Each phase's samples, paced, and bulk requests (Poisson) over the whole plan."""
     rng = np.random.default_rng(seed)
     scale = config.scale.token_scale
-    requests = []
-    t = 0.0
-    for i in range(samples):
-        t += float(rng.exponential(1 / SAMPLE_RATE))
-        requests.append(
-            _request(
-                f"sample:{i}", t, SAMPLE_PROMPT_TOKENS, eager + SAMPLE_EXTRA_OUTPUT, scale, rng
-            )
+    requests = [
+        _request(
+            f"sample:{k}:{i}",
+            p.arrival(i),
+            SAMPLE_PROMPT_TOKENS,
+            eager + SAMPLE_EXTRA_OUTPUT,
+            scale,
+            rng,
         )
-        if i % BULK_EVERY == 0:
-            requests.append(_request(f"bulk:{i}", t, BULK_PROMPT_TOKENS, 1, scale, rng))
-    return requests
+        for k, p in enumerate(plan)
+        for i in range(p.samples)
+    ]
+    t, j = float(rng.exponential(BULK_INTERVAL_S)), 0
+    while t < plan[-1].end_s:
+        requests.append(_request(f"bulk:{j}", t, BULK_PROMPT_TOKENS, 1, scale, rng))
+        t, j = t + float(rng.exponential(BULK_INTERVAL_S)), j + 1
+    return sorted(requests, key=lambda r: r.arrival_s)
 
 
 def _request(
@@ -119,21 +228,6 @@ def describe_ms(values: list[float]) -> dict[str, float | None]:
     }
 
 
-def retransmitted(network: Network) -> int:
-    """TCP segments retransmitted so far by every namespace of the run (kernel counters)."""
-    total = 0
-    for endpoint in (network.a, network.a2, network.b):
-        text = subprocess.run(
-            command_in(endpoint.netns, ["cat", "/proc/net/snmp"]),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        header, values = [line.split() for line in text.splitlines() if line.startswith("Tcp:")]
-        total += int(values[header.index("RetransSegs")])
-    return total
-
-
 def handoffs(records: list[RequestRecord], eager: int) -> list[RequestRecord]:
     """The sample requests whose handoff came exactly at `eager` tokens and completed."""
     return [
@@ -147,39 +241,158 @@ def handoffs(records: list[RequestRecord], eager: int) -> list[RequestRecord]:
     ]
 
 
-def run_cell(config: Config, samples: int, eager: int, seed: int, scratch: Path) -> dict[str, Any]:
-    """One payload at one WAN setting: its own network and deployment."""
+def phase_of(record: RequestRecord) -> int:
+    return int(record.request_id.split(":")[1])
+
+
+def window(record: RequestRecord, origin: float) -> tuple[float, float] | None:
+    """A handoff's span (its first part sent -> MD's first token), from the replay's start."""
+    if record.handoff_started_s is None or record.handoff_resumed_s is None:
+        return None
+    return record.handoff_started_s - origin, record.handoff_resumed_s - origin
+
+
+def overlapping(kept: list[RequestRecord], records: list[RequestRecord]) -> int:
+    """How many of `kept`'s handoffs overlapped in time another request's handoff."""
+    spans = {r.request_id: w for r in records if (w := window(r, 0.0)) is not None}
+    count = 0
+    for record in kept:
+        start, end = spans[record.request_id]
+        count += any(
+            s < end and start < e for rid, (s, e) in spans.items() if rid != record.request_id
+        )
+    return count
+
+
+def lag1_autocorrelation(latencies: list[float]) -> dict[str, float | None]:
+    """The lag-1 autocorrelation of a cell's MD-side latencies in arrival order, beside the
+    band it stays within in 95 % of cells if they are independent (+-1.96/sqrt(n))."""
+    x = np.asarray(latencies)
+    r1 = None
+    if x.size > 2 and x[:-1].std() > 0 and x[1:].std() > 0:
+        r1 = float(np.corrcoef(x[:-1], x[1:])[0, 1])
+    return {"lag1_autocorrelation": r1, "band_95": 1.96 / math.sqrt(x.size) if x.size else None}
+
+
+class TcpCounters:
+    """The TCP segments the run's namespaces retransmitted, read every POLL_S against the run's
+    modelled time (a `sleep` in each namespace: its /proc/<pid>/net/snmp is that namespace's)."""
+
+    def __init__(self, network: Network) -> None:
+        self.clock = SharedClock(network.clock_path) if network.clock_path else None
+        self.sleepers = [
+            subprocess.Popen(command_in(e.netns, ["sleep", "infinity"]))
+            for e in (network.a, network.a2, network.b)
+        ]
+        self.readings: list[tuple[float, int]] = []  # (modelled s, retransmitted so far)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> TcpCounters:
+        deadline = time.monotonic() + 10
+        while not all(self._entered(p) for p in self.sleepers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("bench handoff: could not start a reader in each namespace")
+            time.sleep(0.01)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for sleeper in self.sleepers:
+            sleeper.kill()
+            sleeper.wait()
+
+    @staticmethod
+    def _entered(process: subprocess.Popen) -> bool:
+        try:
+            return Path(f"/proc/{process.pid}/comm").read_text().strip() == "sleep"
+        except OSError:
+            return False
+
+    def total(self) -> int:
+        total = 0
+        for sleeper in self.sleepers:
+            lines = Path(f"/proc/{sleeper.pid}/net/snmp").read_text().splitlines()
+            header, values = [line.split() for line in lines if line.startswith("Tcp:")]
+            total += int(values[header.index("RetransSegs")])
+        return total
+
+    def _poll(self) -> None:
+        while True:
+            now = self.clock.now() if self.clock else time.monotonic()
+            self.readings.append((now, self.total()))
+            if self._stop.wait(POLL_S):
+                self.readings.append(
+                    (self.clock.now() if self.clock else time.monotonic(), self.total())
+                )
+                return
+
+    def between(self, start: float, end: float) -> int | None:
+        """Retransmitted from modelled time `start` to `end` (the first readings at or after
+        each: the span is late by up to POLL_S of wall time at both ends)."""
+        at = [next((n for t, n in self.readings if t >= edge), None) for edge in (start, end)]
+        if at[0] is None or at[1] is None:
+            return None
+        return at[1] - at[0]
+
+
+def run_payload(
+    config: Config, plan: list[Phase], eager: int, seed: int, scratch: Path
+) -> tuple[dict[Cell, dict[str, Any]], dict[str, Any]]:
+    """One deployment running `plan`'s phases: each cell's result, and the run's costs."""
     import uvloop
 
     from pddemu.emulate import run_system
     from pddemu.emulated_network import network_for, scale_model
 
     started = time.time()
-    requests = workload(config, round(samples * MARGIN), eager, seed)
-    with network_for(config, scale_model(config), seed=seed) as network:
-        before = retransmitted(network)
+    requests = workload(config, plan, eager, seed)
+    with (
+        network_for(config, scale_model(config), seed=seed) as network,
+        TcpCounters(network) as tcp,
+    ):
         run = uvloop.run(run_system("pdd", config, network, requests, scratch))
-        after = retransmitted(network)
-    kept = handoffs(run.records, eager)
-    sample_records = [r for r in run.records if r.request_id.startswith("sample:")]
-    return {
-        "handoffs": len(kept),
-        "samples_sent": len(sample_records),
-        "samples_failed": sum(1 for r in sample_records if r.state != "completed"),
-        "duplicate_tokens": sum(r.duplicate_tokens for r in run.records),
-        "gap_tokens": sum(r.gap_tokens for r in run.records),
-        "md_latency_ms": describe_ms([r.handoff_latency_s for r in kept]),
-        "stall_ms": describe_ms([r.handoff_stall_s for r in kept]),
-        "gap_ms": describe_ms([r.handoff_gap_s for r in kept]),
-        "tpot_ms": describe_ms([r.tpot_s for r in kept if r.tpot_s is not None]),
-        "tcp_retransmits": after - before,
+    origin = run.replay_start_s
+    kept_all = handoffs(run.records, eager)
+    cells = {}
+    for k, phase in enumerate(plan):
+        samples = [r for r in run.records if r.request_id.startswith(f"sample:{k}:")]
+        eager_ok = [r for r in kept_all if phase_of(r) == k]
+        inside = sorted(
+            (r for r in eager_ok if _within(window(r, origin), phase)),
+            key=lambda r: r.arrival_s,
+        )
+        cells[phase.cell] = {
+            "records": inside,
+            "samples_sent": len(samples),
+            "samples_failed": sum(1 for r in samples if r.state != "completed"),
+            "outside_phase": len(eager_ok) - len(inside),
+            "duplicate_tokens": sum(r.duplicate_tokens for r in samples),
+            "gap_tokens": sum(r.gap_tokens for r in samples),
+            "dropped_stale_tokens": sum(r.dropped_stale_tokens for r in samples),
+            "tcp_retransmits": tcp.between(origin + phase.start_s, origin + phase.end_s),
+            "overlapping_handoffs": overlapping(inside, run.records),
+        }
+    finished = [r.finish_s for r in run.records if r.finish_s is not None]
+    cost = {
+        "payload": plan[0].cell.payload,
+        "cells": len(plan),
+        "samples": sum(p.samples for p in plan),
+        "bulk": sum(1 for r in requests if r.request_id.startswith("bulk:")),
         "wall_s": round(time.time() - started, 1),
+        "replay_modelled_s": round(max(finished) - origin, 1) if finished else None,
+        "speedup": (run.timing.get("dilation") or {}).get("speedup"),
+        "valid": run.timing.get("valid"),
+        "partial": run.partial,
     }
+    return cells, cost
 
 
-def qdiscs_available(base: Config) -> tuple[str, ...]:
-    """The disciplines to compare, if the WAN model has them."""
-    return QDISCS if hasattr(base.wan, "qdisc") else ()
+def _within(span: tuple[float, float] | None, phase: Phase) -> bool:
+    return span is not None and phase.start_s <= span[0] and span[1] <= phase.end_s
 
 
 def benchmark(
@@ -188,58 +401,99 @@ def benchmark(
     seed: int = 0,
     only_qdiscs: tuple[str, ...] = (),
     only_jitters_ms: tuple[float, ...] = (),
-    out: Path | None = None,
 ) -> dict[str, Any]:
-    """The grid (or the part asked for); with `out`, merged into that file after every cell,
-    so a run cut short keeps the cells it measured."""
-    base = load_config(None, [*OVERRIDES, f"policy.handoff_after_eager_tokens={eager}"])
-    qdiscs = qdiscs_available(base)
-    run_qdiscs = tuple(q for q in qdiscs if not only_qdiscs or q in only_qdiscs)
+    """The grid (or the part asked for), at least `samples` handoffs per cell."""
+    overrides = [*OVERRIDES, f"policy.handoff_after_eager_tokens={eager}"]
+    base = load_config(None, overrides)
+    qdiscs = tuple(q for q in QDISCS if not only_qdiscs or q in only_qdiscs)
     jitters = tuple(j for j in JITTERS_MS if not only_jitters_ms or j in only_jitters_ms)
+    grid = [Cell(p, j, q) for p in PAYLOADS for q in qdiscs for j in jitters]
     result: dict[str, Any] = {
         "setup": {
             "config": "configs/default.toml",
-            "overrides": [*OVERRIDES, f"policy.handoff_after_eager_tokens={eager}"],
+            "overrides": overrides,
             "samples_per_cell": samples,
             "eager_tokens": eager,
             "sample_prompt_tokens": SAMPLE_PROMPT_TOKENS,
             "sample_output_tokens": eager + SAMPLE_EXTRA_OUTPUT,
-            "sample_rate_per_s": SAMPLE_RATE,
+            "sample_spacing_s": SAMPLE_SPACING_S,
+            "phase_lead_s": PHASE_LEAD_S,
+            "phase_tail_s": PHASE_TAIL_S,
             "bulk_prompt_tokens": BULK_PROMPT_TOKENS,
-            "bulk_per_samples": BULK_EVERY,
+            "bulk_interval_s": BULK_INTERVAL_S,
             "wan": {"rate_bps": base.wan.rate_bps, "delay_s": base.wan.delay_s},
             "jitters_ms": list(JITTERS_MS),
-            "qdiscs": list(qdiscs) or None,
+            "qdiscs": list(QDISCS),
         },
         "paper": PAPER,
         "cells": [],
-        "missing": []
-        if qdiscs
-        else ["the WAN model has no queueing disciplines: ids and bulk KV share one FIFO"],
+        "runs": [],
     }
-    started = time.time()
+    extra: dict[Cell, dict[str, Any]] = {}
+    started, load_before = time.time(), os.getloadavg()
+
     with tempfile.TemporaryDirectory() as scratch:
-        for jitter in jitters:  # jitter outermost: a run cut short has whole comparisons
-            for qdisc in run_qdiscs or (None,):
-                for payload in PAYLOADS:
-                    changes = [f"wan.jitter={jitter:g}ms", f"policy.handoff_payload={payload}"]
-                    if qdisc is not None:
-                        changes.append(f"wan.qdisc={qdisc}")
-                    config = load_config(None, [*result["setup"]["overrides"], *changes])
-                    where = Path(scratch) / f"{qdisc}-{jitter:g}-{payload}"
-                    where.mkdir()
-                    print(
-                        f"bench handoff: {payload}, jitter {jitter:g} ms, {qdisc or 'fifo'}",
-                        file=sys.stderr,
-                    )
-                    cell = run_cell(config, samples, eager, seed, where)
-                    result["cells"].append(
-                        {"payload": payload, "jitter_ms": jitter, "qdisc": qdisc or "fifo", **cell}
-                    )
-                    if out is not None:
-                        result["wall_s"] = round(time.time() - started, 1)
-                        write(merged(result, out), out)
+
+        def run_round(asks: dict[Cell, int]) -> dict[Cell, list[RequestRecord]]:
+            got: dict[Cell, list[RequestRecord]] = {}
+            for payload in PAYLOADS:
+                plan = phases([(c, n) for c, n in asks.items() if c.payload == payload])
+                if not plan:
+                    continue
+                where = Path(scratch) / f"run-{len(result['runs'])}"
+                where.mkdir()
+                schedule = where / "wan.schedule"
+                schedule.write_text(schedule_text(plan))
+                first = plan[0].cell
+                config = load_config(
+                    None,
+                    [
+                        *overrides,
+                        f"policy.handoff_payload={payload}",
+                        f"wan.jitter={first.jitter_ms:g}ms",
+                        f"wan.qdisc={first.qdisc}",
+                        f"wan.schedule={schedule}",
+                    ],
+                )
+                print(
+                    f"bench handoff: {payload}, {len(plan)} cells, "
+                    f"{sum(p.samples for p in plan)} samples",
+                    file=sys.stderr,
+                )
+                cells, cost = run_payload(config, plan, eager, seed + len(result["runs"]), where)
+                result["runs"].append(cost)
+                for cell, measured in cells.items():
+                    got[cell] = measured.pop("records")
+                    totals = extra.setdefault(cell, {"rounds": 0})
+                    totals["rounds"] += 1
+                    for key, value in measured.items():  # counts, summed over the rounds
+                        known = totals.get(key, 0)
+                        totals[key] = None if value is None or known is None else known + value
+            return got
+
+        kept = measure(grid, samples, run_round)
+    for cell in grid:
+        records = kept[cell]
+        totals = extra[cell]
+        result["cells"].append(
+            {
+                "payload": cell.payload,
+                "jitter_ms": cell.jitter_ms,
+                "qdisc": cell.qdisc,
+                "handoffs": len(records),
+                **totals,
+                "md_latency_ms": describe_ms([r.handoff_latency_s for r in records]),
+                "stall_ms": describe_ms([r.handoff_stall_s for r in records]),
+                "gap_ms": describe_ms([r.handoff_gap_s for r in records]),
+                "tpot_ms": describe_ms([r.tpot_s for r in records if r.tpot_s is not None]),
+                "independence": {
+                    **lag1_autocorrelation([r.handoff_latency_s for r in records]),
+                    "overlapping_handoffs": totals["overlapping_handoffs"],
+                },
+            }
+        )
     result["wall_s"] = round(time.time() - started, 1)
+    result["host_load"] = {"before": load_before[0], "after": os.getloadavg()[0]}
     judge(result)
     return result
 
@@ -266,24 +520,30 @@ def merged(result: dict[str, Any], earlier_path: Path) -> dict[str, Any]:
         return result
 
     def key(cell: dict[str, Any]) -> tuple:
-        return (cell["qdisc"], cell["jitter_ms"], cell["payload"])
+        return (cell["payload"], cell["qdisc"], cell["jitter_ms"])
 
     fresh = {key(c) for c in result["cells"]}
     cells = [c for c in earlier.get("cells", []) if key(c) not in fresh] + result["cells"]
     order = {
-        (q, j, p): i
-        for i, (q, j, p) in enumerate(
-            (q, j, p) for q in QDISCS for j in JITTERS_MS for p in PAYLOADS
+        (p, q, j): i
+        for i, (p, q, j) in enumerate(
+            (p, q, j) for p in PAYLOADS for q in QDISCS for j in JITTERS_MS
         )
     }
     cells.sort(key=lambda c: order.get(key(c), len(order)))
-    combined = {**result, "cells": cells, "wall_s": sum(c.get("wall_s", 0) for c in cells)}
+    runs = earlier.get("runs", []) + result.get("runs", [])
+    combined = {
+        **result,
+        "cells": cells,
+        "runs": runs,
+        "wall_s": round(sum(r.get("wall_s", 0) for r in runs), 1),
+    }
     judge(combined)
     return combined
 
 
 def run(quick: bool) -> dict[str, Any]:
-    """`make bench`: the paper's setup at 100 samples per cell (20 with --quick)."""
+    """`make bench`: the paper's setup at 100 handoffs per cell (20 with --quick)."""
     return benchmark(20 if quick else 100, 100)
 
 
@@ -319,14 +579,16 @@ def write(result: dict[str, Any], out: Path) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.eager_tokens < 2:
         raise SystemExit("pddemu bench handoff: --samples must be >= 1 and --eager-tokens >= 2")
-    result = benchmark(
-        args.samples,
-        args.eager_tokens,
-        args.seed,
-        tuple(args.qdisc or ()),
-        tuple(args.jitter_ms or ()),
-        args.out,
-    )
+    try:
+        result = benchmark(
+            args.samples,
+            args.eager_tokens,
+            args.seed,
+            tuple(args.qdisc or ()),
+            tuple(args.jitter_ms or ()),
+        )
+    except ShortCellError as error:
+        raise SystemExit(f"pddemu bench handoff: {error}") from None
     result = merged(result, args.out)
     write(result, args.out)
     print(f"wrote {args.out} ({result['wall_s']:.0f} s)", file=sys.stderr)
