@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pddemu.cli import build_parser
-from pddemu.config import ConfigError
+from pddemu.config import ConfigError, load_config
+from pddemu.roles.sizing import cost_model
 from pddemu.sweep.cli import base_overrides, systems_of
 from pddemu.sweep.experiment import apply_experiment, experiment_parts, value_text
 from pddemu.sweep.grid import expand, parse_grid
@@ -45,11 +46,15 @@ def test_every_paper_experiment_has_a_file() -> None:
     assert PAPER_EXPERIMENTS <= {path.stem for path in EXPERIMENTS}
 
 
+ROLES = {"pdd": ("P", "RLD", "MD"), "naive": ("P", "MD"), "indc": ("P", "D")}
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("quick", [False, True])
 def test_each_experiment_loads_and_expands(path: Path, quick: bool) -> None:
-    """Every part's points check against the config (an unknown key or bad value is refused);
-    the full variant keeps the three seeds the report's spread needs; a quick variant stays
+    """Every part's points check against the config (an unknown key or bad value is refused)
+    and their instances can start (a cost model refuses chips too few for the weights); the
+    full variant keeps the three seeds the report's spread needs; a quick variant stays
     small (a point of a 2-core host takes one to two minutes) and may drop seeds to do so."""
     total = 0
     for part in experiment_parts(path):
@@ -62,6 +67,10 @@ def test_each_experiment_loads_and_expands(path: Path, quick: bool) -> None:
             systems_of(args.system),
         )
         assert points and all(p.source.startswith("configs/") for p in points)
+        for point in points:  # every instance's chips hold the target's weights and some KV
+            config = load_config(point.config_path, list(point.overrides))
+            for role in ROLES[point.system]:
+                assert cost_model(config, point.system, role).kv_capacity_tokens() > 0
         assert quick or args.seeds >= 3, "the report gives the spread over at least 3 seeds"
         total += len(points)
     if quick:
