@@ -57,10 +57,11 @@ _CEILING = struct.Struct("=d")  # offset 72: the fastest rate the clock may be s
 SEQ_AT, ANCHOR_AT, LAG_TARGET_AT, FROZEN_AT, BINDING_AT, CEILING_AT = 8, 16, 48, 56, 64, 72
 
 # A slot: name, pid, the hold (under the lock), then its owner's counters.
-# Lag is counted apart for each of LAG_KINDS kinds (numbered by the participants, the same in
-# every process of a run): the controller keeps each kind's mean within its target, as a run's
-# validity judges each kind's mean, so a frequent kind on time cannot hide a rare one late.
-LAG_KINDS = 3
+# Lag is counted apart in LAG_COUNTERS kinds (numbered by the participants, the same in every
+# process of a run: pddemu.runtime.clock.CONTROLLED_KINDS): the controller keeps each kind's
+# mean within its target, as a run's validity judges each kind's mean, so a frequent kind on
+# time cannot hide a rare one late.
+LAG_COUNTERS = 3
 _SLOT = struct.Struct("=32sQdd QQ QdQdQd d")
 _SLOT_HOLD = struct.Struct("=dd")  # offset 40 in a slot: hold at, wall seconds it froze time
 _SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stopped the clock
@@ -242,7 +243,7 @@ class SharedClock:
             fields = _SLOT.unpack_from(self._page, _slot_at(index))
             name = fields[0].rstrip(b"\0").decode()
             if name:
-                kinds = fields[6 : 6 + 2 * LAG_KINDS]
+                kinds = fields[6 : 6 + 2 * LAG_COUNTERS]
                 by_kind = tuple(zip(kinds[::2], kinds[1::2], strict=True))
                 reports.append(SlotReport(index, name, *fields[1:6], by_kind, fields[-1]))
         return reports
@@ -299,7 +300,7 @@ class SharedClock:
                 if not _SLOT.unpack_from(self._page, at)[0].rstrip(b"\0"):
                     _SLOT.pack_into(
                         self._page, at, encoded, pid or os.getpid(), math.inf, 0.0, 0, 0,
-                        *(0, 0.0) * LAG_KINDS, 0.0,
+                        *(0, 0.0) * LAG_COUNTERS, 0.0,
                     )  # fmt: skip
                     return index
         raise ClockError(f"clock page {self.path}: all {MAX_SLOTS} slots are taken")
@@ -379,8 +380,8 @@ class SharedClock:
     def count_lag(self, index: int, lag: float, kind: int = 0) -> None:
         """Add one lag sample of `kind` (modelled seconds, 0 when on time) to the slot's
         counters."""
-        if not 0 <= kind < LAG_KINDS:
-            raise ClockError(f"no lag kind {kind}: the page counts {LAG_KINDS}")
+        if not 0 <= kind < LAG_COUNTERS:
+            raise ClockError(f"no lag kind {kind}: the page counts {LAG_COUNTERS}")
         slot = _slot_at(index)
         where = slot + SLOT_LAG_AT + kind * _SLOT_LAG.size
         count, total = _SLOT_LAG.unpack_from(self._page, where)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from pddemu.metrics.records import RequestRecord
-from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.clock import INSTANT_HOLD_CAP_S, ModelledClock
 
 PROGRESS_EVERY_S = 1.0
 INTERRUPTED = "interrupted: the run was stopped before the request ended"
@@ -124,14 +124,19 @@ async def replay(
         try:
             for sent, request in enumerate(ordered):
                 result.not_sent = len(ordered) - sent
-                clock.count_lag(
-                    "send", await clock.sleep_until(start_s + request.arrival_s, precise=True)
-                )
-                tasks.append(
-                    asyncio.ensure_future(
-                        _one(session, frontend_url, request, system, progress, result, clock.now())
+                due = start_s + request.arrival_s
+                # Time stands at the arrival until the frontend has the request (it then holds
+                # it itself, until its routing): neither end's lateness moves the arrival.
+                with clock.holding(due):
+                    clock.count_lag("send", await clock.sleep_until(due, precise=True))
+                    admitted = asyncio.get_running_loop().create_future()
+                    task = asyncio.ensure_future(
+                        _one(
+                            session, frontend_url, request, system, progress, result, due, admitted
+                        )
                     )
-                )
+                    tasks.append(task)
+                    await asyncio.wait({admitted, task}, timeout=INSTANT_HOLD_CAP_S)
                 progress.show()
             result.not_sent = 0
             while not all(task.done() for task in tasks):
@@ -159,6 +164,7 @@ async def _one(
     progress: Progress,
     result: ReplayResult,
     sent_at: float,
+    admitted: asyncio.Future | None = None,
 ) -> None:
     progress.in_flight += 1
     record: RequestRecord | None = None
@@ -171,6 +177,8 @@ async def _one(
     }
     try:
         async with session.post(f"{url}/generate", json=body) as reply:
+            if admitted is not None and not admitted.done():
+                admitted.set_result(None)  # the frontend has it: its answer has begun
             if reply.status != 200:
                 raise RuntimeError(
                     f"frontend answered {reply.status}: {(await reply.text())[:200]}"

@@ -6,7 +6,9 @@ Lag is how late, in modelled seconds, the emulator did something whose modelled 
 a message handled after it arrived (on a path without modelled time), a token delivered by the
 frontend after it arrived, a request sent after its arrival time, a packet the shaper let go
 after its exit time. Kinds ending in `_wan` are bounds (a message across the WAN, whose
-modelled queueing its receiver cannot know) and are reported, not judged.
+modelled queueing its receiver cannot know) and are reported, not judged; so is `report`
+(the frontend reading a report that carries its own times, which its lateness cannot move).
+docs/validation.md, "Which lag counts", says which lag can move a result and which is held.
 
 A run is valid when the mean lag of each exact kind is at most `max_lag` x its TPOT p50. The
 mean is the lag's systematic part: what shifts a reported time by adding up along a request's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import socket
 import threading
@@ -47,6 +48,10 @@ HELLO_LIMITS = Limits(
     max_frame_bytes=4096, max_tensor_bytes=1, max_control_body_bytes=2048, max_token_ids=1
 )
 HELLO_TIMEOUT_S = 10.0  # wall seconds a new connection has to say hello (a bound, not a measure)
+# Forced lateness, for tests that show which lag reaches a result: "FE0:p_hit,routed:0.02;..."
+# makes instance FE0 block its event loop 20 ms of wall time before handling each message of
+# those kinds, as a host busy elsewhere would.
+STALL_ENV = "PDDEMU_STALL"
 
 
 class Instance:
@@ -72,6 +77,7 @@ class Instance:
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
         self.lag_samples_s: list[float] = []
+        self.stalls = stalls_of(os.environ.get(STALL_ENV, ""), self.name)
         self.resumed_at = -math.inf  # modelled time the last pause fault ended (SIGCONT)
         self.steps = 0
         self.busy_s = 0.0
@@ -269,6 +275,8 @@ class Instance:
         self.heard_from(channel.peer)
         try:
             if isinstance(item, Envelope):
+                if item.kind in self.stalls:
+                    time.sleep(self.stalls[item.kind])  # a forced lateness (STALL_ENV)
                 if "t" in item.body:
                     self.count_message_lag(item.kind, channel.peer, float(item.body["t"]))
                 handler = getattr(self, f"on_{item.kind}", None)
@@ -433,3 +441,13 @@ class Instance:
 
     def channel_closed(self, channel: Channel) -> None:
         """A peer's connection ended (subclasses forget what was in flight on it)."""
+
+
+def stalls_of(spec: str, name: str) -> dict[str, float]:
+    """The forced lateness STALL_ENV gives instance `name`: message kind -> wall seconds."""
+    stalls = {}
+    for part in filter(None, spec.split(";")):
+        who, kinds, seconds = part.split(":")
+        if who == name:
+            stalls.update(dict.fromkeys(kinds.split(","), float(seconds)))
+    return stalls

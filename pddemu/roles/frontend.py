@@ -24,6 +24,13 @@ recomputes the KV of the tokens the user already has in one extend and streams o
 Instances know a request by its *leg*: its id for the first routing, a new one for each
 re-routing or move, so nothing of an abandoned leg is ever mistaken for the current one.
 
+The routing exchange takes no modelled time, as the closed form has it: the router holds the
+clock (an instant hold, `ModelledClock.hold_instant`) from a request's arrival until P has its
+prompt and the router P's hit, and again from the decode side's answer until P has the route
+and its first KV bytes are on their way. Across the WAN the hold is let go while the decode
+side's answer travels (its transit is modelled time), so only the router's lateness in reading
+that one answer can move the route (counted as `handler_wan`, a bound).
+
 Every request ends completed or failed (with the reason); nothing is left without an end.
 """
 
@@ -49,6 +56,7 @@ from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
+from pddemu.runtime.clock import INSTANT_HOLD_CAP_S, REPORT_KIND, InstantHold
 from pddemu.runtime.liveness import DOWN, Change, Liveness
 from pddemu.wire import TokenIds
 from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
@@ -58,6 +66,10 @@ WAN_DECODE = {"pdd": True, "naive": True, "indc": False}
 MAX_ROUTINGS = 2  # a request whose P (or routing) is lost is routed once more, on others
 MAX_MOVES = 2  # its stream moves to another instance at most this often
 CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its connection (a bound)
+# Reports that carry the times they report (a transfer's end and bytes, the KV's arrival, a
+# handoff's start and bytes): when the frontend reads one moves nothing recorded, so its
+# lateness there is reported (`report`), not judged (docs/validation.md, "Which lag counts").
+REPORTS = frozenset({"transfer_done", "kv_arrived", "handoff_sent"})
 
 
 @dataclass
@@ -95,6 +107,7 @@ class Flight:
     reroute: str = ""  # why the current attempt is being replaced by a new routing
     routings: int = 0
     moves: int = 0
+    arrival_hold: InstantHold | None = None  # the present held from its arrival to its routing
 
     def abandon(self, reason: str) -> None:
         """Give the request up: it fails with `reason`, and what it holds is released."""
@@ -476,6 +489,7 @@ class Frontend(Instance):
             expected_output_tokens=output_tokens,
         )
         flight = Flight(record, prompt, genuine_output, session)
+        flight.arrival_hold = self.clock.hold_instant()  # until route() has P's hit
         self.flights[rid] = flight
         self.new_leg(flight, rid)
         return flight
@@ -514,6 +528,8 @@ class Frontend(Instance):
         except Exception as error:  # noqa: BLE001 - the request fails, the frontend goes on
             self.fail(flight, f"{type(error).__name__}: {error}")
         finally:
+            if flight.arrival_hold is not None:  # it never got to its routing
+                flight.arrival_hold.release()
             self.finish_record(flight)
             flight.stream.put_nowait(None)  # the user's stream is complete
             await self.settle(flight)
@@ -563,21 +579,62 @@ class Frontend(Instance):
             flight.note(self.clock.now(), f"{reason}: routed again as {leg}")
 
     async def route(self, flight: Flight) -> None:
-        record = flight.record
+        hold, flight.arrival_hold = flight.arrival_hold or self.clock.hold_instant(), None
+        try:
+            await self.route_exchange(flight, hold)
+        finally:
+            hold.release()
+        await flight.done.wait()
+
+    def exact(self, peer: str) -> bool:
+        """Whether a message to or from `peer` takes no modelled time (an instant hold may
+        wait for it)."""
+        return self.transit.get(peer, (0.0, False))[1]
+
+    async def route_exchange(self, flight: Flight, hold: InstantHold) -> None:
+        """Ask P and the decode side, choose the pipeline, tell P: under `hold`, let go only
+        while an answer crosses a path with modelled time, and taken again once it is read."""
         rid = flight.leg
         flight.p = self.pick(self.p_names, flight.session)
         flight.decode = self.pick(self.decode_names, flight.session)
         meta = self.leg_meta(flight)
         loop = asyncio.get_running_loop()
-        flight.replies = {"p_hit": loop.create_future(), "matched": loop.create_future()}
+        flight.replies = {
+            "p_hit": loop.create_future(),
+            "matched": loop.create_future(),
+            "routed": loop.create_future(),
+        }
         prompt = TokenIds.from_ints(rid, 0, flight.prompt)
         self.add_load(flight, flight.p)
-        await asyncio.gather(
-            self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt),
-            self.tell(flight.decode, "match", {"rid": rid}, prompt),
-        )
-        p_hit = (await flight.replies["p_hit"])["hit"]
+        # Both leave now; the match is not waited for under the hold: across the WAN, a
+        # connection still to open takes modelled time (the run's first request to an MD).
+        match = asyncio.ensure_future(self.tell(flight.decode, "match", {"rid": rid}, prompt))
+        try:
+            await self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt)
+            if not self.exact(flight.p):
+                hold.release()
+            p_hit = (await flight.replies["p_hit"])["hit"]
+            if not self.exact(flight.decode):
+                hold.release()  # its answer crosses modelled time (the WAN)
+            await match
+        finally:
+            if not match.done():
+                match.cancel()
+            elif not match.cancelled():
+                match.exception()  # raised above when it failed; retrieved either way
         md_hit = (await flight.replies["matched"])["hit"]
+        if hold.released and self.exact(flight.p):
+            hold = self.clock.hold_instant()  # the decision and the route take no time
+        try:
+            await self.decide_and_route(flight, p_hit, md_hit, meta)
+        finally:
+            hold.release()
+
+    async def decide_and_route(
+        self, flight: Flight, p_hit: int, md_hit: int, meta: dict[str, Any]
+    ) -> None:
+        record = flight.record
+        rid = flight.leg
         scale = self.config.scale.token_scale
         record.p_hit_tokens = min(p_hit * scale, record.input_tokens)
         increment = self.modelled_tokens(record, len(flight.prompt) - md_hit)
@@ -616,7 +673,11 @@ class Frontend(Instance):
         flight.transfers = {d["name"] for d in destinations}
         record.routed_s = self.clock.now()
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
-        await flight.done.wait()
+        if self.exact(flight.p):  # P answers once its sends are under way (or the hold's cap)
+            try:
+                await asyncio.wait_for(flight.replies["routed"], INSTANT_HOLD_CAP_S)
+            except TimeoutError:
+                pass
 
     def leg_meta(self, flight: Flight) -> dict[str, Any]:
         """What every instance a leg goes to is told of the request."""
@@ -760,8 +821,14 @@ class Frontend(Instance):
 
     # -- messages from the instances ------------------------------------------------------
 
-    async def on_heartbeat(self, _message: Envelope) -> None:
-        """Heard (as every message is, in `heard_from`)."""
+    async def on_heartbeat(self, message: Envelope) -> None:
+        """Heard (as every message is, in `heard_from`). From a peer on a path without
+        modelled time it also says how late this frontend reads its messages (`delivery`):
+        its lateness on the tokens it dates on reading (across the WAN), measured all through
+        the run, whatever the system (a baseline without a relay has no other such message)."""
+        at = message.body.get("at")
+        if at is not None and message.channel is not None and self.exact(message.channel.peer):
+            self.count_message_lag("heartbeat", message.channel.peer, float(at))
 
     async def on_stream_lost(self, message: Envelope) -> None:
         """An instance asked to go on with a request (resume it, or finish it alone) no longer
@@ -777,6 +844,9 @@ class Frontend(Instance):
 
     async def on_matched(self, message: Envelope) -> None:
         self._reply(message, "matched")
+
+    async def on_routed(self, message: Envelope) -> None:
+        self._reply(message, "routed")
 
     def _reply(self, message: Envelope, kind: str) -> None:
         flight = self.legs.get(message.body["rid"])
@@ -922,7 +992,9 @@ class Frontend(Instance):
             flight.stream.put_nowait({"index": index, "id": flight.ids[index]})
 
     def lag_kind(self, kind: str) -> str:
-        return "delivery" if kind == "tokens" else "handler"
+        if kind in ("tokens", "heartbeat"):
+            return "delivery"
+        return REPORT_KIND if kind in REPORTS else "handler"
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -106,16 +106,21 @@ class PrefillInstance(Instance):
         self.work.set()
 
     async def on_route(self, message: Envelope) -> None:
+        """Start the sends, then tell the router: it holds the clock until then (an instant
+        hold), so the KV leaves at the route's modelled time, however late this is read. The
+        sends run to their first wait before this goes on (tasks run in the order they were
+        made): what is computed is written, and a connection to open is being opened."""
         job = self.jobs.get(message.body["rid"])
-        if job is None:
-            return
-        for dest in message.body["destinations"]:
-            destination = Destination(dest["name"], int(dest["offset"]), dest.get("meta", {}))
-            destination.task = self.spawn(
-                self.send(job, destination), f"KV of {job.rid} to {destination.name}"
-            )
-            job.destinations.append(destination)
-        job.routed.set()
+        if job is not None:
+            for dest in message.body["destinations"]:
+                destination = Destination(dest["name"], int(dest["offset"]), dest.get("meta", {}))
+                destination.task = self.spawn(
+                    self.send(job, destination), f"KV of {job.rid} to {destination.name}"
+                )
+                job.destinations.append(destination)
+            job.routed.set()
+            await asyncio.sleep(0)
+        await message.channel.control("routed", {"rid": message.body["rid"]})
 
     async def on_cancel(self, message: Envelope) -> None:
         """Stop a request's transfers: it failed or timed out at the frontend."""

@@ -11,6 +11,11 @@ a late wake-up does not push later steps back; it shows as lag.
 A participant about to do the genuine work of a step that ends at modelled time T holds the
 clock at T (`holding`): whatever the host's speed, no one sees T pass before that work is
 done. Lag is counted by kind (`LAG_KINDS`), in modelled seconds.
+
+An exchange between participants that the modelled system does in no time (the router's: the
+prompt to P, P's hit back, the route to P and P's first bytes on their way) is covered by an
+*instant hold* (`hold_instant`): the present held from before the first message until the
+last is handled, so neither end's lateness in handling them moves a modelled time.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from netem.clock import Anchor, SharedClock
+from netem.clock import LAG_COUNTERS, Anchor, SharedClock
 
 T = TypeVar("T")
 
@@ -40,6 +45,13 @@ LAG_KINDS = ("step", "handler", "delivery", "send", "release")
 # step's lag is the holds' business: a step that would end before its work stands the clock
 # still instead, which the controller watches as frozen time.)
 CONTROLLED_KINDS = ("handler", "delivery", "send")
+if len(CONTROLLED_KINDS) != LAG_COUNTERS:  # the page counts each of them apart
+    raise ImportError("the clock page's lag counters do not match CONTROLLED_KINDS")
+# Lag that provably reaches no result: the frontend reading a report that carries its own
+# times (a transfer's end, the KV's arrival, a handoff's start). Reported, never judged.
+REPORT_KIND = "report"
+INSTANT = "/instant"  # the name suffix of a participant's slot for instant holds
+INSTANT_HOLD_CAP_S = 0.25  # wall seconds an instant hold stands at most (a peer never answers)
 # Across the WAN a message's modelled transit (queueing included) is unknown to its receiver:
 # its lag is known only as a bound (now - sent - least transit), recorded as `<kind>_wan`.
 
@@ -80,6 +92,9 @@ class ModelledClock:
         self.slot = slot
         self.lags: dict[str, list[float]] = {kind: [] for kind in LAG_KINDS}
         self._holding = False
+        self.name = ""  # the participant's, when it has a slot
+        self._instant_slot: int | None = None
+        self._instant_holders = 0
 
     @classmethod
     def fixed(cls, epoch: float, time_scale: float) -> ModelledClock:
@@ -97,14 +112,17 @@ class ModelledClock:
     def attach(cls, page: str | Path, name: str) -> ModelledClock:
         """Read the run's clock page as participant `name` (which gets a slot of its own)."""
         shared = SharedClock(page)
-        return cls(shared, shared.claim(name))
+        clock = cls(shared, shared.claim(name))
+        clock.name = name
+        return clock
 
     def close(self) -> None:
         """Give the slot back (releasing any hold) and unmap the page."""
         if isinstance(self.source, SharedClock):
-            if self.slot is not None:
-                self.source.free(self.slot)
-                self.slot = None
+            for slot in (self.slot, self._instant_slot):
+                if slot is not None:
+                    self.source.free(slot)
+            self.slot = self._instant_slot = None
             self.source.close()
 
     # -- reading --------------------------------------------------------------------------
@@ -191,6 +209,32 @@ class ModelledClock:
             self._holding = False
             self.source.release(self.slot)
 
+    def hold_instant(self, cap_s: float = INSTANT_HOLD_CAP_S) -> InstantHold:
+        """Hold modelled time at the present until the hold's `release()`: for an exchange the
+        modelled system does in no time, whose messages take none on their paths (within a
+        host, or the unshaped intra-DC path; a path with modelled time would never deliver
+        them). Several tasks of the participant may hold at once (time stands still, so all
+        hold the same instant); it goes on when the last releases. Each hold ends by itself
+        after `cap_s` wall seconds: a peer that never answers (lost, or paused) stops time no
+        longer than that, and its lateness then shows as lag."""
+        hold = InstantHold(self)
+        if not isinstance(self.source, SharedClock) or self.slot is None:
+            hold.released = True  # real time: nothing to hold
+            return hold
+        if self._instant_slot is None:
+            self._instant_slot = self.source.claim(f"{self.name or self.slot}{INSTANT}")
+        if self._instant_holders == 0:
+            self.source.hold(self._instant_slot, self.now())
+        self._instant_holders += 1
+        hold.timer = asyncio.get_running_loop().call_later(cap_s, hold.release)
+        return hold
+
+    def _instant_released(self) -> None:
+        self._instant_holders -= 1
+        if self._instant_holders == 0 and self._instant_slot is not None:
+            assert isinstance(self.source, SharedClock)
+            self.source.release(self._instant_slot)
+
     # -- lag --------------------------------------------------------------------------------
 
     def count_lag(self, kind: str, lag: float) -> float:
@@ -216,3 +260,21 @@ class ModelledClock:
             "binding": report.holds_binding,
             "frozen_wall_s": report.frozen_wall_s,
         }
+
+
+class InstantHold:
+    """One task's share of its participant's instant hold (`ModelledClock.hold_instant`)."""
+
+    def __init__(self, clock: ModelledClock) -> None:
+        self.clock = clock
+        self.released = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def release(self) -> None:
+        """Let time go on, as far as this holder is concerned (again: nothing)."""
+        if self.released:
+            return
+        self.released = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.clock._instant_released()

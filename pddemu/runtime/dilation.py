@@ -2,9 +2,11 @@
 
 It runs beside the replayer and reads every participant's slot of the clock page (netem.clock)
 twenty times a second. When the participants' lag of the last half second averaged more than
-the target the page publishes, in any one kind (handler, delivery, send: each is judged on its
-own mean, so frequent deliveries on time cannot hide late handling) (messages handled late, requests sent late), or genuine work
-held the clock still for more than a sliver of the wall time, the clock slows down at once
+the target the page publishes, in any one kind (handler, delivery, send: messages handled late,
+requests sent late; each is judged on its own mean, so frequent deliveries on time cannot hide
+late handling, once the window holds `min_samples` of it or its total alone is that many
+targets: one sample of a rare kind a little late is noise, not a trend), or genuine work held
+the clock still for more than a sliver of the wall time, the clock slows down at once
 (multiplicative decrease, harder when far behind); when the last half second had enough
 samples and they averaged well within the target, it speeds up gently (multiplicative
 increase); with too few samples to tell (an idle system, or a clock so slow it hears few
@@ -17,6 +19,10 @@ It records the rate over the run so summary.json can say how much the run was di
 seconds per modelled second) and how fast it really ran, and what made it slow down: each
 decrease is charged to the participant that contributed most to its cause (`slowed_by`:
 "lag <name>" or "hold <name>"), which says which process bounds the run's speed.
+
+Instant holds (`pddemu.runtime.clock.INSTANT`: the router's, around an exchange that takes no
+modelled time) stand the clock still by design, whatever its rate: their frozen time is not
+a sign of a host too slow for the rate, and does not slow the clock down.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from netem.clock import LAG_KINDS, SharedClock, SlotReport
+from netem.clock import LAG_COUNTERS, SharedClock, SlotReport
+from pddemu.runtime.clock import INSTANT
 
 AUTO_CEILING = 64.0  # the fastest "auto" may run: a bound, far beyond what a laptop reaches
 AUTO_START = 2.0  # where a run begins, at most: low, so a loaded host is not late at first
@@ -47,6 +54,7 @@ class DilationPolicy:
     period_s: float = 0.05  # wall seconds between decisions
     window_periods: int = 10  # decisions look at this many periods' samples
     calm_samples: int = 5  # a speed-up needs this many samples in the window
+    min_samples: int = 3  # a kind's mean is judged from this many samples (or targets of lag)
     calm_share: float = 0.5  # ... averaging at most this share of the target
     decrease: float = 0.8  # factor on trouble
     hard_decrease: float = 0.5  # factor when four times over the target, or mostly frozen
@@ -95,24 +103,28 @@ class Dilation:
         wall = self.clock.monotonic()
         frozen = self.clock.frozen_wall_s
         reports = self.clock.slots()
-        counts = [0] * LAG_KINDS
-        sums = [0.0] * LAG_KINDS
+        counts = [0] * LAG_COUNTERS
+        sums = [0.0] * LAG_COUNTERS
         by_slot = {}
+        instant = 0.0  # wall seconds instant holds stood the clock still
         for report in reports:
             before = self._last.get(report.index)
-            if before is not None and before.name == report.name and before.pid == report.pid:
-                added = [
-                    (now[0] - then[0], now[1] - then[1])
-                    for now, then in zip(report.lag_by_kind, before.lag_by_kind, strict=True)
-                ]
-                for kind, (count, total) in enumerate(added):
-                    counts[kind] += count
-                    sums[kind] += total
-                by_slot[report.name] = (
-                    tuple(total for _, total in added),
-                    report.frozen_wall_s - before.frozen_wall_s,
-                )
-        self._window.append((tuple(counts), tuple(sums), frozen - self._frozen, wall - self._wall))
+            if before is None or before.name != report.name or before.pid != report.pid:
+                before = None  # claimed since the last decision: its counters began at zero
+            then_lags = before.lag_by_kind if before else ((0, 0.0),) * LAG_COUNTERS
+            added = [
+                (now[0] - then[0], now[1] - then[1])
+                for now, then in zip(report.lag_by_kind, then_lags, strict=True)
+            ]
+            for kind, (count, total) in enumerate(added):
+                counts[kind] += count
+                sums[kind] += total
+            stood_here = report.frozen_wall_s - (before.frozen_wall_s if before else 0.0)
+            by_slot[report.name] = (tuple(total for _, total in added), stood_here)
+            if report.name.endswith(INSTANT):
+                instant += stood_here
+        stood_wall = max(0.0, frozen - self._frozen - instant)
+        self._window.append((tuple(counts), tuple(sums), stood_wall, wall - self._wall))
         self._by_slot.append(by_slot)
         while len(self._window) > self.policy.window_periods:
             self._window.popleft()
@@ -121,16 +133,17 @@ class Dilation:
         self._wall, self._frozen = wall, frozen
         self._last = {r.index: r for r in reports}
         samples = sum(sum(w[0]) for w in self._window)
-        kind_means = {
-            kind: sum(w[1][kind] for w in self._window) / n
-            for kind in range(LAG_KINDS)
-            if (n := sum(w[0][kind] for w in self._window))
-        }
+        policy, target = self.policy, self.clock.lag_target
+        kind_means = {}
+        for kind in range(LAG_COUNTERS):
+            count = sum(w[0][kind] for w in self._window)
+            total = sum(w[1][kind] for w in self._window)
+            if count >= policy.min_samples or (count and total >= policy.min_samples * target):
+                kind_means[kind] = total / count
         worst_kind = max(kind_means, key=kind_means.__getitem__, default=None)
         mean = kind_means[worst_kind] if worst_kind is not None else 0.0  # each kind on its own
         elapsed = sum(w[3] for w in self._window)
         stood = sum(w[2] for w in self._window) / elapsed if elapsed > 0 else 0.0
-        policy, target = self.policy, self.clock.lag_target
         rate = self.clock.rate
         if self._cooldown:
             self._cooldown -= 1
@@ -159,6 +172,8 @@ class Dilation:
         totals: dict[str, float] = {}
         for period in self._by_slot:
             for name, (lag_sums, frozen) in period.items():
+                if kind is None and name.endswith(INSTANT):
+                    continue  # instant holds do not slow the clock
                 totals[name] = totals.get(name, 0.0) + (
                     lag_sums[kind] if kind is not None else frozen
                 )

@@ -20,7 +20,7 @@ from netem.topology import Network, TopologyError
 from pddemu.config import Config
 from pddemu.metrics.timing import timing_summary
 from pddemu.roles.sizing import cost_model
-from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.clock import INSTANT, ModelledClock
 from pddemu.runtime.dilation import Dilation, DilationPolicy
 
 DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
@@ -73,7 +73,9 @@ class RunTiming:
         if shared.rate > policy.start:  # where the run's last system left it
             policy = replace(policy, start=min(shared.rate, policy.ceiling))
         self.dilation = Dilation(shared, policy)
-        self.clock = ModelledClock.attach(self.page, f"replay-{self.system}")
+        # Its holds (each request's arrival, until the frontend has it) take no modelled
+        # time by design: an instant hold's slot, whose frozen time does not slow the clock.
+        self.clock = ModelledClock.attach(self.page, f"replay-{self.system}{INSTANT}")
         self._release_before = self.network.release_lag()
         await self._retime(shared.rate)
         self._controller = asyncio.ensure_future(self._control())

@@ -130,12 +130,74 @@ def test_a_late_rare_kind_is_not_hidden_by_a_frequent_one_on_time(tmp_path: Path
     fe, p = 0, 1
     for _ in range(100):
         shared.count_lag(fe, 0.0, kind=1)  # deliveries on time
-    shared.count_lag(p, 0.002, kind=0)  # one message handled 2 ms late: over the target
+    for _ in range(policy.min_samples):
+        shared.count_lag(p, 0.002, kind=0)  # messages handled 2 ms late: over the target
     wall.advance(0.05)
-    assert dilation.step() == pytest.approx(8.0 * policy.decrease)  # pooled: 0.02 ms, calm
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease)  # pooled: 0.06 ms, calm
     assert dilation.slowed_by == {"lag P0": 1}
     report = next(r for r in shared.slots() if r.name == "P0")
-    assert report.lag_by_kind[0] == (1, 0.002) and report.lags == 1
+    assert report.lag_by_kind[0] == (3, 0.006) and report.lags == 3
+
+
+def test_one_sample_of_a_rare_kind_a_little_late_does_not_cut_the_rate(tmp_path: Path) -> None:
+    """A kind is judged on its mean once the window has `min_samples` of it, or its lag alone
+    adds up to that many targets: one message 2 ms late (target 1 ms) is noise; one 5 ms late,
+    or a third late message, is not."""
+    policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0, increase=1.0)
+    dilation, shared, wall = _dilation(tmp_path, policy, "FE0", "P0")
+    fe, p = 0, 1
+    for _ in range(20):
+        shared.count_lag(fe, 0.0, kind=1)
+    shared.count_lag(p, 0.002, kind=0)
+    wall.advance(0.05)
+    assert dilation.step() == 8.0
+    shared.count_lag(p, 0.0005, kind=0)
+    wall.advance(0.05)
+    assert dilation.step() == 8.0  # two samples, 2.5 ms in all: still too few to tell
+    shared.count_lag(p, 0.002, kind=0)  # three: mean 1.5 ms, over the target
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease)
+    shared.count_lag(p, 0.005, kind=0)  # alone, but five targets late: judged at once
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease * policy.hard_decrease)
+    assert dilation.slowed_by == {"lag P0": 2}
+
+
+def test_an_instant_hold_stands_time_still_until_its_last_holder_releases(
+    tmp_path: Path,
+) -> None:
+    """The router's instant holds: several at once hold one instant, time goes on when the
+    last is released, or by itself after the cap; and their frozen time does not slow the
+    clock down (it is by design, whatever the rate)."""
+    policy = DilationPolicy(ceiling=50.0, start=50.0, increase=1.0)
+    shared = SharedClock.create(tmp_path / "clock", rate=50.0)
+    shared.set_lag_target(0.001)
+    dilation = Dilation(shared, policy)
+    clock = ModelledClock.attach(tmp_path / "clock", "FE0")
+
+    async def scenario() -> None:
+        first = clock.hold_instant()
+        held = clock.now()
+        second = clock.hold_instant()
+        await asyncio.sleep(0.02)  # a modelled second at rate 50
+        assert clock.now() == held
+        first.release()
+        first.release()  # again: nothing
+        await asyncio.sleep(0.02)
+        assert clock.now() == held  # the second still holds
+        second.release()
+        await asyncio.sleep(0.02)
+        assert clock.now() > held + 0.5
+        capped = clock.hold_instant(cap_s=0.02)
+        at = clock.now()
+        await asyncio.sleep(0.06)
+        assert capped.released and clock.now() > at + 1.0  # went on by itself
+
+    asyncio.run(scenario())
+    assert next(r for r in shared.slots() if r.name == "FE0/instant").holds_binding == 2
+    assert dilation.step() == 50.0 and dilation.slowed_by == {}
+    clock.close()
+    assert [r.name for r in shared.slots()] == []
 
 
 def test_holds_that_stand_the_clock_still_slow_it_down(tmp_path: Path) -> None:

@@ -1,0 +1,80 @@
+"""Which of the emulator's lag reaches a result, shown by forcing it (`PDDEMU_STALL`: an
+instance's event loop blocked before it handles messages of some kinds, as a host busy
+elsewhere would), on pdd's P-MD against the closed form of an idle system.
+
+- The routing exchange (the frontend reading P's hit and P's receipt of the route; P reading the
+  prompt and the route) is covered by instant holds: 50 ms of wall time at each of those steps
+  moves neither the route nor TTFT nor the KV transfer beyond the analytic check's 2 %.
+- The frontend's lateness in reading messages reaches the times of the tokens it dates on
+  reading (MD's, across the WAN): blocked 50 ms before each token message, the run is flagged
+  not valid (the check can fail)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from pddemu.config import Config, config_from_json, config_to_json
+from pddemu.emulate import run_system
+from pddemu.emulated_network import network_for, scale_model
+from pddemu.roles.base import STALL_ENV
+from pddemu.validate import analytic
+from tests.conftest import require_namespaces
+from tests.roles.harness import scenario_config
+
+SIZE = 8192  # modelled prompt tokens
+
+
+def _config() -> Config:
+    data = config_to_json(scenario_config())
+    data["scale"] = {**data["scale"], "max_lag": 0.05}  # the real bound
+    return analytic.scenario(config_from_json(data), "pdd", "never-relay", SIZE)
+
+
+def _one_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stall: str
+) -> tuple[analytic.Outcome, dict]:
+    """One P-MD request on an idle pdd (the analytic check's, after one that opens the
+    connections), with `stall` forced."""
+    require_namespaces()
+    config = _config()
+    probes = analytic.probes(config, "pdd", "P-MD", (SIZE,), (0.0,))
+    monkeypatch.setenv(STALL_ENV, stall)
+    name = "t" + uuid.uuid4().hex[:10]
+    with network_for(config, scale_model(config), name=name) as network:
+        run = uvloop.run(run_system("pdd", config, network, probes, tmp_path))
+    probe = probes[-1]
+    record = next(r for r in run.records if r.request_id == probe.request_id)
+    assert record.state == "completed", record.failure_reason
+    return analytic.judge(probe, record), run.timing
+
+
+def test_lateness_on_the_routing_exchange_moves_no_recorded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stall_s = 0.05
+    stall = f"FE0:p_hit,routed:{stall_s};P0:prefill,route:{stall_s}"
+    outcome, timing = _one_request(tmp_path, monkeypatch, stall)
+    # Unheld, the four stalls would add their wall time times the clock's rate, at least its
+    # slowest, to the route and TTFT; held, the route is the closed form's but for the
+    # frontend's reading of MD's answer (across the WAN: not held), a few ms.
+    slowest_rate = 1 / timing["dilation"]["max"]
+    assert outcome.route_excess_s < 0.25 * 4 * stall_s * slowest_rate, (outcome.measured, timing)
+    assert abs(outcome.errors["ttft_s"]) <= analytic.TOLERANCE, outcome.to_dict()
+    assert abs(outcome.errors["kv_transfer_s"]) <= analytic.TOLERANCE, outcome.to_dict()
+    by_participant = timing["lag"]["by_participant"]
+    assert by_participant["FE0"]["handler"]["max"] < 0.001  # its p_hit and routed, held
+    assert by_participant["P0"]["handler"]["max"] < 0.001  # its prompt and route, held
+
+
+def test_lateness_that_reaches_token_times_makes_the_run_not_valid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocked before each token message (MD's, which it dates on reading), the frontend also
+    reads its heartbeats late: the run is not valid, however far the clock slows down."""
+    _outcome, timing = _one_request(tmp_path, monkeypatch, "FE0:tokens:0.05")
+    assert not timing["valid"]
+    assert timing["invalid_reason"].startswith("mean delivery lag"), timing["invalid_reason"]
