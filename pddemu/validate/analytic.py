@@ -36,9 +36,9 @@ from pddemu.validate.closed_form import DECODE_ROLE, ClosedForm, Expected, Reque
 TOLERANCE = 0.02
 JUDGED = ("ttft_s", "kv_transfer_s", "tpot_s")  # route_s is reported beside: what routing took
 OUTPUT_TOKENS = 65  # the prefill's token and two genuine decode groups at token scale 32
-SIZES = (8192, 32768, 65536)
+SIZES = (8192, 65536)  # the default grid: the smallest and largest transfers, cold and warm
 FULL_SIZES = (4096, 8192, 16384, 32768, 65536, 131072)
-HITS = (0.0, 0.5, 0.9)
+HITS = (0.0, 0.9)
 FULL_HITS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.97)
 GAP_S = 1.0  # modelled seconds of quiet after everything a request started has ended
 OUTLIVE_MARGIN = 1.5  # a relay's request outlives its KV transfer to MD by this factor
