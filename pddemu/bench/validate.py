@@ -10,6 +10,7 @@ bounds.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,12 +20,14 @@ from typing import Any
 
 EMULATE_WALL_GOAL_S = 120.0
 SPEEDUP_GOAL = 8.0
+KEEP_ENV = "PDDEMU_BENCH_VALIDATE_RUNS"  # a directory to keep both runs' files in (a reference run)
 
 
 def run(quick: bool) -> dict[str, Any]:
     load_before = _loadavg()
+    keep = os.environ.get(KEEP_ENV)
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch)
+        out = Path(keep or scratch)
         started = time.monotonic()
         validate = _pddemu("validate", "--out", str(out / "validate"))
         validate_wall = time.monotonic() - started
