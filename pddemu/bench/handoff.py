@@ -78,7 +78,7 @@ QDISCS = ("fifo", "prio")
 SAMPLE_PROMPT_TOKENS = 4096
 SAMPLE_EXTRA_OUTPUT = 100  # tokens MD produces after the switch
 SAMPLE_SPACING_S = 0.5  # modelled seconds between a phase's sample arrivals
-PHASE_LEAD_S = 1.0  # a phase's WAN settings are in force this long before its first sample
+PHASE_LEAD_S = 0.5  # a phase's WAN settings are in force this long before its first sample
 PHASE_TAIL_S = 2.5  # after its last sample arrives, before the next phase's settings
 BULK_PROMPT_TOKENS = 65536
 BULK_INTERVAL_S = 8.0  # mean modelled seconds between bulk requests: about half the WAN
@@ -385,6 +385,9 @@ def run_payload(
         "wall_s": round(time.time() - started, 1),
         "replay_modelled_s": round(max(finished) - origin, 1) if finished else None,
         "speedup": (run.timing.get("dilation") or {}).get("speedup"),
+        "slowed_by": dict(
+            list(((run.timing.get("dilation") or {}).get("slowed_by") or {}).items())[:3]
+        ),
         "valid": run.timing.get("valid"),
         "partial": run.partial,
     }
