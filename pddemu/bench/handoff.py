@@ -489,6 +489,9 @@ def benchmark(
                 "stall_ms": describe_ms([r.handoff_stall_s for r in records]),
                 "gap_ms": describe_ms([r.handoff_gap_s for r in records]),
                 "tpot_ms": describe_ms([r.tpot_s for r in records if r.tpot_s is not None]),
+                "md_latency_ms_in_arrival_order": [
+                    round(r.handoff_latency_s * 1e3, 2) for r in records if r.handoff_latency_s
+                ],
                 "independence": {
                     **lag1_autocorrelation([r.handoff_latency_s for r in records]),
                     "overlapping_handoffs": totals["overlapping_handoffs"],
