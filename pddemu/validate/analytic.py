@@ -1,9 +1,12 @@
 """The analytic check: an idle system, one request at a time, against the closed-form model.
 
 For each pipeline (P-MD and P-RLD-MD on pdd, naive's P-MD, indc's P-D) and a grid of prompt
-sizes and hit rates, one request is replayed alone on a fresh deployment of one instance per
-role (after a warm-up request with its cached prefix, when it has one), with a gap after it
-long enough for everything it started to end. Its TTFT, KV-transfer time (route to the decode
+sizes and hit rates, one request is replayed alone on one deployment of one instance per role
+(after a warm-up request with its cached prefix, when it has one), with a gap after it long
+enough for everything it started to end. That the system was idle is not assumed but shown from
+the records (`idleness`): every request before a probe had delivered its last token and its KV
+before the probe arrived, so nothing of it was in flight or queued on the WAN; a probe that
+arrived on a busy system fails the check. Its TTFT, KV-transfer time (route to the decode
 side's last KV byte) and TPOT are set against `pddemu.validate.closed_form`; the check passes
 when every relative error is within the tolerance.
 
@@ -40,7 +43,8 @@ SIZES = (8192, 65536)  # the default grid: the smallest and largest transfers, c
 FULL_SIZES = (4096, 8192, 16384, 32768, 65536, 131072)
 HITS = (0.0, 0.9)
 FULL_HITS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.97)
-GAP_S = 1.0  # modelled seconds of quiet after everything a request started has ended
+QUIET_MARGIN = 1.2  # the closed form's end of a request, times this, is when it surely ended
+GAP_S = 0.3  # modelled seconds of quiet after that (`idleness` shows it was enough)
 OUTLIVE_MARGIN = 1.5  # a relay's request outlives its KV transfer to MD by this factor
 PIPELINES = (  # (system, pipeline, routing policy that forces it)
     ("pdd", "P-MD", "never-relay"),
@@ -70,6 +74,7 @@ class Outcome:
     measured: dict[str, float | None]
     errors: dict[str, float | None] = field(default_factory=dict)
     route_excess_s: float | None = None  # measured route - the closed form's
+    idle_for_s: float | None = None  # quiet before it arrived (`idleness`); judged: > 0
 
     def to_dict(self) -> dict[str, Any]:
         request = self.probe.request
@@ -84,6 +89,7 @@ class Outcome:
             "measured": self.measured,
             "relative_error": self.errors,
             "route_excess_s": self.route_excess_s,
+            "idle_for_s": self.idle_for_s,
         }
 
 
@@ -170,13 +176,28 @@ def _quiet(model: ClosedForm, expected: Expected, request: Request) -> float:
     role = "RLD" if request.pipeline == "P-RLD-MD" else DECODE_ROLE[request.system]
     step = expected.tpot_s or model.costs(request.system, role).decode_step([request.input_tokens])
     decode = step * request.output_tokens
-    return 1.5 * max(expected.ttft_s + decode, expected.kv_transfer_s or 0.0) + GAP_S
+    return QUIET_MARGIN * max(expected.ttft_s + decode, expected.kv_transfer_s or 0.0) + GAP_S
 
 
-def judge(probe: Probe, record: RequestRecord | None) -> Outcome:
+def idleness(records: list[RequestRecord]) -> dict[str, float | None]:
+    """Per request, the modelled seconds between the end of every request that arrived before
+    it (its last token delivered and its KV at the decode side: nothing of it left in flight or
+    on the WAN) and its own arrival; negative when one was still going, None when one never
+    ended (nothing shows the system was idle)."""
+    out: dict[str, float | None] = {}
+    ended: float | None = -math.inf
+    for record in sorted(records, key=lambda r: r.arrival_s):
+        out[record.request_id] = None if ended is None else record.arrival_s - ended
+        end = None if record.finish_s is None else max(record.finish_s, record.kv_arrived_s or 0.0)
+        ended = None if ended is None or end is None else max(ended, end)
+    return out
+
+
+def judge(probe: Probe, record: RequestRecord | None, idle_for_s: float | None = None) -> Outcome:
     """The probe's measured metrics (None when it has no record, or the metric none) and
     their relative errors against the closed form (route_s's absolute error, in seconds:
-    what the emulator's own handling on the routing path added)."""
+    what the emulator's own handling on the routing path added); `idle_for_s` is how long the
+    system had been idle when it arrived (`idleness`)."""
     measured: dict[str, float | None] = {
         "ttft_s": None,
         "kv_transfer_s": None,
@@ -197,7 +218,7 @@ def judge(probe: Probe, record: RequestRecord | None) -> Outcome:
             ),
         }
     assert probe.expected is not None
-    outcome = Outcome(probe, measured)
+    outcome = Outcome(probe, measured, idle_for_s=idle_for_s)
     for name in JUDGED:
         want, value = getattr(probe.expected, name), measured[name]
         if want is None:
@@ -209,7 +230,9 @@ def judge(probe: Probe, record: RequestRecord | None) -> Outcome:
 
 
 def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
-    """Per pipeline and metric: the largest relative error, and whether all are within."""
+    """Per pipeline and metric: the largest relative error, and whether all are within; the
+    probes that did not find the system idle (which fail the check: not the closed form's
+    case)."""
     table: dict[str, dict[str, Any]] = {}
     for outcome in outcomes:
         request = outcome.probe.request
@@ -224,7 +247,9 @@ def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
                 worst["max_abs_error"] is not None and abs(error) > worst["max_abs_error"]
             ):
                 row[name] = {"max_abs_error": abs(error), "within": abs(error) <= tolerance}
-    passed = all(cell["within"] for row in table.values() for cell in row.values())
+    not_idle = [o.probe.request_id for o in outcomes if o.idle_for_s is None or o.idle_for_s <= 0]
+    quiet = [o.idle_for_s for o in outcomes if o.idle_for_s is not None]
+    passed = not not_idle and all(cell["within"] for row in table.values() for cell in row.values())
     excess: dict[str, list[float]] = {}
     for outcome in outcomes:
         request = outcome.probe.request
@@ -237,6 +262,8 @@ def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
         "tolerance": tolerance,
         "pipelines": table,
         "passed": passed,
+        "not_idle": not_idle,  # probes that arrived before an earlier request had ended
+        "min_idle_for_s": min(quiet) if quiet else None,
         "route_excess_s": {  # not judged: what routing took beyond the closed form
             key: {"mean": float(np.mean(values)), "max": max(values)}
             for key, values in excess.items()

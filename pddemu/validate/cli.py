@@ -60,25 +60,33 @@ def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
     sizes = analytic.FULL_SIZES if full else analytic.SIZES
     hits = analytic.FULL_HITS if full else analytic.HITS
     outcomes = []
+    walls = {}
     for system, pipeline, routing in analytic.PIPELINES:
         config = analytic.scenario(base, system, routing, max(sizes))
         probes = analytic.probes(config, system, pipeline, sizes, hits)
         print(f"validate: analytic, {system} {pipeline}, {len(probes)} requests", file=sys.stderr)
+        started = time.monotonic()
         run = _run(system, config, probes, out / "analytic" / f"{system}-{pipeline}")
+        walls[f"{system} {pipeline}"] = time.monotonic() - started
         by_id = {r.request_id: r for r in run.records}
+        idle = analytic.idleness(run.records)
         outcomes += [
-            analytic.judge(p, by_id.get(p.request_id)) for p in probes if p.request is not None
+            analytic.judge(p, by_id.get(p.request_id), idle.get(p.request_id))
+            for p in probes
+            if p.request is not None
         ]
     analytic.write_probes_csv(out / "analytic.csv", outcomes)
     return {
         **analytic.summarise(outcomes, analytic.TOLERANCE),
         "requests": [o.to_dict() for o in outcomes],
+        "wall_s": walls,  # each pipeline's deployment, start to stop
     }
 
 
 def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
     plan = FULL if full else QUICK
     runs: dict[tuple, tuple[dict[str, float | None], float | None]] = {}
+    walls: dict[str, float] = {}
 
     def measure(variant: invariance.Variant, seed: int) -> tuple[dict, float | None]:
         """The metrics and speed-up of one run (runs that configure the same are run once:
@@ -89,7 +97,9 @@ def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
             workload = _capped(workload_of(config), plan["output_cap"], config)
             print(f"validate: invariance, {variant.name}, seed {seed}", file=sys.stderr)
             tag = f"token{key[0]}-time{key[1] or 'auto'}-seed{seed}"
+            started = time.monotonic()
             run = _run("pdd", config, workload, out / "invariance" / tag)
+            walls[tag] = time.monotonic() - started
             runs[key] = (invariance.metrics_of(run.records), run.timing["dilation"]["speedup"])
         return runs[key]
 
@@ -104,6 +114,7 @@ def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
             "speedup": speedups,
         }
     results["passed"] = results["time"]["passed"] and results["tokens"]["passed"]
+    results["wall_s"] = walls  # each run's deployment, start to stop
     return results
 
 
@@ -160,6 +171,9 @@ def markdown(result: dict[str, Any]) -> str:
         "(largest relative error over the grid; routing: arrival to the route's decision, "
         "beyond the closed form's)",
         "",
+        f"Idle before each probe (every earlier request's last token and KV delivered): "
+        f"{_idle(an)}",
+        "",
     ]
     inv = result["invariance"]
     for name, title in (("time", "time scale 1 vs auto"), ("tokens", "token scale vs 32")):
@@ -181,6 +195,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| seed-to-seed spread of the reference | {' | '.join(spread)} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _idle(analytic_result: dict[str, Any]) -> str:
+    not_idle = analytic_result.get("not_idle", [])
+    if not_idle:
+        return f"NOT for {', '.join(not_idle)} (fails the check)"
+    quiet = analytic_result.get("min_idle_for_s")
+    return "-" if quiet is None else f"yes, for at least {quiet:.2f} modelled s"
 
 
 def _pct(value: float | None) -> str:

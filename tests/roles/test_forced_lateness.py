@@ -74,7 +74,9 @@ def test_lateness_that_reaches_token_times_makes_the_run_not_valid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Blocked before each token message (MD's, which it dates on reading), the frontend also
-    reads its heartbeats late: the run is not valid, however far the clock slows down."""
+    reads its heartbeats late: delivery is judged over its bound and the run is not valid,
+    however far the clock slows down. (Which kind is the worst, the one the reason names,
+    is not asserted: on a starved host another kind may be later still.)"""
     _outcome, timing = _one_request(tmp_path, monkeypatch, "FE0:tokens:0.05")
-    assert not timing["valid"]
-    assert timing["invalid_reason"].startswith("mean delivery lag"), timing["invalid_reason"]
+    assert not timing["valid"], timing["lag"]
+    assert timing["lag"]["mean_by_kind"]["delivery"] > timing["lag"]["bound_s"], timing["lag"]

@@ -70,3 +70,48 @@ def test_a_probe_without_a_record_is_judged_missing_not_a_crash() -> None:
     outcome = judge(probe, None)
     assert outcome.errors == {"ttft_s": None, "kv_transfer_s": None, "tpot_s": None}
     assert outcome.route_excess_s is None
+
+
+def _record(rid: str, arrival: float, finish: float | None, kv: float | None = None):
+    from pddemu.metrics.records import RequestRecord
+
+    return RequestRecord(
+        rid, "pdd", arrival, 8192, 2, state="completed", finish_s=finish, kv_arrived_s=kv
+    )
+
+
+def test_idleness_is_shown_from_every_earlier_request_s_last_token_and_kv() -> None:
+    from pddemu.validate.analytic import idleness
+
+    idle = idleness(
+        [
+            _record("b", 2.0, 2.5, kv=3.0),  # its KV reached MD after its last token
+            _record("a", 0.0, 1.0),
+            _record("c", 3.5, 4.0),
+            _record("d", 3.9, None),  # arrived while c was still going; never ended
+            _record("e", 9.0, 9.5),
+        ]
+    )
+    assert idle["a"] == float("inf")
+    assert idle["b"] == pytest.approx(1.0)
+    assert idle["c"] == pytest.approx(0.5)  # after b's KV, not its last token
+    assert idle["d"] == pytest.approx(-0.1)
+    assert idle["e"] is None  # d never ended: nothing shows the system idle
+
+
+def test_a_probe_that_found_the_system_busy_fails_the_check() -> None:
+    from pddemu.validate.analytic import Probe, judge, summarise
+
+    model = ClosedForm(load_config())
+    request = Request("indc", "P-D", 8192, 0, 65)
+    expected = model.predict(request)
+    probe = Probe("r0", 0.0, 8192, 65, None, [1] * 256, request, expected)
+    exact = _record("r0", 0.0, expected.ttft_s + 64 * (expected.tpot_s or 0.0))
+    exact.first_token_s = expected.ttft_s
+    exact.routed_s = expected.route_s
+    exact.kv_arrived_s = expected.route_s + (expected.kv_transfer_s or 0.0)
+    exact.output_tokens = 65
+    assert summarise([judge(probe, exact, 0.5)], 0.02)["passed"]
+    busy = summarise([judge(probe, exact, -0.1)], 0.02)
+    assert not busy["passed"] and busy["not_idle"] == ["r0"]
+    assert not summarise([judge(probe, exact, None)], 0.02)["passed"]
