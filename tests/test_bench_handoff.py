@@ -87,8 +87,13 @@ def test_overlapping_handoffs_and_the_autocorrelation_are_reported() -> None:
         record("sample:0:2", 100, at=2.0),
     ]
     assert overlapping(records, records) == 2
-    assert lag1_autocorrelation([0.1, 0.2] * 8)["lag1_autocorrelation"] == pytest.approx(-1.0)
-    assert lag1_autocorrelation([0.1] * 16)["band_95"] == pytest.approx(1.96 / 4)
+    assert lag1_autocorrelation([[0.1, 0.2] * 8])["lag1_autocorrelation"] == pytest.approx(-1.0)
+    assert lag1_autocorrelation([[0.1] * 16])["band_95"] == pytest.approx(1.96 / 4)
+    # two rounds are two deployments: the pair across their boundary is not a lag-1 pair
+    rising = [0.1, 0.2, 0.3, 0.4]
+    assert lag1_autocorrelation([rising, rising])["lag1_autocorrelation"] == pytest.approx(1.0)
+    assert lag1_autocorrelation([rising + rising])["lag1_autocorrelation"] < 0.5
+    assert lag1_autocorrelation([rising, rising])["band_95"] == pytest.approx(1.96 / 8**0.5)
 
 
 def lossy_source(lose_every: int, sent: dict[Cell, int]):

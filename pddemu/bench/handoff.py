@@ -46,6 +46,7 @@ paper's, not fitted to them: docs/validation.md compares them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -264,14 +265,18 @@ def overlapping(kept: list[RequestRecord], records: list[RequestRecord]) -> int:
     return count
 
 
-def lag1_autocorrelation(latencies: list[float]) -> dict[str, float | None]:
+def lag1_autocorrelation(rounds: list[list[float]]) -> dict[str, float | None]:
     """The lag-1 autocorrelation of a cell's MD-side latencies in arrival order, beside the
-    band it stays within in 95 % of cells if they are independent (+-1.96/sqrt(n))."""
-    x = np.asarray(latencies)
+    band it stays within in 95 % of cells if they are independent (+-1.96/sqrt(n)). Pairs are
+    taken within each round only: two rounds are two deployments, not one sequence."""
+    pairs = [(a, b) for latencies in rounds for a, b in itertools.pairwise(latencies)]
+    n = sum(len(latencies) for latencies in rounds)
     r1 = None
-    if x.size > 2 and x[:-1].std() > 0 and x[1:].std() > 0:
-        r1 = float(np.corrcoef(x[:-1], x[1:])[0, 1])
-    return {"lag1_autocorrelation": r1, "band_95": 1.96 / math.sqrt(x.size) if x.size else None}
+    if len(pairs) > 1:
+        x, y = np.asarray(pairs).T
+        if x.std() > 0 and y.std() > 0:
+            r1 = float(np.corrcoef(x, y)[0, 1])
+    return {"lag1_autocorrelation": r1, "band_95": 1.96 / math.sqrt(n) if n else None}
 
 
 class TcpCounters:
@@ -280,10 +285,16 @@ class TcpCounters:
 
     def __init__(self, network: Network) -> None:
         self.clock = SharedClock(network.clock_path) if network.clock_path else None
-        self.sleepers = [
-            subprocess.Popen(command_in(e.netns, ["sleep", "infinity"]))
-            for e in (network.a, network.a2, network.b)
-        ]
+        self.sleepers: list[subprocess.Popen] = []
+        try:
+            for endpoint in (network.a, network.a2, network.b):
+                self.sleepers.append(
+                    subprocess.Popen(command_in(endpoint.netns, ["sleep", "infinity"]))
+                )
+        except BaseException:
+            self._stop_sleepers()  # `with` calls no __exit__ for an object never made
+            raise
+        self.error: str | None = None  # why the readings stopped early, if they did
         self.readings: list[tuple[float, int]] = []  # (modelled s, retransmitted so far)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -292,6 +303,7 @@ class TcpCounters:
         deadline = time.monotonic() + 10
         while not all(self._entered(p) for p in self.sleepers):
             if time.monotonic() > deadline:
+                self._stop_sleepers()  # nor for one whose __enter__ raised
                 raise RuntimeError("bench handoff: could not start a reader in each namespace")
             time.sleep(0.01)
         self._thread.start()
@@ -301,6 +313,9 @@ class TcpCounters:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._stop_sleepers()
+
+    def _stop_sleepers(self) -> None:
         for sleeper in self.sleepers:
             sleeper.kill()
             sleeper.wait()
@@ -321,14 +336,17 @@ class TcpCounters:
         return total
 
     def _poll(self) -> None:
-        while True:
-            now = self.clock.now() if self.clock else time.monotonic()
-            self.readings.append((now, self.total()))
-            if self._stop.wait(POLL_S):
-                self.readings.append(
-                    (self.clock.now() if self.clock else time.monotonic(), self.total())
-                )
-                return
+        try:
+            while True:
+                now = self.clock.now() if self.clock else time.monotonic()
+                self.readings.append((now, self.total()))
+                if self._stop.wait(POLL_S):
+                    self.readings.append(
+                        (self.clock.now() if self.clock else time.monotonic(), self.total())
+                    )
+                    return
+        except (OSError, ValueError) as error:  # a namespace gone: later spans read None
+            self.error = f"TCP counters stopped: {error}"
 
     def between(self, start: float, end: float) -> int | None:
         """Retransmitted from modelled time `start` to `end` (the first readings at or after
@@ -390,6 +408,7 @@ def run_payload(
         ),
         "valid": run.timing.get("valid"),
         "partial": run.partial,
+        "tcp_counters_error": tcp.error,
     }
     return cells, cost
 
@@ -433,11 +452,14 @@ def benchmark(
         "runs": [],
     }
     extra: dict[Cell, dict[str, Any]] = {}
+    round_of: dict[int, int] = {}  # id(record) -> the round (deployments) that measured it
+    rounds_run = 0
     started, load_before = time.time(), os.getloadavg()
 
     with tempfile.TemporaryDirectory() as scratch:
 
         def run_round(asks: dict[Cell, int]) -> dict[Cell, list[RequestRecord]]:
+            nonlocal rounds_run
             got: dict[Cell, list[RequestRecord]] = {}
             for payload in PAYLOADS:
                 plan = phases([(c, n) for c, n in asks.items() if c.payload == payload])
@@ -467,17 +489,25 @@ def benchmark(
                 result["runs"].append(cost)
                 for cell, measured in cells.items():
                     got[cell] = measured.pop("records")
-                    totals = extra.setdefault(cell, {"rounds": 0})
+                    for record in got[cell]:
+                        round_of[id(record)] = rounds_run
+                    totals = extra.setdefault(cell, {"rounds": 0, "valid": True})
                     totals["rounds"] += 1
+                    totals["valid"] = totals["valid"] and bool(cost["valid"])  # every deployment
                     for key, value in measured.items():  # counts, summed over the rounds
                         known = totals.get(key, 0)
                         totals[key] = None if value is None or known is None else known + value
+            rounds_run += 1
             return got
 
         kept = measure(grid, samples, run_round)
     for cell in grid:
         records = kept[cell]
         totals = extra[cell]
+        by_round = [
+            [r for r in records if round_of[id(r)] == k]
+            for k in sorted({round_of[id(r)] for r in records})
+        ]
         result["cells"].append(
             {
                 "payload": cell.payload,
@@ -489,11 +519,17 @@ def benchmark(
                 "stall_ms": describe_ms([r.handoff_stall_s for r in records]),
                 "gap_ms": describe_ms([r.handoff_gap_s for r in records]),
                 "tpot_ms": describe_ms([r.tpot_s for r in records if r.tpot_s is not None]),
-                "md_latency_ms_in_arrival_order": [
-                    round(r.handoff_latency_s * 1e3, 2) for r in records if r.handoff_latency_s
+                "md_latency_ms_by_round": [
+                    [round(r.handoff_latency_s * 1e3, 2) for r in one if r.handoff_latency_s]
+                    for one in by_round
                 ],
                 "independence": {
-                    **lag1_autocorrelation([r.handoff_latency_s for r in records]),
+                    **lag1_autocorrelation(
+                        [
+                            [r.handoff_latency_s for r in one if r.handoff_latency_s]
+                            for one in by_round
+                        ]
+                    ),
                     "overlapping_handoffs": totals["overlapping_handoffs"],
                 },
             }
@@ -512,6 +548,7 @@ def judge(result: dict[str, Any]) -> None:
         "no duplicate or missing token": all(
             c["duplicate_tokens"] == 0 and c["gap_tokens"] == 0 for c in result["cells"]
         ),
+        "every deployment within the lag bound": all(r.get("valid") for r in result["runs"]),
     }
 
 
