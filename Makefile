@@ -40,7 +40,7 @@ $(RAY_STAMP): $(STAMP)
 test: install aiperf $(RAY_STAMP)
 	$(BIN)/python -m pytest
 
-bench: install
+bench: install aiperf
 	$(BIN)/python -m pddemu.bench --out bench/results
 
 bench-faults: install

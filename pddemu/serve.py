@@ -12,7 +12,9 @@ the model's tokenizer as a Hugging Face directory (their --tokenizer); `time_zer
 CLOCK_MONOTONIC instant of the timeline's time 0, from which `[wan] schedule` counts (serve runs
 in real time: a schedule's modelled second is a wall second). Only the OpenAI routes
 (/v1/models, /v1/completions, /v1/chat/completions) and /health are served on the host. Runs
-until SIGINT or SIGTERM, then removes everything it made. Without root it runs in a private
+until SIGINT or SIGTERM, then prints one last JSON line (`"stopped": true`, with `door`: the
+streamed chunks written and how many were late, later than their tokens' modelled times by more
+than `late_after_s`) and removes everything it made. Without root it runs in a private
 user namespace, as `pddemu emulate` does; the host port stays reachable.
 """
 
@@ -26,6 +28,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -67,8 +70,19 @@ async def serve(
             flush=True,
         )
         await stop.wait()
+        print(json.dumps(served_summary(await deployment.stats())), flush=True)
     finally:
         await deployment.stop()
+
+
+def served_summary(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """serve's last line: what its door wrote, and how many chunks it wrote later than their
+    tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`): where the host could not
+    keep the modelled time, which a client then measures and the records do not show."""
+    router = next((report for report in stats.values() if report.get("role") == "FE"), None)
+    if router is None:
+        return {"stopped": True, "door": None, "errors": ["the frontend's stats are unreadable"]}
+    return {"stopped": True, "door": router.get("door"), "errors": router.get("errors", [])}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -457,7 +457,9 @@ class Frontend(Instance):
             await response.write_eof()
             return response
 
-    def admit(self, body: dict[str, Any]) -> Flight:
+    def admit(self, body: dict[str, Any], arrival: float | None = None) -> Flight:
+        """A request from a client; `arrival` (modelled) is when the door received it (now, if
+        not given)."""
         rid = str(body["rid"])
         if rid in self.flights:
             raise ValueError(f"request id {rid!r} is already in flight")
@@ -484,7 +486,7 @@ class Frontend(Instance):
         record = RequestRecord(
             request_id=rid,
             system=self.system,
-            arrival_s=self.clock.now(),
+            arrival_s=self.clock.now() if arrival is None else arrival,
             input_tokens=input_tokens,
             expected_output_tokens=output_tokens,
         )
@@ -989,7 +991,7 @@ class Frontend(Instance):
         scale = self.config.scale.token_scale
         index = output_index(position, scale)
         if position == output_group_start(index, scale):
-            flight.stream.put_nowait({"index": index, "id": flight.ids[index]})
+            flight.stream.put_nowait({"index": index, "id": flight.ids[index], "time": time})
 
     def lag_kind(self, kind: str) -> str:
         if kind in ("tokens", "heartbeat"):
@@ -1003,4 +1005,5 @@ class Frontend(Instance):
             "wan_correction": self.wan.correction,
             "liveness": [asdict(change) for change in self.liveness_changes],
             "failovers": self.failover_log,
+            "door": self.door.stats(),
         }

@@ -123,11 +123,21 @@ class MainDecodeInstance(DecodeInstance):
         self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
     ) -> None:
         rid = request.rid
+        # The first token (P's, come with the KV) leaves before this instance's own bookkeeping
+        # (the DRC's copy, the router's note): in real time a client sees every millisecond
+        # between them, and no modelled instance spends it.
+        streams_now = request.meta["pipeline"] != "P-RLD-MD" and rid not in self.released
+        if streams_now:
+            await self.start_stream(request, first_token)
         pinned = self.matches.get(rid)
         if self.config.policy.drc and pinned is not None:
-            self.held[rid] = self.store.insert(
+            node = self.store.insert(
                 pinned.prompt, request.kv.token_slice(0, request.prompt_len).clone()
             )
+            if streams_now and rid not in self.requests:  # it ended while its token went out
+                self.store.release(node)
+            else:
+                self.held[rid] = node
         self._unpin_match(rid)
         await self.tell(
             request.meta["frontend"],
@@ -140,6 +150,8 @@ class MainDecodeInstance(DecodeInstance):
                 "first_chunk_at": begin["first_chunk_at"],
             },
         )
+        if streams_now:
+            return
         if rid in self.released:
             self.released.discard(rid)
             self._release_held(rid)
@@ -155,8 +167,6 @@ class MainDecodeInstance(DecodeInstance):
                 return
             rld = request.meta["rld"]
             await self.tell(rld, "md_ready", {"rid": rid, **self.outlook(rld)})
-            return
-        await self.start_stream(request, first_token)
 
     def outlook(self, relay: str) -> dict[str, Any]:
         """What a relay needs to predict this instance's side of a handoff: the contexts of the

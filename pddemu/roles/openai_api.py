@@ -5,11 +5,19 @@ the request (`pddemu`), which clients ignore (its WAN bytes leave out a transfer
 when the stream ends; `pddemu emulate` waits for those). A streamed response's record also says
 when the door received the request and began writing its first chunk (`door`, in seconds of
 CLOCK_MONOTONIC, the clock every process of the host shares and benchmark clients time with):
-a client's TTFT contains that interval, which contains the emulator's TTFT, request by request. With `stream_options.include_usage` a
-last chunk carries the token counts, as benchmark clients expect. A request the emulator fails
-ends as an OpenAI error: status 500 when whole; when streamed, an `error` event and a cut
-connection (`_fail_stream`). A completion's prompt may be token ids (`prompt: [int, ...]`), taken
-as they are.
+a client's TTFT contains that interval, which contains the emulator's TTFT, request by request.
+With `stream_options.include_usage` a last chunk carries the token counts, as benchmark clients
+expect. A request the emulator fails ends as an OpenAI error: status 500 when whole; when
+streamed, an `error` event and a cut connection (`_fail_stream`). A completion's prompt may be
+token ids (`prompt: [int, ...]`), taken as they are.
+
+Timing, by construction: a request's modelled arrival is the instant the door received it (not
+when its body was parsed), and each chunk is written at its token's modelled delivery time: held
+until then if it is ready earlier, written at once if not. A chunk written more than
+`LATE_WRITE_S` after its token's time is a late write: the host could not keep the modelled time
+(the record keeps the modelled time; the client sees the delay). Late writes are counted in the
+request's `door` record and in the door's totals (the frontend's stats, `pddemu serve`'s last
+line).
 
 Decoding is greedy (the model's weights are random, sampling parameters would change nothing
 worth measuring); `temperature`, `top_p` and the like are accepted and ignored. Prompts are
@@ -37,6 +45,9 @@ from pddemu.roles.client_gone import client_gone_abandons
 MODEL_NAME = "pddemu"
 MAX_TOKENS_LIMIT = 65536
 RETRY_AFTER_S = 1  # what a refused client is told to wait before trying again
+# A chunk written this much (modelled seconds) after its token's time is late: beyond the event
+# loop's timer grain (a millisecond), so a chunk held for its time is not counted late.
+LATE_WRITE_S = 0.002
 
 
 class RequestError(Exception):
@@ -69,6 +80,7 @@ class OpenAIFrontDoor:
         self.frontend = frontend
         self.tokenizer = ByteTokenizer(frontend.model_config.vocab_size)
         self.held = 0  # requests admitted here that the system has not released yet
+        self.timing = WriteTiming()  # every streamed chunk's write against its token's time
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -97,8 +109,12 @@ class OpenAIFrontDoor:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
+    def stats(self) -> dict[str, Any]:
+        return self.timing.as_dict()
+
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         received = time.monotonic()
+        arrival = self.frontend.clock.now()  # the request's modelled zero: the door's receipt
         try:
             body = await self._body(request)
             ids = self._chat_prompt_ids(body) if chat else self._prompt_ids(body)
@@ -142,7 +158,8 @@ class OpenAIFrontDoor:
                     "input_tokens": len(ids) * scale,
                     "output_tokens": max_tokens,
                     "session": session,
-                }
+                },
+                arrival,
             )
         except ValueError as error:
             return error_response(str(error), 400)
@@ -293,10 +310,12 @@ class OpenAIFrontDoor:
         await response.prepare(request)
         decoder = self.tokenizer.stream_decoder()
         first = True
-        door = {"received_s": received, "first_chunk_s": None}
+        door = {"received_s": received, "first_chunk_s": None, "late_writes": 0, "max_late_s": 0.0}
         sent = 0
         while (item := await flight.stream.get()) is not None:
             chunk = self._chunk(rid, chat, decoder.push([item["id"]]), None, first)
+            late = await self.frontend.clock.sleep_until(item["time"])  # held until its time
+            self.timing.wrote(door, late)
             if first:
                 door["first_chunk_s"] = time.monotonic()
             first = False
@@ -351,6 +370,37 @@ class OpenAIFrontDoor:
                 "pddemu": record.to_dict(),
             }
         )
+
+
+class WriteTiming:
+    """The door's streamed chunks against their tokens' modelled times: how many were written,
+    how many late (`LATE_WRITE_S`), by how much at most and in total (modelled seconds)."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.late = 0
+        self.late_total_s = 0.0
+        self.max_late_s = 0.0
+
+    def wrote(self, door: dict[str, Any], late: float) -> None:
+        """A chunk is written `late` seconds after its token's time (0 if on time); `door` is
+        its request's record."""
+        self.written += 1
+        self.max_late_s = max(self.max_late_s, late)
+        door["max_late_s"] = max(door["max_late_s"], late)
+        if late > LATE_WRITE_S:
+            self.late += 1
+            self.late_total_s += late
+            door["late_writes"] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chunks_written": self.written,
+            "late_writes": self.late,
+            "late_after_s": LATE_WRITE_S,
+            "late_total_s": self.late_total_s,
+            "max_late_s": self.max_late_s,
+        }
 
 
 def _is_int(value: Any) -> bool:

@@ -1,0 +1,212 @@
+"""NVIDIA AIPerf against `pddemu serve`: does what a benchmark client measures equal what pddemu
+records, request by request?
+
+`pddemu serve` (pdd, configs/serve.toml: real time, token scale 1) is started on a free port and
+AIPerf (pinned in the Makefile, in its own venv `.venv-aiperf`) profiles it as its users run it:
+streamed completions, the exported tokenizer, 16 requests at concurrency 4, 300-token synthetic
+prompts, 48 output tokens. Each streamed response's last chunk carries pddemu's record of the
+request; the records are matched to AIPerf's per-request TTFT by AIPerf's request id.
+
+Reported: AIPerf's TTFT p50 and p90 (its own summary, and the same percentiles computed here over
+its per-request values), pddemu's modelled TTFT (first token - arrival, the record) and its door's
+(first chunk written - request received) at the same percentiles, the differences, where the
+difference goes (medians of: AIPerf's send to the door's receipt, the door's TTFT beyond the
+record, the door's first write to AIPerf's receipt: every process reads one CLOCK_MONOTONIC),
+serve's late writes (chunks written later than their tokens' modelled times) and the host's load
+before and after. Target: AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+AIPERF_VENV = ROOT / ".venv-aiperf"
+REQUESTS, CONCURRENCY, ISL, OSL = 16, 4, 300, 48
+TARGET_MS = 5.0
+
+
+def aiperf_command(
+    aiperf: Path, ready: dict[str, Any], artifacts: Path, requests: int = REQUESTS
+) -> list[str]:
+    """AIPerf's profile of a `pddemu serve` (its ready line), as a user runs it."""
+    return [
+        str(aiperf),
+        "profile",
+        "--model", ready["model"],
+        "--url", ready["url"],
+        "--endpoint-type", "completions",
+        "--streaming",
+        "--tokenizer", ready["tokenizer"],
+        "--concurrency", str(CONCURRENCY),
+        "--request-count", str(requests),
+        "--isl", str(ISL),
+        "--osl", str(OSL),
+        "--random-seed", "0",
+        "--artifact-dir", str(artifacts),
+        "--export-level", "raw",
+        "--ui-type", "none",
+    ]  # fmt: skip
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def data_chunks(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON chunks of one streamed response, as AIPerf received them."""
+    return [
+        json.loads(packet["value"])
+        for response in raw["responses"]
+        for packet in response["packets"]
+        if packet["name"] == "data" and packet["value"] and packet["value"] != "[DONE]"
+    ]
+
+
+def emulator_record(raw: dict[str, Any]) -> dict[str, Any]:
+    """pddemu's record, carried by the last content chunk of a streamed response."""
+    for chunk in reversed(data_chunks(raw)):
+        if "pddemu" in chunk:
+            return chunk["pddemu"]
+    raise ValueError("no chunk carried the emulator's record")
+
+
+def streamed_text(raw: dict[str, Any]) -> str:
+    return "".join(
+        (chunk.get("choices") or [{}])[0].get("text") or "" for chunk in data_chunks(raw)
+    )
+
+
+class Profile:
+    """One AIPerf profile's outputs, matched to pddemu's records by AIPerf's request id."""
+
+    def __init__(self, artifacts: Path) -> None:
+        self.summary = json.loads((artifacts / "profile_export_aiperf.json").read_text())
+        rid = lambda r: r["metadata"]["x_request_id"]  # noqa: E731
+        self.measured = {rid(r): r for r in records(artifacts / "profile_export.jsonl")}
+        self.raw = {rid(r): r for r in records(artifacts / "profile_export_raw.jsonl")}
+        self.ours = {key: emulator_record(r) for key, r in self.raw.items()}
+
+    def client_ttft_s(self, key: str) -> tuple[float, float]:
+        """AIPerf's send instant and its first content response's (CLOCK_MONOTONIC seconds)."""
+        sent = self.raw[key]["start_perf_ns"] / 1e9
+        return sent, sent + self.measured[key]["metrics"]["time_to_first_token"]["value"] / 1e3
+
+
+def percentile_ms(values_s: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values_s) * 1e3, q))
+
+
+def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
+    """AIPerf's TTFT against pddemu's records of the same requests."""
+    keys = sorted(profile.ours)
+    client, modelled, door, parts = [], [], [], []
+    for key in keys:
+        record = profile.ours[key]
+        sent, first = profile.client_ttft_s(key)
+        received, first_chunk = record["door"]["received_s"], record["door"]["first_chunk_s"]
+        ttft = (record["first_token_s"] - record["arrival_s"]) / time_scale
+        client.append(first - sent)
+        modelled.append(ttft)
+        door.append(first_chunk - received)
+        parts.append((received - sent, (first_chunk - received) - ttft, first - first_chunk))
+    aiperf = profile.summary["time_to_first_token"]
+    ours = {q: percentile_ms(modelled, q) for q in (50, 90)}
+    mine = {q: percentile_ms(client, q) for q in (50, 90)}
+    before, inside, after = (statistics.median(p) * 1e3 for p in zip(*parts, strict=True))
+    return {
+        "aiperf_ttft_ms": {"p50": aiperf["p50"], "p90": aiperf["p90"]},
+        "aiperf_ttft_per_request_ms": {"p50": mine[50], "p90": mine[90]},
+        "pddemu_ttft_ms": {"p50": ours[50], "p90": ours[90]},
+        "pddemu_door_ttft_ms": {"p50": percentile_ms(door, 50), "p90": percentile_ms(door, 90)},
+        "difference_ms": {"p50": aiperf["p50"] - ours[50], "p90": aiperf["p90"] - ours[90]},
+        "difference_medians_ms": {
+            "before_the_door": before,
+            "in_the_frontend": inside,
+            "after_the_door": after,
+        },
+        "pipelines": sorted({profile.ours[k]["pipeline"] for k in keys}),
+        "late_writes": sum(profile.ours[k]["door"].get("late_writes", 0) for k in keys),
+    }
+
+
+def load_average() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def run_profile(workdir: Path, requests: int = REQUESTS) -> tuple[Profile, dict[str, Any]]:
+    """Serve pdd, profile it with AIPerf, stop serve; returns the profile and serve's last line."""
+    aiperf = AIPERF_VENV / "bin" / "aiperf"
+    if not aiperf.exists():
+        raise FileNotFoundError(f"{aiperf} is missing: `make aiperf` installs it")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--run-dir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = serve.stdout.readline()
+        if not line:
+            raise RuntimeError(f"pddemu serve did not start: {serve.stderr.read()[-2000:]}")
+        ready = json.loads(line)
+        artifacts = workdir / "aiperf"
+        done = subprocess.run(
+            aiperf_command(aiperf, ready, artifacts, requests),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"aiperf failed: {(done.stdout + done.stderr)[-2000:]}")
+    finally:
+        serve.send_signal(signal.SIGINT)
+        out, _ = serve.communicate(timeout=60)
+    stopped = json.loads(out.splitlines()[-1]) if out.strip() else {}
+    return Profile(artifacts), stopped
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from pddemu.config import load_config
+    from pddemu.serve import SERVE_CONFIG
+
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="pddemu-aiperf-") as tmp:
+        profile, stopped = run_profile(Path(tmp), REQUESTS // 2 if quick else REQUESTS)
+    load_after = load_average()
+    result = compare(profile, load_config(SERVE_CONFIG).scale.time_scale)
+    mismatches = profile.summary.get("osl_mismatch_count", {"avg": 0})["avg"]
+    errors = profile.summary["request_error_rate"]["avg"]
+    within = abs(result["difference_ms"]["p50"]) <= TARGET_MS
+    return {
+        "what": "AIPerf's TTFT against pddemu's records of the same requests (pddemu serve)",
+        "setup": {
+            "system": "pdd",
+            "config": "configs/serve.toml",
+            "requests": len(profile.ours),
+            "concurrency": CONCURRENCY,
+            "input_tokens": ISL,
+            "output_tokens": OSL,
+            "endpoint": "completions, streamed",
+        },
+        **result,
+        "serve": stopped.get("door"),
+        "osl_mismatch_count": mismatches,
+        "request_error_rate": errors,
+        "load_average": {"before": load_before, "after": load_after},
+        "target": f"AIPerf's TTFT p50 within {TARGET_MS:g} ms of pddemu's records",
+        "targets": {
+            "ttft_p50_within_5_ms": within,
+            "no_output_length_mismatch": mismatches == 0,
+            "no_failed_request": errors == 0,
+        },
+    }
