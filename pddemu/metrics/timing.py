@@ -35,6 +35,7 @@ def timing_summary(
     dilation: Mapping[str, Any],
     tpot_p50: float | None,
     max_lag: float,
+    replayer_holds: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     participants = {name: stats.get("lags_s", {}) for name, stats in instance_stats.items()}
     participants["replayer"] = dict(replayer_lags)
@@ -74,9 +75,10 @@ def timing_summary(
             },
         },
         "holds": {
-            "posted": sum(h.get("posted", 0) for h in holds),
-            "binding": sum(h.get("binding", 0) for h in holds),
-            "frozen_wall_s": sum(h.get("frozen_wall_s", 0.0) for h in holds),
+            **_hold_totals(holds),
+            # instant holds (routing exchanges, and the replayer's at each arrival) stand the
+            # clock still without slowing it: their frozen wall time shows a slow participant
+            "instant": _hold_totals([h.get("instant", {}) for h in holds] + [replayer_holds or {}]),
         },
         "dilation": dict(dilation),
         "tcp": tcp_summary(
@@ -84,6 +86,14 @@ def timing_summary(
         ),
         "valid": reason is None,
         "invalid_reason": reason,
+    }
+
+
+def _hold_totals(holds: list[Mapping[str, Any]]) -> dict[str, Any]:
+    return {
+        "posted": sum(h.get("posted", 0) for h in holds),
+        "binding": sum(h.get("binding", 0) for h in holds),
+        "frozen_wall_s": sum(h.get("frozen_wall_s", 0.0) for h in holds),
     }
 
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from netem.clock import LAG_COUNTERS, Anchor, SharedClock
 
@@ -250,16 +250,28 @@ class ModelledClock:
             self.source.count_lag(self.slot, lag, CONTROLLED_KINDS.index(kind))
         return lag
 
-    def hold_counts(self) -> dict[str, float]:
-        """Holds this participant posted, how many stood the clock still, for how long (wall)."""
+    def hold_counts(self) -> dict[str, Any]:
+        """Holds this participant posted, how many stood the clock still, for how long (wall);
+        its instant holds apart under "instant" (they take no modelled time by design, so the
+        controller ignores them: this is where a participant slow to release them shows)."""
         if not isinstance(self.source, SharedClock) or self.slot is None:
-            return {"posted": 0, "binding": 0, "frozen_wall_s": 0.0}
-        report = next(r for r in self.source.slots() if r.index == self.slot)
-        return {
-            "posted": report.holds,
-            "binding": report.holds_binding,
-            "frozen_wall_s": report.frozen_wall_s,
-        }
+            return {"posted": 0, "binding": 0, "frozen_wall_s": 0.0, "instant": _NO_HOLDS}
+        reports = {r.index: r for r in self.source.slots()}
+
+        def counts(slot: int | None) -> dict[str, float]:
+            report = reports.get(slot) if slot is not None else None
+            if report is None:
+                return dict(_NO_HOLDS)
+            return {
+                "posted": report.holds,
+                "binding": report.holds_binding,
+                "frozen_wall_s": report.frozen_wall_s,
+            }
+
+        return {**counts(self.slot), "instant": counts(self._instant_slot)}
+
+
+_NO_HOLDS: dict[str, float] = {"posted": 0, "binding": 0, "frozen_wall_s": 0.0}
 
 
 class InstantHold:

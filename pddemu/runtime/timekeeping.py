@@ -64,6 +64,7 @@ class RunTiming:
         self.marks: dict[str, tuple[float, float]] = {}  # wall, modelled
         self._release_before: dict[str, Any] | None = None
         self.release_lag: dict[str, Any] | None = None
+        self.replayer_holds: dict[str, Any] | None = None
         self.tpot_p50 = tpot_p50
 
     async def __aenter__(self) -> ModelledClock:
@@ -94,6 +95,7 @@ class RunTiming:
         after = self.network.release_lag()
         if after is not None and self._release_before is not None:
             self.release_lag = _difference(after, self._release_before)
+        self.replayer_holds = self.clock.hold_counts()  # read before its slot is given back
         self.clock.close()
         self.dilation.clock.close()
 
@@ -137,6 +139,7 @@ class RunTiming:
             self.dilation.summary((wall0, wall1), (modelled0, modelled1)),
             tpot_p50,
             self.config.scale.max_lag,
+            self.replayer_holds,
         )
 
 

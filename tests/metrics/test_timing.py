@@ -10,7 +10,11 @@ DILATION = {"min": 0.1, "mean": 0.125, "max": 0.2, "speedup": 8.0, "timeline": [
 
 
 def stats(**lags: list[float]) -> dict:
-    return {"lags_s": lags, "holds": {"posted": 10, "binding": 1, "frozen_wall_s": 0.002}}
+    instant = {"posted": 5, "binding": 2, "frozen_wall_s": 0.01}
+    return {
+        "lags_s": lags,
+        "holds": {"posted": 10, "binding": 1, "frozen_wall_s": 0.002, "instant": instant},
+    }
 
 
 def test_the_mean_lag_of_known_times_judges_the_run_and_bounds_are_only_reported() -> None:
@@ -18,13 +22,22 @@ def test_the_mean_lag_of_known_times_judges_the_run_and_bounds_are_only_reported
         "P0": stats(step=[0.0] * 98 + [0.0001, 0.0002]),
         "FE0": stats(delivery=[0.0005] * 50, delivery_wan=[0.5] * 50),
     }
-    summary = timing_summary(instances, {"send": [0.0]}, None, DILATION, 0.030, 0.05)
+    replayer_holds = {"posted": 4, "binding": 1, "frozen_wall_s": 0.5}
+    summary = timing_summary(
+        instances, {"send": [0.0]}, None, DILATION, 0.030, 0.05, replayer_holds
+    )
     assert summary["valid"] and summary["invalid_reason"] is None
     assert summary["lag"]["bound_s"] == pytest.approx(0.0015)
     assert summary["emulator_lag_s"]["samples"] == 151  # the WAN bounds are not judged
     assert summary["lag"]["by_kind"]["delivery_wan"]["p50"] == 0.5  # but reported
     assert summary["lag"]["by_participant"]["replayer"]["send"]["count"] == 1
-    assert summary["holds"] == {"posted": 20, "binding": 2, "frozen_wall_s": 0.004}
+    assert summary["holds"] == {
+        "posted": 20,
+        "binding": 2,
+        "frozen_wall_s": 0.004,
+        # the instances' instant holds and the replayer's, where a slow participant shows
+        "instant": {"posted": 14, "binding": 5, "frozen_wall_s": pytest.approx(0.52)},
+    }
     assert summary["dilation"]["speedup"] == 8.0
     spiky = stats(handler=[0.0] * 99 + [0.2])  # p99 2 ms, from one stall of 200 ms
     late = timing_summary({"MD0": spiky}, {}, None, DILATION, 0.03, 0.05)

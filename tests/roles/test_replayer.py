@@ -97,3 +97,34 @@ def test_an_unreachable_frontend_is_a_failure_but_not_a_protocol_error() -> None
     (record,) = result.records
     assert record.state == "failed" and "ClientConnectorError" in record.failure_reason
     assert result.protocol_errors == 0
+
+
+async def generate_admitted_late(request: web.Request) -> web.StreamResponse:
+    """A frontend whose record dates the arrival 0.3 s after it was due (its admission
+    outlasted the replayer's hold)."""
+    rid = (await request.json())["rid"]
+    record = RequestRecord(rid, "pdd", 0.35, 64, 4, state="completed").to_dict()
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await reply.write(json.dumps({"record": record, "output_ids": [7]}).encode() + b"\n")
+    await reply.write_eof()
+    return reply
+
+
+def test_an_arrival_the_frontend_took_late_is_counted_as_send_lag() -> None:
+    async def scenario() -> list[float]:
+        app = web.Application()
+        app.router.add_post("/generate", generate_admitted_late)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        clock = ModelledClock.fixed(time.monotonic(), 1.0)
+        try:
+            await replay(f"http://127.0.0.1:{port}", [Request("r", 0.05)], clock, "pdd", 0.0)
+        finally:
+            await runner.cleanup()
+        return clock.lags["send"]
+
+    assert asyncio.run(scenario()) == [pytest.approx(0.3)]
