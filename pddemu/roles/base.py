@@ -50,7 +50,8 @@ HELLO_LIMITS = Limits(
 HELLO_TIMEOUT_S = 10.0  # wall seconds a new connection has to say hello (a bound, not a measure)
 # Forced lateness, for tests that show which lag reaches a result: "FE0:p_hit,routed:0.02;..."
 # makes instance FE0 block its event loop 20 ms of wall time before handling each message of
-# those kinds, as a host busy elsewhere would.
+# those kinds, as a host busy elsewhere would; "0.02m" blocks it 20 ms of modelled time (wall
+# time at the clock's present rate), a lateness the same in the results whatever the rate.
 STALL_ENV = "PDDEMU_STALL"
 
 
@@ -275,8 +276,9 @@ class Instance:
         self.heard_from(channel.peer)
         try:
             if isinstance(item, Envelope):
-                if item.kind in self.stalls:
-                    time.sleep(self.stalls[item.kind])  # a forced lateness (STALL_ENV)
+                if item.kind in self.stalls:  # a forced lateness (STALL_ENV)
+                    seconds, modelled = self.stalls[item.kind]
+                    time.sleep(seconds / self.clock.rate if modelled else seconds)
                 if "t" in item.body:
                     self.count_message_lag(item.kind, channel.peer, float(item.body["t"]))
                 handler = getattr(self, f"on_{item.kind}", None)
@@ -443,11 +445,14 @@ class Instance:
         """A peer's connection ended (subclasses forget what was in flight on it)."""
 
 
-def stalls_of(spec: str, name: str) -> dict[str, float]:
-    """The forced lateness STALL_ENV gives instance `name`: message kind -> wall seconds."""
+def stalls_of(spec: str, name: str) -> dict[str, tuple[float, bool]]:
+    """The forced lateness STALL_ENV gives instance `name`: message kind -> (seconds, whether
+    they are modelled seconds rather than wall seconds)."""
     stalls = {}
     for part in filter(None, spec.split(";")):
         who, kinds, seconds = part.split(":")
         if who == name:
-            stalls.update(dict.fromkeys(kinds.split(","), float(seconds)))
+            modelled = seconds.endswith("m")
+            stall = (float(seconds.removesuffix("m")), modelled)
+            stalls.update(dict.fromkeys(kinds.split(","), stall))
     return stalls
