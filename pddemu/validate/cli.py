@@ -7,7 +7,7 @@ Two checks (docs/validation.md says what each shows):
   hit rates: TTFT, KV-transfer time and TPOT against the closed-form model
   (`pddemu.validate.closed_form`), within 2 %;
 - invariance: a sample of pdd-janfeb through pdd at time scale 1 and at "auto", and at token
-  scales 16, 32 and 64, over three seeds: TTFT p50/p90/p99 and TPOT p50 within 3 %, the
+  scale 16 against 32 (`--full` adds 64), over three seeds: TTFT p50/p90/p99 and TPOT p50 within 3 %, the
   seed-to-seed spread reported beside each difference.
 
 By default it is kept short (outputs capped at 64 tokens, 8 requests a seed, token scale 16

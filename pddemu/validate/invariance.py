@@ -2,7 +2,7 @@
 
 Two comparisons, each over several seeds (each seed a different sample of the workload):
 - time: `time_scale = 1` (real time, the reference) against the default, `"auto"`;
-- tokens: `token_scale` 16 and 64 against 32 (all at `"auto"`).
+- tokens: `token_scale` 16 against 32, and 64 with `--full` (all at `"auto"`).
 For TTFT p50, p90, p99 and TPOT p50 it reports, per variant, the relative difference from the
 reference seed by seed, their mean (what the bound judges) and the largest, beside the spread
 of the reference itself from seed to seed (how much the metric moves with the workload alone).
