@@ -67,8 +67,9 @@ MAX_ROUTINGS = 2  # a request whose P (or routing) is lost is routed once more, 
 MAX_MOVES = 2  # its stream moves to another instance at most this often
 CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its connection (a bound)
 # Reports that carry the times they report (a transfer's end and bytes, the KV's arrival, a
-# handoff's start and bytes): when the frontend reads one moves nothing recorded, so its
-# lateness there is reported (`report`), not judged (docs/validation.md, "Which lag counts").
+# handoff's start and bytes): when the frontend reads one moves no recorded time (only the
+# router's later estimates a little: docs/architecture.md), so its lateness there is reported
+# (`report`), not judged (docs/validation.md, "Which lag counts").
 REPORTS = frozenset({"transfer_done", "kv_arrived", "handoff_sent"})
 
 

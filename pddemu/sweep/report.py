@@ -31,7 +31,8 @@ Kinds, each figure the mean over seeds with the seeds' range (lowest-highest):
 - `search-change`: `metric` of `system` against `versus` at each one's maximum goodput (the
   rates of `search.json`), paired by seed;
 - `curve`: `metric` of `system` at every value of `key`, and its local minima (its peaks with
-  `dips = "high"`, for a metric such as TTFT that rises where throughput dips);
+  `dips = "high"`, for a metric such as TTFT that rises where throughput dips): inner points
+  only, each below both neighbours by more than 1 % of the curve's size;
 - `transfer`: for every value of `key`, `system`'s `metric` minus `versus`'s (the WAN's share
   of a latency), beside the closed-form time of the increment: input tokens x the target's KV
   bytes per token / the WAN rate + twice the one-way delay (`workload.synthetic_input_tokens`,
@@ -183,15 +184,20 @@ def key_values(entries: list[dict[str, Any]], key: str) -> list[str]:
     return list(seen)
 
 
+DIP_SIGNIFICANCE = 0.01  # a dip is lower than both neighbours by this share of the curve's size
+
+
 def local_minima(points: list[tuple[str, float]]) -> list[str]:
-    """The x of every point lower than both neighbours (an end: lower than its one)."""
-    found = []
-    for i, (x, y) in enumerate(points):
-        left = points[i - 1][1] if i > 0 else float("inf")
-        right = points[i + 1][1] if i + 1 < len(points) else float("inf")
-        if y < left and y < right and len(points) > 1:
-            found.append(x)
-    return found
+    """The x of every inner point lower than both neighbours by more than DIP_SIGNIFICANCE of
+    the curve's largest magnitude. An end is never one: the grid, not the curve, makes it a
+    minimum (a curve measured only at 0.6, 0.65 and 0.7 has no dip at 0.6 or 0.7)."""
+    size = max((abs(y) for _, y in points), default=0.0)
+    margin = DIP_SIGNIFICANCE * size
+    return [
+        x
+        for (_, left), (x, y), (_, right) in zip(points, points[1:], points[2:], strict=False)
+        if y < left - margin and y < right - margin
+    ]
 
 
 Run = tuple[list[dict[str, Any]], dict[str, Any], Any]  # sweep.json's points and meta, search
