@@ -14,7 +14,10 @@ in real time: a schedule's modelled second is a wall second). Only the OpenAI ro
 (/v1/models, /v1/completions, /v1/chat/completions) and /health are served on the host. Runs
 until SIGINT or SIGTERM, then prints one last JSON line (`"stopped": true`, with `door`: the
 streamed chunks written and how many were late, later than their tokens' modelled times by more
-than `late_after_s`) and removes everything it made. Without root it runs in a private
+than `late_after_s`; `valid`, `invalid_reason` and `lag`: the emulator's lag judged as
+`pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
+and removes everything it made. Nothing holds time for the host in real time: what the host
+does late is in the records, and this line says how much. Without root it runs in a private
 user namespace, as `pddemu emulate` does; the host port stays reachable.
 """
 
@@ -38,6 +41,8 @@ from pddemu.deployment import Deployment
 from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
 from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
+from pddemu.metrics.timing import timing_summary
+from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
@@ -70,19 +75,49 @@ async def serve(
             flush=True,
         )
         await stop.wait()
-        print(json.dumps(served_summary(await deployment.stats())), flush=True)
+        summary = served_summary(await deployment.stats(), deployment.config.scale.max_lag)
+        print(json.dumps(summary), flush=True)
     finally:
         await deployment.stop()
 
 
-def served_summary(stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """serve's last line: what its door wrote, and how many chunks it wrote later than their
-    tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`): where the host could not
-    keep the modelled time, which a client then measures and the records do not show."""
+def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, Any]:
+    """serve's last line: what its door wrote, how many chunks it wrote later than their
+    tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`: what a client measures
+    and the records do not show), and whether the records are the modelled system's.
+
+    In real time nothing holds the clock for the host, so what the host did late is in the
+    records. It is judged by emulate's rule (`pddemu.metrics.timing`: each exact kind's mean lag
+    within `max_lag` x the TPOT p50 of the requests served): `valid`, `invalid_reason`, `lag`.
+    `late_requests` counts the requests whose steps ran later than that bound, summed over the
+    steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it."""
     router = next((report for report in stats.values() if report.get("role") == "FE"), None)
     if router is None:
         return {"stopped": True, "door": None, "errors": ["the frontend's stats are unreadable"]}
-    return {"stopped": True, "door": router.get("door"), "errors": router.get("errors", [])}
+    door = router.get("door") or {}
+    timing = timing_summary(stats, {}, None, {}, door.get("tpot_p50_s"), max_lag)
+    bound = timing["lag"]["bound_s"]
+    carried: dict[str, float] = {}
+    for report in stats.values():
+        for leg, lag in report.get("carried_lag_s", {}).items():
+            rid = leg.split(LEG_SEPARATOR, 1)[0]
+            carried[rid] = carried.get(rid, 0.0) + lag
+    return {
+        "stopped": True,
+        "door": router.get("door"),
+        "valid": timing["valid"],
+        "invalid_reason": timing["invalid_reason"],
+        "lag": {
+            key: timing["lag"][key]
+            for key in ("bound_s", "max_lag", "mean_by_kind", "by_participant")
+        },
+        "late_requests": {
+            "count": sum(1 for lag in carried.values() if bound is None or lag > bound),
+            "of": door.get("completed"),
+            "max_carried_s": max(carried.values(), default=0.0),
+        },
+        "errors": router.get("errors", []),
+    }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -12,8 +12,9 @@ its per-request values), pddemu's modelled TTFT (first token - arrival, the reco
 (first chunk written - request received) at the same percentiles, the differences, where the
 difference goes (medians of: AIPerf's send to the door's receipt, the door's TTFT beyond the
 record, the door's first write to AIPerf's receipt: every process reads one CLOCK_MONOTONIC),
-serve's late writes (chunks written later than their tokens' modelled times) and the host's load
-before and after. Target: AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14).
+serve's late writes (chunks written later than their tokens' modelled times), serve's verdict on
+its own lag (`serve_timing`: emulate's rule, and the requests carrying more lag than its bound)
+and the host's load before and after. Target: AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14).
 """
 
 from __future__ import annotations
@@ -200,6 +201,9 @@ def run(quick: bool) -> dict[str, Any]:
         },
         **result,
         "serve": stopped.get("door"),
+        "serve_timing": {
+            key: stopped.get(key) for key in ("valid", "invalid_reason", "lag", "late_requests")
+        },
         "osl_mismatch_count": mismatches,
         "request_error_rate": errors,
         "load_average": {"before": load_before, "after": load_after},

@@ -21,10 +21,18 @@ from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.auth import RunSecret
 
 PR_SET_PDEATHSIG = 1
-# Niceness by role: genuine computation (prefill, then decode) yields the cores to what
-# handles messages (the frontend), so a message waits for a core as little as possible. A
-# step's own timeline does not suffer: its hold stands the clock still while its work runs.
+# Niceness by role, on the shared clock: genuine computation (prefill, then decode) yields the
+# cores to what handles messages (the frontend), so a message waits for a core as little as
+# possible. A step's own timeline does not suffer: its hold stands the clock still while its
+# work runs. In real time (no clock page: `pddemu serve`) nothing holds time for the work, and
+# a niced instance would yield its core to every other process of the host (a benchmark client
+# first): each of its steps would end late by the time it waited. There every role runs at 0.
 NICE = {"P": 10, "RLD": 5, "MD": 5, "D": 5}
+
+
+def niceness(role: str, shared_clock: bool) -> int:
+    """How much an instance of `role` yields the cores (`NICE`; 0 in real time)."""
+    return NICE.get(role, 0) if shared_clock else 0
 
 
 def role_class(role: str) -> type:
@@ -57,7 +65,7 @@ def main(argv: list[str]) -> int:
         level=logging.INFO,
         format=f"%(asctime)s {spec.me.name} %(levelname)s %(message)s",
     )
-    os.nice(NICE.get(spec.me.role, 0))
+    os.nice(niceness(spec.me.role, shared_clock=bool(spec.clock)))
     # The event loop and the compute thread share the interpreter: the loop gets it back
     # within half a millisecond, not the default five, while the model computes.
     sys.setswitchinterval(0.0005)

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -78,6 +78,9 @@ class Instance:
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
         self.lag_samples_s: list[float] = []
+        # Each request's share of the step lag: the lateness of the steps it was in, summed
+        # (leg ids, requests with none left out): what its recorded times can carry of it.
+        self.carried_lag_s: dict[str, float] = {}
         self.stalls = stalls_of(os.environ.get(STALL_ENV, ""), self.name)
         self.resumed_at = -math.inf  # modelled time the last pause fault ended (SIGCONT)
         self.steps = 0
@@ -239,6 +242,7 @@ class Instance:
             "role": self.role,
             "lag_samples_s": self.lag_samples_s,
             "lags_s": self.clock.lags,
+            "carried_lag_s": self.carried_lag_s,
             "holds": self.clock.hold_counts(),
             "steps": self.steps,
             "busy_s": self.busy_s,
@@ -366,12 +370,13 @@ class Instance:
                 start = max(start, now)
         return start
 
-    async def finish_step(self, started: float, duration: float) -> float:
+    async def finish_step(self, started: float, duration: float, rids: Sequence[str] = ()) -> float:
         """After a step's genuine work: wait until its modelled end; returns that end.
 
         Its lag is how far past its end modelled time was when its work was done (none, when
-        the work began in time: the hold saw to it). A late wake-up from the wait is not lag:
-        the step's end, which the next step starts from, is the modelled one.
+        the work began in time: the hold saw to it), and each request of the step (`rids`)
+        carries it (`carried_lag_s`). A late wake-up from the wait is not lag: the step's end,
+        which the next step starts from, is the modelled one.
 
         A pause fault that froze the instance during the step is the modelled instance's
         stall, not the emulator's lag: the step ends no earlier than the resume (its tokens
@@ -384,7 +389,11 @@ class Instance:
             frozen = min(max(0.0, late), max(0.0, self.resumed_at - end))
             self.clock.count_lag("pause", frozen)
             late -= frozen
-        self.lag_samples_s.append(self.clock.count_lag("step", late))
+        lag = self.clock.count_lag("step", late)
+        self.lag_samples_s.append(lag)
+        if lag > 0:
+            for rid in rids:
+                self.carried_lag_s[rid] = self.carried_lag_s.get(rid, 0.0) + lag
         await self.clock.sleep_until(end)
         if started < self.resumed_at:
             end = max(end, self.resumed_at)

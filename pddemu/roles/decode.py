@@ -179,7 +179,8 @@ class DecodeInstance(Instance):
                 for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
                     request.kv.append(kv)
                     request.outputs.append(greedy(logits[i]))
-        end = self.last_end = await self.finish_step(started, duration)
+        rids = [r.rid for r in batch] + [e.request.rid for e in extends]
+        end = self.last_end = await self.finish_step(started, duration, rids)
         self.last_step_s = duration
         for request in batch:
             if not request.decoding:  # stopped during the step (handed over)

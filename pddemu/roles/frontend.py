@@ -70,6 +70,7 @@ DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
 WAN_DECODE = {"pdd": True, "naive": True, "indc": False}
 MAX_ROUTINGS = 2  # a request whose P (or routing) is lost is routed once more, on others
 MAX_MOVES = 2  # its stream moves to another instance at most this often
+LEG_SEPARATOR = "~"  # a request's later legs (routings, moves) are named <request id>~<n>
 CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its connection (a bound)
 # Reports that carry the times they report (a transfer's end and bytes, the KV's arrival, a
 # handoff's start and bytes): when the frontend reads one moves no recorded time (only the
@@ -331,7 +332,7 @@ class Frontend(Instance):
             await self._quietly(self.tell(flight.p, "cut", {"rid": old, "destination": lost}))
         self.wan.forget(old)
         self.transfers_over(flight, set(flight.transfers))
-        leg = self.new_leg(flight, f"{record.request_id}~{len(flight.legs)}")
+        leg = self.new_leg(flight, f"{record.request_id}{LEG_SEPARATOR}{len(flight.legs)}")
         ids, position = self.resume_point(flight)
         self.log_failover(flight, lost, f"moved to {target}")
         why = why or f"{lost} lost"
@@ -583,7 +584,9 @@ class Frontend(Instance):
             reason, flight.reroute = flight.reroute, ""
             await self.forget_leg(flight)
             flight.record.retries += 1
-            leg = self.new_leg(flight, f"{flight.record.request_id}~{len(flight.legs)}")
+            leg = self.new_leg(
+                flight, f"{flight.record.request_id}{LEG_SEPARATOR}{len(flight.legs)}"
+            )
             flight.note(self.clock.now(), f"{reason}: routed again as {leg}")
 
     async def route(self, flight: Flight) -> None:

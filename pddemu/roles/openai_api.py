@@ -39,6 +39,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pddemu.metrics.distribution import percentile
 from pddemu.model import ByteTokenizer
 from pddemu.roles.client_gone import client_gone_abandons
 
@@ -81,6 +82,8 @@ class OpenAIFrontDoor:
         self.tokenizer = ByteTokenizer(frontend.model_config.vocab_size)
         self.held = 0  # requests admitted here that the system has not released yet
         self.timing = WriteTiming()  # every streamed chunk's write against its token's time
+        self.completed = 0  # requests served here to their end
+        self.tpots_s: list[float] = []  # theirs: the scale of the lag bound serve judges by
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -110,7 +113,13 @@ class OpenAIFrontDoor:
         return await self._serve(request, chat=True)
 
     def stats(self) -> dict[str, Any]:
-        return self.timing.as_dict()
+        tpot = percentile(self.tpots_s, 50) if self.tpots_s else None
+        return {**self.timing.as_dict(), "completed": self.completed, "tpot_p50_s": tpot}
+
+    def _completed(self, record: Any) -> None:
+        self.completed += 1
+        if record.tpot_s:
+            self.tpots_s.append(record.tpot_s)
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         received = time.monotonic()
@@ -325,6 +334,7 @@ class OpenAIFrontDoor:
         if flight.record.state != "completed":
             await _fail_stream(request, response, flight.record.failure_reason, record)
             return response
+        self._completed(flight.record)
         last = self._chunk(rid, chat, decoder.finish(), "length")
         await _send_event(response, {**last, "pddemu": record}, include_usage)
         if include_usage:
@@ -346,6 +356,7 @@ class OpenAIFrontDoor:
                 status=500,
                 headers={"x-should-retry": "false"},  # a retry would add load to an overload
             )
+        self._completed(record)
         text = self.tokenizer.decode(ids)
         finish = "length"
         if chat:

@@ -59,7 +59,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     ready = json.loads(line)
     yield venv, ready
     process.send_signal(signal.SIGINT)
-    assert process.wait(30) == 0
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    stopped = json.loads(out.splitlines()[-1])  # judged as emulate judges its lag
+    assert stopped["valid"] == (stopped["invalid_reason"] is None)
+    assert 0 <= stopped["late_requests"]["count"] <= stopped["late_requests"]["of"] == REQUESTS
     run = ready["netns"].rsplit("-", 1)[0]  # this run's namespaces: <run>-a, <run>-b, ...
     assert not [n for n in list_namespaces() if n.startswith(run + "-")], "serve left some"
 

@@ -181,9 +181,9 @@ def test_md_extends_inside_its_batched_step_at_forward_step_cost() -> None:
             durations: list = []
             finish = md.finish_step
 
-            async def finish_step(started: float, duration: float) -> float:
+            async def finish_step(started: float, duration: float, *rids: Any) -> float:
                 durations.append(duration)
-                return await finish(started, duration)
+                return await finish(started, duration, *rids)
 
             md.finish_step = finish_step
             await step(started, batch, extends)
