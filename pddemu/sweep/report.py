@@ -32,7 +32,8 @@ Kinds, each figure the mean over seeds with the seeds' range (lowest-highest):
   rates of `search.json`), paired by seed;
 - `curve`: `metric` of `system` at every value of `key`, and its local minima (its peaks with
   `dips = "high"`, for a metric such as TTFT that rises where throughput dips): inner points
-  only, each below both neighbours by more than 1 % of the curve's size;
+  only, each below both neighbours by more than 1 % of the curve's size (none claimed from
+  fewer than 3 values);
 - `transfer`: for every value of `key`, `system`'s `metric` minus `versus`'s (the WAN's share
   of a latency), beside the closed-form time of the increment: input tokens x the target's KV
   bytes per token / the WAN rate + twice the one-way delay (`workload.synthetic_input_tokens`,
@@ -262,6 +263,8 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
             if spread is not None:
                 curve.append((value, spread.mean))
                 lines.append(f"| {value} | {spread_text(spread, form)} |")
+        if len(curve) < 3:  # a dip is an inner point: one or two values cannot show one
+            return f"{len(curve)} value(s) of {key}: too few for a dip", lines
         if claim.get("dips", "low") == "high":
             peaks = local_minima([(x, -y) for x, y in curve])
             return f"peaks at {key} = {', '.join(peaks) or 'none'}", lines

@@ -141,9 +141,9 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     # at-nearest: naive's mean TTFT is 4.0 at 2 req/s, nearest 4.2; pdd's p99 there is 2, 3, 4
     assert "at workload.arrival_rate=2.0" in rows["regime"]
     assert "3.00 s (2.00 s to 4.00 s, 3 seeds)" in rows["regime"]
-    # curve: TTFT rises with the load to the grid's end, which is not a peak (the grid, not
-    # the curve, ends there; test_local_minima has inner ones)
-    assert "peaks at workload.arrival_rate = none" in rows["curve"]
+    # curve: two rates have no inner point, so no dip or peak is claimed either way (the
+    # grid, not the curve, ends there; test_local_minima has inner ones)
+    assert "2 value(s) of workload.arrival_rate: too few for a dip" in rows["curve"]
     assert "| 1.0 | 1.00 s (1.00 s to 1.00 s, 3 seeds) |" in text
     assert "code at 0123456789" in text and "quick variant" in text
     assert "6.0 min of emulation" in text  # 12 points of 30 s in part load
