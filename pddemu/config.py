@@ -148,6 +148,18 @@ class ScaleConfig(Section):
         "`pddemu emulate` exits 4",
     )
 
+    frozen_share: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="the share of wall time holds may stand the clock still before the "
+        "controller slows it: the kernel's TCP timers run on while the clock stands, so a long "
+        "hold can fire a retransmission timeout spuriously; the default keeps holds rare, a "
+        "larger share runs faster where TCP's timing matters less than throughput (the roles' "
+        "tests use 0.5)",
+    )
+
     @field_validator("time_scale", mode="before")
     @classmethod
     def _auto(cls, value: Any) -> Any:

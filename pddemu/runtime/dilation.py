@@ -64,12 +64,12 @@ class DilationPolicy:
     frozen_ok: float = 0.01  # share of wall time holds may stand the clock still
 
     @classmethod
-    def for_time_scale(cls, time_scale: float | None) -> DilationPolicy:
+    def for_time_scale(cls, time_scale: float | None, frozen_share: float = 0.01) -> DilationPolicy:
         """`time_scale` is the fastest rate allowed; None is "auto". Either starts low (a
         loaded host is not late at first, which a short run's lag would show) and speeds up
-        from there."""
+        from there. `frozen_share`: `scale.frozen_share`."""
         ceiling = AUTO_CEILING if time_scale is None else time_scale
-        return cls(ceiling=ceiling, start=min(ceiling, AUTO_START))
+        return cls(ceiling=ceiling, start=min(ceiling, AUTO_START), frozen_ok=frozen_share)
 
 
 @dataclass

@@ -70,7 +70,9 @@ class RunTiming:
     async def __aenter__(self) -> ModelledClock:
         shared = SharedClock(self.page)
         shared.set_lag_target(CONTROL_SHARE * self.lag_bound_estimate)
-        policy = DilationPolicy.for_time_scale(self.config.scale.time_scale)
+        policy = DilationPolicy.for_time_scale(
+            self.config.scale.time_scale, self.config.scale.frozen_share
+        )
         if shared.rate > policy.start:  # where the run's last system left it
             policy = replace(policy, start=min(shared.rate, policy.ceiling))
         self.dilation = Dilation(shared, policy)

@@ -39,7 +39,7 @@ def scenario_config(**policy: Any) -> Config:
         # These scenarios test what the roles do, not timing (tests/roles/test_dilation.py
         # does): up to 8 modelled s a wall second, holds standing the clock still
         # for genuine work, and a lag bound that does not slow the clock for a loaded host.
-        "scale": {"token_scale": 16, "time_scale": 8.0, "max_lag": 1000.0},
+        "scale": {"token_scale": 16, "time_scale": 8.0, "max_lag": 1000.0, "frozen_share": 0.5},
         "target": {"model": base.target},
         "wan": {"rate": "2gbit", "delay": "20ms", "jitter": "2ms"},
         "hardware": {role: vars(hw) for role, hw in base.hardware.items()},

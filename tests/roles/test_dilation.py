@@ -25,7 +25,8 @@ HOG = "while True: pass"
 def test_a_cpu_hog_dilates_the_clock_and_the_run_judges_its_lag(tmp_path: Path) -> None:
     require_namespaces()
     data = config_to_json(scenario_config())
-    data["scale"] = {**data["scale"], "time_scale": None, "max_lag": 0.05}  # auto, the real bound
+    # auto, the real bound, the default share of frozen time
+    data["scale"] = {**data["scale"], "time_scale": None, "max_lag": 0.05, "frozen_share": 0.01}
     config = config_from_json(data)
     rng = random.Random(7)
     requests = [

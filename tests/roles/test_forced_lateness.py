@@ -30,7 +30,7 @@ SIZE = 8192  # modelled prompt tokens
 
 def _config() -> Config:
     data = config_to_json(scenario_config())
-    data["scale"] = {**data["scale"], "max_lag": 0.05}  # the real bound
+    data["scale"] = {**data["scale"], "max_lag": 0.05, "frozen_share": 0.01}  # the real bounds
     return analytic.scenario(config_from_json(data), "pdd", "never-relay", SIZE)
 
 
