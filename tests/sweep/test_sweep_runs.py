@@ -49,6 +49,7 @@ def write_config(path: Path, trace: Path, extra: str = "") -> Path:
 [scale]
 time_scale = 4.0
 max_lag = 1000  # these runs check the sweep, not timing: a loaded host must not make them invalid
+frozen_share = 0.5  # ... nor its holds slow them down
 [wan]
 jitter = "0ms"
 [systems.naive]
