@@ -249,9 +249,16 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
             if rates.get(side) is None:
                 return f"{side}: no passing rate", []
             values[side] = by_seed(entries, side, name, {RATE_KEY: f"{rates[side]:g}"})
+        statuses = {r["system"]: r.get("status") for r in search["results"]}
+        unfound = [  # a search that stopped without bracketing gives a bound, not a maximum
+            f"{side}: {statuses[side]}"
+            for side in (system, claim["versus"])
+            if statuses.get(side) not in (None, "found")
+        ]
         return (
             f"{spread_text(change(values[system], values[claim['versus']]), 'ratio')} "
-            f"(max goodput at {rates[system]:g} vs {rates[claim['versus']]:g} req/s)",
+            f"(max goodput at {rates[system]:g} vs {rates[claim['versus']]:g} req/s"
+            f"{'; not bracketed, ' + ', '.join(unfound) if unfound else ''})",
             [],
         )
     key = claim["key"]

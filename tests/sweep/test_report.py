@@ -198,3 +198,24 @@ def test_local_minima() -> None:
     assert local_minima([("0.6", 1.0), ("0.65", 2.0), ("0.7", 1.5)]) == []
     assert local_minima([("0", 0.003450), ("1", 0.003447), ("2", 0.003451)]) == []
     assert local_minima([("0", 1.02), ("1", 0.852), ("2", 0.965)]) == ["1"]
+
+
+def test_a_search_stopped_without_a_bracket_is_said_to_give_a_bound(tmp_path: Path) -> None:
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "b.toml").write_text(
+        '[experiment]\nsystems = ["pdd", "indc"]\nseeds = 1\nsearch = "goodput"\n'
+        '[[claim]]\nclaim = "bcr"\npaper = "+37.5 %"\nkind = "search-change"\n'
+        'system = "pdd"\nversus = "indc"\nmetric = "bcr"\nexplain = "why"\n'
+    )
+    run = tmp_path / "results" / "b"
+    rate = {"workload.arrival_rate": "2"}
+    write_sweep(run, [entry("pdd", 0, rate, bcr=3.0), entry("indc", 0, rate, bcr=4.0)])
+    results = [
+        {"system": "pdd", "arrival_rate": 2.0, "status": "probe-limit"},
+        {"system": "indc", "arrival_rate": 2.0, "status": "found"},
+    ]
+    (run / "search.json").write_text(json.dumps({"results": results}))
+    text = render(experiments, tmp_path / "results")
+    assert "-25.0 %" in text
+    assert "(max goodput at 2 vs 2 req/s; not bracketed, pdd: probe-limit)" in text
