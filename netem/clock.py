@@ -20,11 +20,6 @@ Slots: each participant claims one (by name, with its pid), posts its holds ther
 its lag there (how late, in modelled seconds, it did what was scheduled): monotonic counters
 written only by their owner, which the rate's controller reads as differences.
 
-History: every anchor written is also appended to a ring after the slots (`HISTORY_ENTRIES`),
-so a participant can map a wall time of the recent past (a packet's arrival, as the kernel
-stamped it) to modelled time exactly: between two anchor writes, the clock's line is the
-earlier anchor's (`modelled_at`).
-
 The page is a small file on a tmpfs (a netem run's directory under /run), mapped by every
 participant; the userspace shaper follows it when given its path, so packets are timed in
 modelled time and a dilation slows the network exactly like everything else.
@@ -59,19 +54,7 @@ _LAG_TARGET = struct.Struct("=d")  # offset 48: the mean lag the controller keep
 _FROZEN = struct.Struct("=d")  # offset 56: wall seconds the clock stood at a hold, in all
 _BINDING = struct.Struct("=d")  # offset 64: since when it stands at the earliest hold (or inf)
 _CEILING = struct.Struct("=d")  # offset 72: the fastest rate the clock may be set to
-_HISTORY_HEAD = struct.Struct("=Q")  # offset 80: anchors written so far (written last)
 SEQ_AT, ANCHOR_AT, LAG_TARGET_AT, FROZEN_AT, BINDING_AT, CEILING_AT = 8, 16, 48, 56, 64, 72
-HISTORY_HEAD_AT = 80
-# The anchors' ring, after the slots: entry n (counting every anchor ever written) sits at
-# n % HISTORY_ENTRIES as (n + 1, wall, modelled, rate, hold); its first field is 0 while it is
-# being written, so a reader that raced the writer sees it. At the densest anchors the roles
-# write (a hold and a release per step of every instance: a few thousand a wall second), this
-# covers about a wall second of the past.
-_HISTORY_ENTRY = struct.Struct("=Qdddd")
-_HISTORY_NUMBER = struct.Struct("=Q")
-HISTORY_ENTRIES = 8192
-HISTORY_AT = PAGE_BYTES
-FILE_BYTES = PAGE_BYTES + HISTORY_ENTRIES * _HISTORY_ENTRY.size
 
 # A slot: name, pid, the hold (under the lock), then its owner's counters.
 # Lag is counted apart in LAG_COUNTERS kinds (numbered by the participants, the same in every
@@ -146,9 +129,9 @@ class SharedClock:
         except OSError as error:
             raise ClockError(f"clock page {self.path}: {error.strerror}") from None
         try:
-            if os.fstat(self._fd).st_size != FILE_BYTES:
+            if os.fstat(self._fd).st_size != PAGE_BYTES:
                 raise ClockError(f"clock page {self.path}: not a clock page (wrong size)")
-            self._page = mmap.mmap(self._fd, FILE_BYTES)
+            self._page = mmap.mmap(self._fd, PAGE_BYTES)
         except BaseException:
             os.close(self._fd)
             raise
@@ -171,12 +154,9 @@ class SharedClock:
         _check_rate(rate)
         ceiling = rate if ceiling is None else ceiling
         _check_rate(ceiling)
-        page = bytearray(FILE_BYTES)
+        page = bytearray(PAGE_BYTES)
         _MAGIC.pack_into(page, 0, MAGIC)
-        first = (monotonic(), modelled, rate, math.inf)
-        _ANCHOR.pack_into(page, ANCHOR_AT, *first)
-        _HISTORY_ENTRY.pack_into(page, HISTORY_AT, 1, *first)
-        _HISTORY_HEAD.pack_into(page, HISTORY_HEAD_AT, 1)
+        _ANCHOR.pack_into(page, ANCHOR_AT, monotonic(), modelled, rate, math.inf)
         _LAG_TARGET.pack_into(page, LAG_TARGET_AT, math.inf)
         _BINDING.pack_into(page, BINDING_AT, math.inf)
         _CEILING.pack_into(page, CEILING_AT, max(rate, ceiling))
@@ -229,38 +209,6 @@ class SharedClock:
     @property
     def rate(self) -> float:
         return self.anchor().rate
-
-    def modelled_at(self, wall: float) -> float | None:
-        """Modelled time at monotonic time `wall` of the past (or now), exactly as the page
-        had it then: from the last anchor written by then. None when the ring no longer
-        holds that anchor (too far back, or overwritten while being read)."""
-        anchor = self.anchor()
-        if anchor.wall <= wall:
-            return anchor.at(wall)
-        head = _HISTORY_HEAD.unpack_from(self._page, HISTORY_HEAD_AT)[0]
-        low, high = max(0, head - HISTORY_ENTRIES + 1), head - 1  # one spare: the next write's
-        first = self._history(low)
-        if first is None or first.wall > wall:
-            return None
-        while low < high:  # the last entry written at or before `wall`: entry `low` is one
-            middle = (low + high + 1) // 2
-            entry = self._history(middle)
-            if entry is None:
-                return None
-            if entry.wall <= wall:
-                low = middle
-            else:
-                high = middle - 1
-        entry = self._history(low)
-        return None if entry is None else entry.at(wall)
-
-    def _history(self, number: int) -> Anchor | None:
-        """Anchor number `number` of the ring, or None if it was (being) overwritten."""
-        where = HISTORY_AT + (number % HISTORY_ENTRIES) * _HISTORY_ENTRY.size
-        stamp, wall, modelled, rate, hold = _HISTORY_ENTRY.unpack_from(self._page, where)
-        if stamp != number + 1 or _HISTORY_NUMBER.unpack_from(self._page, where)[0] != stamp:
-            return None
-        return Anchor(wall, modelled, rate, hold)
 
     def wall_delay(self, modelled: float) -> float:
         """Wall seconds until modelled time reaches `modelled` if the rate stays as it is and
@@ -316,12 +264,6 @@ class SharedClock:
         _SEQ.pack_into(page, SEQ_AT, seq + 1)
         _ANCHOR.pack_into(page, ANCHOR_AT, wall, modelled, rate, hold)
         _SEQ.pack_into(page, SEQ_AT, seq + 2)
-        head = _HISTORY_HEAD.unpack_from(page, HISTORY_HEAD_AT)[0]
-        where = HISTORY_AT + (head % HISTORY_ENTRIES) * _HISTORY_ENTRY.size
-        _HISTORY_NUMBER.pack_into(page, where, 0)
-        _HISTORY_ENTRY.pack_into(page, where, 0, wall, modelled, rate, hold)
-        _HISTORY_NUMBER.pack_into(page, where, head + 1)
-        _HISTORY_HEAD.pack_into(page, HISTORY_HEAD_AT, head + 1)
 
     def set_rate(self, rate: float) -> None:
         """Run at `rate` modelled seconds per wall second from now on (at most the ceiling)."""

@@ -270,8 +270,6 @@ class Instance:
         channel.peer = str(hello.body["from"])
         channel.purpose = str(hello.body["purpose"])
         channel.stamp = self.clock.now
-        if channel.purpose == "control" and self.dates_arrivals(channel.peer):
-            await channel.date_arrivals()
         await channel.serve(self._dispatch)
         if channel.broken:
             self.broken_channels += 1
@@ -282,14 +280,10 @@ class Instance:
         self.heard_from(channel.peer)
         try:
             if isinstance(item, Envelope):
-                if item.arrival is not None:
-                    self.date_arrival(item, channel.peer)
                 if item.kind in self.stalls:  # a forced lateness (STALL_ENV)
                     seconds, modelled = self.stalls[item.kind]
                     time.sleep(seconds / self.clock.rate if modelled else seconds)
-                if item.arrived_at is not None:
-                    self.count_dated_lag(item, channel.peer)
-                elif "t" in item.body:
+                if "t" in item.body:
                     self.count_message_lag(item.kind, channel.peer, float(item.body["t"]))
                 handler = getattr(self, f"on_{item.kind}", None)
                 if handler is None:
@@ -339,8 +333,6 @@ class Instance:
         )
         if purpose != "heartbeat":  # when a heartbeat is handled changes nothing modelled
             channel.stamp = self.clock.now
-        if purpose == "control" and self.dates_arrivals(name):
-            await channel.date_arrivals()
         return channel
 
     async def tell(self, name: str, kind: str, body: dict[str, Any], *attachments: Message) -> int:
@@ -438,63 +430,12 @@ class Instance:
             lag_kind if exact else f"{lag_kind}_wan", self.clock.now() - due
         )
 
-    def dates_arrivals(self, peer: str) -> bool:
-        """Whether this instance dates the messages of its control connections with `peer` by
-        their arrival in the kernel (`pddemu.runtime.arrival`): where a message's arrival time
-        enters a result and its reading could be late."""
-        return False
-
-    def arrival_kind(self, kind: str) -> str | None:
-        """For a message of `kind` dated by the kernel, whose date is what enters results (so
-        that reading it late moves nothing): the lag kind its date's uncertainty is judged as.
-        None: what is done with it is done when it is read, and that lateness is judged."""
-        return None
-
-    def date_arrival(self, message: Envelope, peer: str) -> None:
-        """Date a message by its kernel arrival on the modelled clock: `arrived_at`, the latest
-        it arrived, and `arrival_slack`, how much earlier it may have (0 when the kernel's stamp
-        is exact; else down to the later of the reader's own lower bound and its send time plus
-        the path's least transit). Left undated if the clock no longer knows that instant."""
-        assert message.arrival is not None
-        sent = message.body.get("t")
-        latest = self.clock.modelled_at(message.arrival.latest)
-        if latest is None or sent is None or not self.clock.shared:
-            return
-        floor = float(sent) + self.transit.get(peer, (0.0, False))[0]
-        if message.arrival.exact:
-            floor = latest
-        elif message.arrival.earliest > -math.inf:
-            earliest = self.clock.modelled_at(message.arrival.earliest)
-            floor = max(floor, earliest if earliest is not None else -math.inf)
-        message.arrived_at = latest
-        message.arrival_slack = max(0.0, latest - floor)
-
-    def count_dated_lag(self, message: Envelope, peer: str) -> None:
-        """Lag of a message dated by its kernel arrival: its reading's lateness (judged as
-        `lag_kind`, or, when its date is what counts, not judged) plus its date's uncertainty
-        (judged), and the WAN's transit beyond its least (`<kind>_wan`, a bound)."""
-        assert message.arrived_at is not None
-        late = self.clock.now() - message.arrived_at
-        transit = self.transit.get(peer, (0.0, False))[0]
-        dated_kind = self.arrival_kind(message.kind)
-        kind = self.lag_kind(message.kind)
-        self.clock.count_lag(
-            f"{dated_kind or kind}_wan", message.arrived_at - float(message.body["t"]) - transit
-        )
-        if dated_kind is None:
-            self.clock.count_lag(kind, late + message.arrival_slack)
-        else:
-            self.clock.count_lag(kind, late)
-            self.clock.count_lag(dated_kind, message.arrival_slack)
-
     def arrival(self, message: Envelope, ready: float | None = None) -> float:
         """When a message reached this instance, in modelled time: on a path without modelled
         time, when its sender had it ready (`ready`, else its send time), so neither end's
         delay in handling it shows in what is done with it; otherwise now. Without a shared
         clock (real time, `pddemu serve`) it is now: nothing can slow time down for the delay,
         and a client on the wall clock sees it."""
-        if message.arrived_at is not None:  # dated by the kernel (`date_arrival`)
-            return max(message.arrived_at, self.resumed_at)
         sent = message.body.get("t")
         peer = message.channel.peer if message.channel is not None else "?"
         if sent is not None and self.clock.shared and self.transit.get(peer, (0.0, False))[1]:

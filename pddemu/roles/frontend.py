@@ -29,12 +29,7 @@ clock (an instant hold, `ModelledClock.hold_instant`) from a request's arrival u
 prompt and the router P's hit, and again from the decode side's answer until P has the route
 and its first KV bytes are on their way. Across the WAN the hold is let go while the decode
 side's answer travels (its transit is modelled time), so only the router's lateness in reading
-that one answer can move the route: the answer is dated by its arrival in the kernel
-(`pddemu.runtime.arrival`), and that lateness is judged as `handler`.
-
-What comes from across the WAN is dated by its arrival in the kernel, not by when the router
-reads it: MD's tokens keep their arrival time however late the router is (reading late is
-`read` lag, reported); what the kernel's stamp leaves uncertain is judged as `delivery`.
+that one answer can move the route (counted as `handler_wan`, a bound).
 
 Every request ends completed or failed (with the reason); nothing is left without an end.
 """
@@ -61,7 +56,7 @@ from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
-from pddemu.runtime.clock import INSTANT_HOLD_CAP_S, READ_KIND, REPORT_KIND, InstantHold
+from pddemu.runtime.clock import INSTANT_HOLD_CAP_S, REPORT_KIND, InstantHold
 from pddemu.runtime.liveness import DOWN, Change, Liveness
 from pddemu.wire import TokenIds
 from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
@@ -834,8 +829,9 @@ class Frontend(Instance):
 
     async def on_heartbeat(self, message: Envelope) -> None:
         """Heard (as every message is, in `heard_from`). From a peer on a path without
-        modelled time it also says how late this frontend reads its messages (`read`: reported,
-        not judged, since tokens are dated without their reading), all through the run."""
+        modelled time it also says how late this frontend reads its messages (`delivery`):
+        its lateness on the tokens it dates on reading (across the WAN), measured all through
+        the run, whatever the system (a baseline without a relay has no other such message)."""
         at = message.body.get("at")
         if at is not None and message.channel is not None and self.exact(message.channel.peer):
             self.count_message_lag("heartbeat", message.channel.peer, float(at))
@@ -961,8 +957,7 @@ class Frontend(Instance):
         if known != token:
             flight.record.token_mismatch = True
         # Delivery latency to the frontend: none on a path without modelled time (the relay,
-        # a baseline's decode), the measured one across the WAN (its queueing is modelled),
-        # up to the group's arrival in the kernel (`arrival`), not to its reading.
+        # a baseline's decode), the measured one across the WAN (its queueing is modelled).
         shift = self.arrival(message) - float(body["sent"])
         for offset, time in enumerate(body["times"]):
             position = first + offset
@@ -1003,23 +998,9 @@ class Frontend(Instance):
             flight.stream.put_nowait({"index": index, "id": flight.ids[index], "time": time})
 
     def lag_kind(self, kind: str) -> str:
-        """Reading late moves no token's date (dated by their send time on a path without
-        modelled time, by their kernel arrival across the WAN) and no heartbeat's: `read`,
-        reported. In real time (no shared clock) tokens are dated when read: `delivery`."""
-        if kind == "heartbeat" or (kind == "tokens" and self.clock.shared):
-            return READ_KIND
-        if kind == "tokens":
+        if kind in ("tokens", "heartbeat"):
             return "delivery"
         return REPORT_KIND if kind in REPORTS else "handler"
-
-    def dates_arrivals(self, peer: str) -> bool:
-        """Messages from across the WAN (MD's tokens and answers) are dated by their arrival in
-        the kernel, not by when this process gets to read them."""
-        return self.clock.shared and not self.exact(peer)
-
-    def arrival_kind(self, kind: str) -> str | None:
-        """A token group's date is its arrival: what may be wrong in it is `delivery`."""
-        return "delivery" if kind == "tokens" else None
 
     def stats(self) -> dict[str, Any]:
         return {

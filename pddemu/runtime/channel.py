@@ -20,10 +20,6 @@ queueing discipline can treat them as a real network would (RFC 4594's classes):
   relay's connection to each MD for kv-delta handoff parts: AF11, high-throughput data.
 The connecting side marks its socket before connecting (the SYN is marked too); the accepting
 side marks its socket as soon as the hello names the purpose.
-
-A connection whose messages' arrival times enter results (the frontend's from MD, across the
-WAN) is read by an `ArrivalReader` (`date_arrivals`): each control message then carries when
-the kernel received it (`Envelope.arrival`), however late it is read.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pddemu.runtime.arrival import Arrival, ArrivalReader
 from pddemu.runtime.auth import RunSecret
 from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size, read_message
 from pddemu.wire.errors import BadControl, EndOfStream, WireError
@@ -60,11 +55,6 @@ class Envelope:
     body: dict[str, Any]
     attachments: list[Message] = field(default_factory=list)
     channel: Channel | None = None
-    arrival: Arrival | None = None  # when the kernel received it (a dated connection only)
-    # The receiving role's modelled reading of `arrival`: the latest it arrived, and how much
-    # earlier it may have (0: exact).
-    arrived_at: float | None = None
-    arrival_slack: float = 0.0
 
     def token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -89,7 +79,6 @@ class Channel:
     ) -> None:
         self.reader = reader
         self.writer = writer
-        self.arrivals: ArrivalReader | None = None
         self.peer = peer
         self._lock = asyncio.Lock()
         self.bytes_sent = 0
@@ -152,19 +141,9 @@ class Channel:
     async def control(self, kind: str, body: dict[str, Any], *attachments: Message) -> int:
         return await self.send(Control(kind, body), *attachments)
 
-    async def date_arrivals(self) -> None:
-        """Read this connection from now on with an `ArrivalReader` (before `serve`): the
-        transport stops reading, and what it had read but not delivered is read first."""
-        sock = self.writer.get_extra_info("socket")
-        self.writer.transport.pause_reading()
-        self.reader.feed_eof()  # so that what it holds can be taken without waiting
-        unread = await self.reader.read()
-        self.arrivals = ArrivalReader(sock, unread)
-
     async def receive(self) -> Envelope | Message:
         """The next control message with its attachments, or a bare data frame."""
-        reader: Any = self.arrivals or self.reader
-        message = await read_message(reader)
+        message = await read_message(self.reader)
         if not isinstance(message, Control):
             return message
         count = message.body.get("attach", 0)
@@ -177,7 +156,7 @@ class Channel:
         attachments: list[Message] = []
         attached_bytes = 0
         for _ in range(count):
-            attachment = await read_message(reader)
+            attachment = await read_message(self.reader)
             attached_bytes += attachment.nbytes if isinstance(attachment, KVChunk) else 0
             attached_bytes += 4 * len(attachment.ids) if isinstance(attachment, TokenIds) else 0
             if attached_bytes > MAX_ATTACHED_BYTES:
@@ -185,8 +164,7 @@ class Channel:
                     f"{message.kind}: attachments exceed {MAX_ATTACHED_BYTES >> 20} MiB"
                 )
             attachments.append(attachment)
-        arrival = self.arrivals.arrival() if self.arrivals is not None else None
-        return Envelope(message.kind, message.body, attachments, self, arrival)
+        return Envelope(message.kind, message.body, attachments, self)
 
     async def serve(self, handle: Callable[[Envelope | Message, Channel], Awaitable[None]]) -> None:
         """Read until the peer closes, handing every message to `handle` in order."""
@@ -206,8 +184,6 @@ class Channel:
     def close(self) -> None:
         if not self.writer.is_closing():
             self.writer.close()
-        if self.arrivals is not None:
-            self.arrivals.close()
 
     @property
     def closed(self) -> bool:

@@ -50,10 +50,6 @@ if len(CONTROLLED_KINDS) != LAG_COUNTERS:  # the page counts each of them apart
 # Lag that provably reaches no result: the frontend reading a report that carries its own
 # times (a transfer's end, the KV's arrival, a handoff's start). Reported, never judged.
 REPORT_KIND = "report"
-# Lag that reaches no result either: the frontend reading a message dated without its reading
-# (a token group dated by its send time on a path without modelled time, or by its arrival in
-# the kernel: `pddemu.runtime.arrival`; a heartbeat). Reported, never judged.
-READ_KIND = "read"
 INSTANT = "/instant"  # the name suffix of a participant's slot for instant holds
 INSTANT_HOLD_CAP_S = 0.25  # wall seconds an instant hold stands at most (a peer never answers)
 # Across the WAN a message's modelled transit (queueing included) is unknown to its receiver:
@@ -77,9 +73,6 @@ class FixedRate:
 
     def now(self) -> float:
         return self._anchor.at(self.monotonic())
-
-    def modelled_at(self, wall: float) -> float | None:
-        return self._anchor.at(wall)
 
     def wall_delay(self, modelled: float) -> float:
         return max(0.0, self._anchor.wall_at(modelled) - self.monotonic())
@@ -137,12 +130,6 @@ class ModelledClock:
     def now(self) -> float:
         """Modelled seconds since the run's origin."""
         return self.source.now()
-
-    def modelled_at(self, wall: float) -> float | None:
-        """Modelled time at monotonic time `wall` of the recent past (about a wall second at
-        the densest anchors), exactly as the clock had it then; None further back. A
-        message's arrival, as the kernel stamped it, is dated this way (`pddemu.runtime.arrival`)."""
-        return self.source.modelled_at(wall)
 
     @property
     def shared(self) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from netem.clock import HISTORY_ENTRIES, MAX_SLOTS, ClockError, SharedClock
+from netem.clock import MAX_SLOTS, ClockError, SharedClock
 
 
 class FakeWall:
@@ -200,31 +200,6 @@ def test_slots_are_claimed_counted_and_freed(page: Path, wall: FakeWall) -> None
         clock.claim(f"p{i}")
     with pytest.raises(ClockError, match="slots are taken"):
         clock.claim("one too many")
-
-
-def test_a_past_wall_time_maps_to_the_modelled_time_the_clock_had_then(
-    page: Path, wall: FakeWall
-) -> None:
-    """Rate changes, holds and releases, each re-anchoring: every wall instant of the past
-    maps back to exactly what now() read at it, until the ring has moved past it."""
-    clock = SharedClock.create(page, rate=2.0, monotonic=wall, ceiling=16.0)
-    worker = clock.claim("MD0")
-    rng = random.Random(7)
-    seen: list[tuple[float, float]] = []
-    for _ in range(3 * HISTORY_ENTRIES // 2):
-        action = rng.random()
-        if action < 0.3:
-            clock.set_rate(rng.choice((1.0, 4.0, 16.0)))
-        elif action < 0.6:
-            clock.hold(worker, clock.now() + rng.uniform(0.0, 0.002))
-        else:
-            clock.release(worker)
-        for _ in range(2):
-            wall.advance(rng.uniform(0.0, 0.0005))
-            seen.append((wall(), clock.now()))
-    recent = seen[-HISTORY_ENTRIES // 2 :]
-    assert all(clock.modelled_at(w) == modelled for w, modelled in recent)
-    assert clock.modelled_at(seen[0][0]) is None  # the ring has moved past it
 
 
 def test_a_file_that_is_not_a_clock_is_refused(tmp_path: Path) -> None:

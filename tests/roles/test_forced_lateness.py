@@ -5,9 +5,9 @@ elsewhere would), on pdd's P-MD against the closed form of an idle system.
 - The routing exchange (the frontend reading P's hit and P's receipt of the route; P reading the
   prompt and the route) is covered by instant holds: 50 ms of wall time at each of those steps
   moves neither the route nor TTFT nor the KV transfer beyond the analytic check's 2 %.
-- The frontend's lateness in reading MD's tokens (across the WAN) does not reach their times:
-  they are dated by their arrival in the kernel (`pddemu.runtime.arrival`). Before, blocked
-  50 ms before each token message, the run was flagged not valid on `delivery`."""
+- The frontend's lateness in reading messages reaches the times of the tokens it dates on
+  reading (MD's, across the WAN): blocked 50 ms before each token message, the run is flagged
+  not valid (the check can fail)."""
 
 from __future__ import annotations
 
@@ -70,22 +70,14 @@ def test_lateness_on_the_routing_exchange_moves_no_recorded_time(
     assert by_participant["P0"]["handler"]["max"] < 0.001  # its prompt and route, held
 
 
-def test_lateness_in_reading_tokens_moves_no_token_time(
+def test_lateness_that_reaches_token_times_makes_the_run_not_valid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Blocked before each token message (MD's, across the WAN, dated by their arrival in the
-    kernel) for 50 modelled ms (more than a TPOT; wall time at the clock's rate, so slowing the
-    clock does not shrink it), the frontend reads them late, but their times stay the closed
-    form's: TTFT and TPOT within the analytic check's 2 % (dated when read, they were not).
-    The lateness shows as `read` (reported, not judged); `delivery`, what the kernel's stamps
-    leave uncertain (receive coalescing of messages that queued while it was blocked), is
-    judged and within its bound. (Other kinds, a step's on a starved host, may still make the
-    run not valid: not asserted.)"""
-    stall_s = 0.05
-    outcome, timing = _one_request(tmp_path, monkeypatch, f"FE0:tokens:{stall_s}m")
-    lag = timing["lag"]
-    assert lag["by_participant"]["FE0"]["read"]["max"] >= 0.9 * stall_s, lag
-    assert abs(outcome.errors["ttft_s"]) <= analytic.TOLERANCE, outcome.to_dict()
-    assert abs(outcome.errors["tpot_s"]) <= analytic.TOLERANCE, outcome.to_dict()
-    assert lag["mean_by_kind"].get("delivery", 0.0) <= lag["bound_s"], lag
-    assert "delivery" not in (timing["invalid_reason"] or ""), timing["invalid_reason"]
+    """Blocked before each token message (MD's, which it dates on reading), the frontend also
+    reads its heartbeats late: delivery is judged over its bound and the run is not valid,
+    however far the clock slows down: the stall is 10 modelled ms (20x the bound; wall time at
+    the clock's rate), so slowing the clock does not shrink it. (Which kind is the worst, the
+    one the reason names, is not asserted: on a starved host another may be later still.)"""
+    _outcome, timing = _one_request(tmp_path, monkeypatch, "FE0:tokens:0.01m")
+    assert not timing["valid"], timing["lag"]
+    assert timing["lag"]["mean_by_kind"]["delivery"] > timing["lag"]["bound_s"], timing["lag"]
