@@ -90,7 +90,9 @@ def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str
     records. It is judged by emulate's rule (`pddemu.metrics.timing`: each exact kind's mean lag
     within `max_lag` x the TPOT p50 of the requests served): `valid`, `invalid_reason`, `lag`.
     `late_requests` counts the requests whose steps ran later than that bound, summed over the
-    steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it."""
+    steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it (any
+    request that was in a step, failed ones too, so `count` may exceed the `of` completed; None
+    without a bound, i.e. before a request completed)."""
     router = next((report for report in stats.values() if report.get("role") == "FE"), None)
     if router is None:
         return {"stopped": True, "door": None, "errors": ["the frontend's stats are unreadable"]}
@@ -112,7 +114,7 @@ def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str
             for key in ("bound_s", "max_lag", "mean_by_kind", "by_participant")
         },
         "late_requests": {
-            "count": sum(1 for lag in carried.values() if bound is None or lag > bound),
+            "count": None if bound is None else sum(1 for lag in carried.values() if lag > bound),
             "of": door.get("completed"),
             "max_carried_s": max(carried.values(), default=0.0),
         },

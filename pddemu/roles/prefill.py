@@ -78,7 +78,8 @@ class PrefillInstance(Instance):
         """One chunk's prefill before any request: torch's first pass at a size allocates and
         picks its kernels (tens of ms, several times a warm pass), which would otherwise fall
         in the first request's step. In real time (`pddemu serve`) no hold covers it."""
-        self.model.prefill([TEXT_IDS[i % len(TEXT_IDS)] for i in range(max(1, self.chunk_genuine))])
+        size = max(1, self.chunk_genuine)
+        self.model.prefill([TEXT_IDS[i % len(TEXT_IDS)] for i in range(size)], chunk_size=size)
 
     async def start(self) -> None:
         self.spawn(self.schedule(), "prefill scheduler")
