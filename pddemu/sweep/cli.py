@@ -6,7 +6,7 @@ maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric agai
                  [--executor local|ray] [--parallel K] [--ray-address ADDR]
                  [--cpus-per-point C] [--rootless]
                  [--search goodput [--slo-attainment 0.9] [--rate-min R] [--rate-max R]
-                  [--rate-tolerance F] [--max-probes N]]
+                  [--rate-start R|prefill-capacity] [--rate-tolerance F] [--max-probes N]]
     pddemu sweep --experiment experiments/NAME.toml [--quick] --out DIR
     pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
     pddemu sweep report RESULTS [--experiments DIR] [--out docs/validation.md]
@@ -35,12 +35,13 @@ from typing import Any
 from netem.signals import on_termination, raise_keyboard_interrupt
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
+from pddemu.sweep.capacity import PREFILL_CAPACITY, start_rate
 from pddemu.sweep.driver import RATE_KEY, SearchGroup, Sweep, run_searches
 from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_cpus
 from pddemu.sweep.experiment import apply_experiment, experiment_parts
 from pddemu.sweep.grid import SEED_KEY, expand, grid_settings, parse_grid, sweep_seeds
 from pddemu.sweep.progress import Progress
-from pddemu.sweep.search import GoodputSearch, SearchError
+from pddemu.sweep.search import GoodputSearch, SearchError, rounded
 
 DEFAULT_CPUS_PER_POINT = 2.0
 
@@ -96,7 +97,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rate-min", type=float, default=0.01, help="req/s (default 0.01)")
     parser.add_argument("--rate-max", type=float, default=64.0, help="req/s (default 64)")
     parser.add_argument(
-        "--rate-start", type=float, help="req/s (default: the config's arrival_rate, else 1)"
+        "--rate-start",
+        type=rate_start,
+        help=f"req/s, or {PREFILL_CAPACITY} (each system's P capacity with no prompt cached; "
+        "default: the config's arrival_rate, else 1)",
     )
     parser.add_argument(
         "--rate-tolerance",
@@ -288,6 +292,7 @@ def search(
         raise ConfigError(f"--search goodput chooses {RATE_KEY} itself: do not --grid it")
     if args.seeds > 1 and SEED_KEY in grid:
         raise ConfigError(f"--seeds and --grid {SEED_KEY}=... both choose the seed: give one")
+    seeds = sweep_seeds(args.config, overrides, args.seeds)
     start = args.rate_start or base.workload.arrival_rate or 1.0
     try:
         groups = [
@@ -296,7 +301,7 @@ def search(
                 system,
                 GoodputSearch(
                     args.slo_attainment,
-                    start,
+                    _start(start, args.config, overrides, settings, system, seeds),
                     args.rate_min,
                     args.rate_max,
                     args.rate_tolerance,
@@ -318,7 +323,6 @@ def search(
         "rate_tolerance": args.rate_tolerance,
         "max_probes": args.max_probes,
     }
-    seeds = sweep_seeds(args.config, overrides, args.seeds)
     sweep = Sweep(args.out, executor, meta, Progress("search"))
     try:
         results = run_searches(sweep, groups, args.config, overrides, seeds)
@@ -329,6 +333,33 @@ def search(
     if any(result["status"] == "error" for result in results):
         return 1
     return sweep.exit_status()
+
+
+def rate_start(text: str) -> float | str:
+    """--rate-start: a rate, or the name of a rate derived from the deployment."""
+    if text == PREFILL_CAPACITY:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number or {PREFILL_CAPACITY}, got {text!r}"
+        ) from None
+
+
+def _start(
+    start: float | str,
+    config_path: Path | None,
+    overrides: list[str],
+    settings: dict[str, str],
+    system: str,
+    seeds: list[int | None],
+) -> float:
+    """One search's first rate: the given one, or its system's P capacity (`capacity`)."""
+    if start != PREFILL_CAPACITY:
+        return float(start)
+    grid_overrides = [*overrides, *(f"{key}={value}" for key, value in settings.items())]
+    return rounded(start_rate(config_path, grid_overrides, system, seeds))
 
 
 def search_table(results: list[dict[str, Any]], target: float) -> str:

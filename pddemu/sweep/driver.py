@@ -144,6 +144,7 @@ def group_result(sweep: Sweep, group: SearchGroup) -> dict[str, Any]:
         "status": "error" if group.error else search.status,
         "error": group.error or None,
         "slo_attainment_target": search.target,
+        "rate_start": search.start,
         "arrival_rate": search.passing,
         "bracket": [search.passing, search.failing],
         "probes": [

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pddemu.config import ConfigError
+from pddemu.sweep.capacity import PREFILL_CAPACITY
 
 # file key -> (argparse destination, type check, what the file must give)
 KEYS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
@@ -52,7 +53,7 @@ KEYS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
     "slo_attainment": ("slo_attainment", (int, float), "a number"),
     "rate_min": ("rate_min", (int, float), "a number"),
     "rate_max": ("rate_max", (int, float), "a number"),
-    "rate_start": ("rate_start", (int, float), "a number"),
+    "rate_start": ("rate_start", (int, float, str), f'a number or "{PREFILL_CAPACITY}"'),
     "rate_tolerance": ("rate_tolerance", (int, float), "a number"),
     "max_probes": ("max_probes", int, "an integer"),
 }
@@ -88,7 +89,11 @@ def read_experiment(path: Path) -> dict[str, Any]:
             if key not in KEYS:
                 raise ConfigError(f"{path}: [{table}] {key}: unknown key; known: {', '.join(KEYS)}")
             _, kind, wanted = KEYS[key]
-            if isinstance(value, bool) or not isinstance(value, kind):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, kind)
+                or (key == "rate_start" and isinstance(value, str) and value != PREFILL_CAPACITY)
+            ):
                 raise ConfigError(f"{path}: [{table}] {key}: must be {wanted}, got {value!r}")
     return data
 
