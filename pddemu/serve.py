@@ -16,7 +16,9 @@ until SIGINT or SIGTERM, then prints one last JSON line (`"stopped": true`, with
 streamed chunks written and how many were late, later than their tokens' modelled times by more
 than `late_after_s`; `valid`, `invalid_reason` and `lag`: the emulator's lag judged as
 `pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
-and removes everything it made. Nothing holds time for the host in real time: what the host
+and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
+datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
+`as_of_s`, the seconds since ready it was judged at (every few seconds). Nothing holds time for the host in real time: what the host
 does late is in the records, and this line says how much. Without root it runs in a private
 user namespace, as `pddemu emulate` does; the host port stays reachable.
 """
@@ -33,11 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import uvloop
 
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, load_config
-from pddemu.deployment import Deployment
+from pddemu.deployment import STATS_TIMEOUT_S, Deployment
 from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
 from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
@@ -45,6 +48,10 @@ from pddemu.metrics.timing import timing_summary
 from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
 
+# The live verdict on the frontend's /stats: how often it is judged, and at most which share of
+# the wall time gathering the instances' stats for it may take.
+VERDICT_PERIOD_S = 5.0
+VERDICT_SHARE = 0.02
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "serve.toml"
 
 
@@ -74,7 +81,12 @@ async def serve(
             ),
             flush=True,
         )
-        await stop.wait()
+        watch = asyncio.create_task(keep_verdict_live(deployment, time_zero))
+        try:
+            await stop.wait()
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
         summary = served_summary(await deployment.stats(), deployment.config.scale.max_lag)
         print(json.dumps(summary), flush=True)
     finally:
@@ -84,7 +96,21 @@ async def serve(
 def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, Any]:
     """serve's last line: what its door wrote, how many chunks it wrote later than their
     tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`: what a client measures
-    and the records do not show), and whether the records are the modelled system's.
+    and the records do not show), and whether the records are the modelled system's
+    (`lag_verdict`)."""
+    router = _router(stats)
+    if router is None:
+        return {"stopped": True, "door": None, "errors": ["the frontend's stats are unreadable"]}
+    return {
+        "stopped": True,
+        "door": router.get("door"),
+        **lag_verdict(stats, max_lag),
+        "errors": router.get("errors", []),
+    }
+
+
+def lag_verdict(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, Any]:
+    """Whether the records so far are the modelled system's, from every instance's stats.
 
     In real time nothing holds the clock for the host, so what the host did late is in the
     records. It is judged by emulate's rule (`pddemu.metrics.timing`: each exact kind's mean lag
@@ -92,10 +118,10 @@ def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str
     `late_requests` counts the requests whose steps ran later than that bound, summed over the
     steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it (any
     request that was in a step, failed ones too, so `count` may exceed the `of` completed; None
-    without a bound, i.e. before a request completed)."""
-    router = next((report for report in stats.values() if report.get("role") == "FE"), None)
-    if router is None:
-        return {"stopped": True, "door": None, "errors": ["the frontend's stats are unreadable"]}
+    without a bound, i.e. before a request completed). Each instance keeps the carried lag of
+    its most recent legs only (`pddemu.roles.carried_lag`); `dropped_legs` says how many it
+    forgot, whose requests are counted from what the other instances kept of them."""
+    router = _router(stats) or {}
     door = router.get("door") or {}
     timing = timing_summary(stats, {}, None, {}, door.get("tpot_p50_s"), max_lag)
     bound = timing["lag"]["bound_s"]
@@ -105,8 +131,6 @@ def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str
             rid = leg.split(LEG_SEPARATOR, 1)[0]
             carried[rid] = carried.get(rid, 0.0) + lag
     return {
-        "stopped": True,
-        "door": router.get("door"),
         "valid": timing["valid"],
         "invalid_reason": timing["invalid_reason"],
         "lag": {
@@ -117,9 +141,40 @@ def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str
             "count": None if bound is None else sum(1 for lag in carried.values() if lag > bound),
             "of": door.get("completed"),
             "max_carried_s": max(carried.values(), default=0.0),
+            "dropped_legs": sum(r.get("carried_lag_dropped", 0) for r in stats.values()),
         },
-        "errors": router.get("errors", []),
     }
+
+
+def _router(stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    return next((report for report in stats.values() if report.get("role") == "FE"), None)
+
+
+async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
+    """Give the frontend the lag verdict so far (its `/stats`, key `verdict`), judged from every
+    instance's stats every VERDICT_PERIOD_S, or less often if gathering them takes more than
+    VERDICT_SHARE of the wall time (they grow with the requests served), so the watch never
+    takes more than that share of the host from the system it watches."""
+    max_lag = deployment.config.scale.max_lag
+    period = VERDICT_PERIOD_S
+    async with aiohttp.ClientSession(headers=deployment.headers) as session:
+        while True:
+            await asyncio.sleep(period)
+            started = time.monotonic()
+            stats = await deployment.stats()
+            router = next((name for name, r in stats.items() if r.get("role") == "FE"), None)
+            if router is not None:
+                verdict = {"as_of_s": started - time_zero, **lag_verdict(stats, max_lag)}
+                try:
+                    async with session.post(
+                        deployment.url(router, "/admin/verdict"),
+                        json=verdict,
+                        timeout=aiohttp.ClientTimeout(total=STATS_TIMEOUT_S),
+                    ) as reply:
+                        reply.raise_for_status()
+                except (aiohttp.ClientError, TimeoutError):
+                    pass  # the frontend keeps the last verdict, dated by its `as_of_s`
+            period = max(VERDICT_PERIOD_S, (time.monotonic() - started) / VERDICT_SHARE)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

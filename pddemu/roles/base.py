@@ -31,6 +31,7 @@ from aiohttp import web
 from pddemu.config import ROLES, Config, config_from_json
 from pddemu.host_door import public_application
 from pddemu.model import ModelConfig
+from pddemu.roles.carried_lag import CarriedLag
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.auth import AuthError, HelloCheck, RunSecret
@@ -80,7 +81,7 @@ class Instance:
         self.lag_samples_s: list[float] = []
         # Each request's share of the step lag: the lateness of the steps it was in, summed
         # (leg ids, requests with none left out): what its recorded times can carry of it.
-        self.carried_lag_s: dict[str, float] = {}
+        self.carried_lag_s = CarriedLag()  # the most recent legs' only: serve runs without end
         self.stalls = stalls_of(os.environ.get(STALL_ENV, ""), self.name)
         self.resumed_at = -math.inf  # modelled time the last pause fault ended (SIGCONT)
         self.steps = 0
@@ -243,6 +244,7 @@ class Instance:
             "lag_samples_s": self.lag_samples_s,
             "lags_s": self.clock.lags,
             "carried_lag_s": self.carried_lag_s,
+            "carried_lag_dropped": self.carried_lag_s.dropped,
             "holds": self.clock.hold_counts(),
             "steps": self.steps,
             "busy_s": self.busy_s,
@@ -384,8 +386,7 @@ class Instance:
         lag = self.clock.count_lag("step", late)
         self.lag_samples_s.append(lag)
         if lag > 0:
-            for rid in rids:
-                self.carried_lag_s[rid] = self.carried_lag_s.get(rid, 0.0) + lag
+            self.carried_lag_s.carry(rids, lag)
         await self.clock.sleep_until(end)
         if started < self.resumed_at:
             end = max(end, self.resumed_at)

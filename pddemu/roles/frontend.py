@@ -146,6 +146,7 @@ class Frontend(Instance):
         self.legs: dict[str, Flight] = {}  # every leg of a request in flight -> its flight
         self.failover_log: list[dict[str, Any]] = []  # what was done when instances were lost
         self.door = OpenAIFrontDoor(self)
+        self.verdict: dict[str, Any] | None = None  # `pddemu serve`'s lag verdict so far
         self.p_names = [a.name for a in spec.peers_with_role("P")]
         self.decode_names = [a.name for a in spec.peers_with_role(DECODE_ROLE[self.system])]
         self.rld_names = [a.name for a in spec.peers_with_role("RLD")]
@@ -430,7 +431,20 @@ class Frontend(Instance):
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
+        app.router.add_post("/admin/verdict", self._admin_verdict)
         self.door.add_routes(app)
+
+    async def _admin_verdict(self, request: web.Request) -> web.Response:
+        """`pddemu serve`'s judgement of the lag so far (`pddemu.serve.keep_verdict_live`),
+        kept to be shown in `/stats`: the frontend alone does not see every instance's lag."""
+        try:
+            verdict = await request.json()
+        except ValueError as error:
+            return web.json_response({"error": f"bad verdict: {error}"}, status=400)
+        if not isinstance(verdict, dict):
+            return web.json_response({"error": "the verdict must be a JSON object"}, status=400)
+        self.verdict = verdict
+        return web.json_response({"ok": True})
 
     def add_public_routes(self, app: web.Application) -> None:
         self.door.add_routes(app)  # the same door: one count of the requests it holds
@@ -1010,4 +1024,5 @@ class Frontend(Instance):
             "liveness": [asdict(change) for change in self.liveness_changes],
             "failovers": self.failover_log,
             "door": self.door.stats(),
+            "verdict": self.verdict,  # pddemu serve's lag verdict so far (None elsewhere)
         }

@@ -71,7 +71,7 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
 def _add_gen(commands: argparse._SubParsersAction) -> None:
     gen = commands.add_parser(
         "gen",
-        help="write a generated trace (Mooncake JSONL with session and day fields)",
+        help="write a generated trace (Mooncake JSONL with session_id and day fields)",
         description="Generate a seeded trace and write it as Mooncake JSONL (gzip when FILE "
         "ends in .gz). pdd-janfeb reconstructs the Jan-Feb agentic workload PDD describes "
         "from its published aggregates; docs/traces.md lists every parameter.",
@@ -183,7 +183,9 @@ def format_generator_report(trace: GeneratedTrace, path: Path) -> str:
 
 
 def format_table(stats: TraceStats) -> str:
-    sessions = f", {stats.sessions:,} sessions" if stats.sessions is not None else ""
+    sessions = ""
+    if stats.sessions is not None:
+        sessions = f", {stats.sessions:,} session{'' if stats.sessions == 1 else 's'}"
     lines = [
         f"trace    {stats.path}",
         f"format   {stats.format}, {stats.requests:,} requests{sessions}",

@@ -4,14 +4,22 @@ request carries the lateness of the steps it was in, and serve judges its lag by
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from aiohttp import web
+
+from pddemu import serve
 from pddemu.roles.__main__ import NICE, niceness
 from pddemu.roles.base import Instance
+from pddemu.roles.carried_lag import CarriedLag
+from pddemu.roles.frontend import Frontend
 from pddemu.runtime.clock import ModelledClock
-from pddemu.serve import served_summary
+from pddemu.serve import lag_verdict, served_summary
 
 
 def test_instances_are_niced_only_where_a_hold_covers_their_work() -> None:
@@ -24,7 +32,7 @@ def test_a_late_step_is_carried_by_each_of_its_requests_and_an_on_time_one_by_no
         clock=ModelledClock.fixed(time.monotonic(), 1.0),
         resumed_at=float("-inf"),
         lag_samples_s=[],
-        carried_lag_s={},
+        carried_lag_s=CarriedLag(),
         steps=0,
         busy_s=0.0,
     )
@@ -56,7 +64,88 @@ def test_serve_judges_its_lag_by_emulates_rule_and_counts_the_late_requests() ->
     # the mean over every instance's steps (P's two and MD's one), as emulate takes it
     assert late["valid"] is False and "mean step lag 16.67 ms" in late["invalid_reason"]
     # r1 carries 50 ms; r2 0.4 ms over its two legs and two instances, within the 0.5 ms bound
-    assert late["late_requests"] == {"count": 1, "of": 3, "max_carried_s": 0.05}
+    assert late["late_requests"] == {
+        "count": 1,
+        "of": 3,
+        "max_carried_s": 0.05,
+        "dropped_legs": 0,
+    }
     on_time = served_summary(_stats([0.0002, 0.0], {"r1": 0.0002}), max_lag=0.05)
     assert on_time["valid"] is True and on_time["invalid_reason"] is None
     assert on_time["late_requests"]["count"] == 0
+
+
+def test_an_instance_keeps_the_carried_lag_of_its_most_recent_legs_only() -> None:
+    carried = CarriedLag(capacity=3)
+    carried.carry(["a", "b"], 0.01)
+    carried.carry(["c", "a"], 0.02)  # a carried again: now the most recent
+    carried.carry(["d"], 0.03)  # over the capacity: b, touched longest ago, goes
+    assert dict(carried) == {"c": 0.02, "a": 0.03, "d": 0.03}
+    assert carried.dropped == 1
+    for leg in range(1000):
+        carried.carry([f"r{leg}"], 0.001)
+    assert len(carried) == 3 and carried.dropped == 1001
+    with pytest.raises(ValueError):
+        CarriedLag(capacity=0)
+
+
+class _Serving:
+    """What `keep_verdict_live` uses of a Deployment: canned stats, and a frontend's verdict
+    route on a real HTTP server."""
+
+    def __init__(self, stats: dict[str, dict[str, Any]], port: int) -> None:
+        self.config = SimpleNamespace(scale=SimpleNamespace(max_lag=0.05))
+        self.headers: dict[str, str] = {}
+        self._stats = stats
+        self._port = port
+        self.gathered = 0
+
+    async def stats(self) -> dict[str, dict[str, Any]]:
+        self.gathered += 1
+        return self._stats
+
+    def url(self, name: str, path: str) -> str:
+        assert name == "FE0"
+        return f"http://127.0.0.1:{self._port}{path}"
+
+
+@pytest.fixture
+def quick_verdicts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(serve, "VERDICT_PERIOD_S", 0.02)
+    yield
+
+
+def test_the_frontends_stats_carry_serves_verdict_so_far(quick_verdicts: None) -> None:
+    stats = _stats([0.05, 0.0], {"r1": 0.05})
+    frontend = SimpleNamespace(verdict=None)
+
+    async def watch() -> tuple[dict[str, Any] | None, int]:
+        async def admin_verdict(request: web.Request) -> web.Response:
+            return await Frontend._admin_verdict(frontend, request)  # type: ignore[arg-type]
+
+        app = web.Application()
+        app.router.add_post("/admin/verdict", admin_verdict)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        serving = _Serving(stats, port)
+        task = asyncio.create_task(serve.keep_verdict_live(serving, time.monotonic()))  # type: ignore[arg-type]
+        try:
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if serving.gathered >= 2 and frontend.verdict is not None:
+                    break
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await runner.cleanup()
+        return frontend.verdict, serving.gathered
+
+    verdict, gathered = asyncio.run(watch())
+    assert gathered >= 2 and verdict is not None
+    # the judgement of serve's last line, by the same code, dated
+    assert verdict.pop("as_of_s") > 0
+    assert verdict == json.loads(json.dumps(lag_verdict(stats, 0.05)))
+    assert verdict["valid"] is False and verdict["late_requests"]["count"] == 1
