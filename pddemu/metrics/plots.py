@@ -280,7 +280,7 @@ def plot_handoff_timeline(
     )
     stall = record.handoff_stall_s
     stall_text = "not recorded" if stall is None else f"{stall * 1000:.1f} ms"
-    axes.set_title(f"Request {record.request_id}: handoff stall {stall_text}")
+    axes.set_title(f"Request {record.request_id}: handoff stall {stall_text} (gap - TPOT)")
     axes.set_xlabel("time since arrival (modelled seconds)")
     axes.set_ylabel("output token index")
     axes.grid(True, alpha=0.3)
@@ -290,11 +290,11 @@ def plot_handoff_timeline(
 
 
 def _zoom_on_handoff(axes: Axes, times: np.ndarray, position: int, size: int) -> None:
-    """An inset around the handoff: a few typical gaps either side of it, so the stall reads
-    as the gap it is against the decode cadence, whatever the request's length."""
+    """An inset around the handoff: a few typical gaps either side of it, so the handoff's gap
+    reads against the decode cadence, whatever the request's length."""
     cadence = float(np.median(np.diff(times)))
-    stall = times[position] - times[position - 1]
-    half = max(3 * stall, 12 * cadence)
+    gap = times[position] - times[position - 1]
+    half = max(3 * gap, 12 * cadence)
     low, high = times[position - 1] - half / 2, times[position] + half / 2
     shown = (times >= low) & (times <= high)
     index = np.arange(times.size)
@@ -306,7 +306,8 @@ def _zoom_on_handoff(axes: Axes, times: np.ndarray, position: int, size: int) ->
     inset.set_xlim(low, high)
     inset.set_ylim(index[shown].min() - 1, index[shown].max() + 1)
     inset.set_title(
-        f"zoom: {stall * 1000:.0f} ms stall vs {cadence * 1000:.0f} ms cadence", fontsize="x-small"
+        f"zoom: {gap * 1000:.0f} ms gap at the handoff, {cadence * 1000:.0f} ms cadence",
+        fontsize="x-small",
     )
     inset.tick_params(labelsize="x-small")
     inset.grid(True, alpha=0.3)
