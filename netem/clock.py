@@ -312,6 +312,21 @@ class SharedClock:
             self._page[_slot_at(index) : _slot_at(index) + SLOT_BYTES] = bytes(SLOT_BYTES)
             _SLOT_HOLD.pack_into(self._page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
 
+    def stop_participant(self, pid: int, stop: Callable[[], None]) -> list[str]:
+        """Stop process `pid` with `stop` (which returns once it has stopped) and release its
+        slots' holds, the writers' lock held throughout: so it is never stopped inside a
+        writer's critical section (the lock would stay its own until it resumes, and every
+        participant's next hold would wait for it), and posts no hold after the release. Its
+        slots stay claimed: resumed, it holds as before. Returns the released slots' names."""
+        with self._locked():
+            stop()
+            released = []
+            for report in self.slots():
+                if report.pid == pid and report.hold_at < math.inf:
+                    self._release(report.index)
+                    released.append(report.name)
+            return released
+
     def hold(self, index: int, at: float) -> float:
         """Hold modelled time at `at` (or at the present, if `at` has passed) until `release`;
         returns where it holds. A slot holds one time at most: a new hold replaces its last."""

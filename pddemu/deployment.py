@@ -36,7 +36,7 @@ from netem.topology import Network
 from pddemu.config import Config, config_to_json
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.auth import RunSecret
-from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.clock import ModelledClock, pause_process
 
 BASE_PORT = 7100
 HOST_OF_ROLE = {"FE": "a", "P": "a", "RLD": "a2", "D": "a2", "MD": "b"}
@@ -249,9 +249,12 @@ class Deployment:
         self._record(name, "killed", at_s)
 
     def pause(self, name: str, at_s: float | None = None) -> None:
-        """SIGSTOP: the process is frozen, its sockets stay open, nobody is told."""
-        self._signal(name, signal.SIGSTOP)
-        self._release_clock(name)
+        """SIGSTOP: the process is frozen, its sockets stay open, nobody is told (but the
+        run's clock, which a hold of its would stand still until the resume)."""
+        if name not in self.processes:
+            raise DeploymentError(f"{self.system} has no instance {name!r}")
+        if self.alive(name):
+            pause_process(self.clock.source, self.processes[name].pid)
         self.paused.add(name)
         self._record(name, "paused", at_s)
 
@@ -261,8 +264,9 @@ class Deployment:
         self._record(name, "resumed", at_s)
 
     def _release_clock(self, name: str) -> None:
-        """A frozen or killed instance holds no one's time: a hold it had on the run's clock
-        (genuine work under way) goes, or the clock would stand still until it came back."""
+        """A killed instance holds no one's time: a hold it had on the run's clock (genuine
+        work under way) goes, or the clock would stand still until it came back. (Its writers'
+        lock, if it died inside one, went with its open files.)"""
         source = self.clock.source
         process = self.processes.get(name)
         if isinstance(source, SharedClock) and process is not None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +54,7 @@ if len(CONTROLLED_KINDS) != LAG_COUNTERS:  # the page counts each of them apart
 REPORT_KIND = "report"
 INSTANT = "/instant"  # the name suffix of a participant's slot for instant holds
 INSTANT_HOLD_CAP_S = 0.25  # wall seconds an instant hold stands at most (a peer never answers)
+STOP_TIMEOUT_S = 5.0  # wall seconds a paused process is waited for to stop (not in a syscall)
 # Across the WAN a message's modelled transit (queueing included) is unknown to its receiver:
 # its lag is known only as a bound (now - sent - least transit), recorded as `<kind>_wan`.
 
@@ -290,3 +293,49 @@ class InstantHold:
         if self.timer is not None:
             self.timer.cancel()
         self.clock._instant_released()
+
+
+def pause_process(source: SharedClock | FixedRate, pid: int) -> list[str]:
+    """SIGSTOP process `pid` (a pause fault) without freezing the run: a hold of its (genuine
+    work under way) would stand the clock still until its resume, whose modelled time would
+    then never come. On a shared clock its holds are released once every thread of it has
+    stopped, the page's writers excluded meanwhile (`SharedClock.stop_participant`); resumed,
+    it holds again as before, and what the pause made late is the fault's (`pause` lag).
+    Returns the names of the slots whose hold was released."""
+
+    def stop() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        wait_stopped(pid)
+
+    if isinstance(source, SharedClock):
+        return source.stop_participant(pid, stop)
+    stop()
+    return []
+
+
+def wait_stopped(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """Wait until every thread of process `pid` is stopped (or it is gone): a signal takes
+    effect in each thread when the kernel next schedules it. False after `timeout_s` (a
+    thread stuck in an uninterruptible wait)."""
+    deadline = time.monotonic() + timeout_s
+    while not _all_stopped(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _all_stopped(pid: int) -> bool:
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # gone
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat") as stat:
+                line = stat.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended
+        if line[line.rindex(")") + 2] not in "TZX":  # state, after "pid (comm) "
+            return False
+    return True

@@ -45,12 +45,7 @@ def workload(seed: int, count: int = 8, sessions: bool = True) -> list[Any]:
 @pytest.fixture(scope="module")
 def emulation(tmp_path_factory):
     require_namespaces()
-    # The default share of frozen time (not the scenarios' 0.5): at 0.5 holds stand the clock
-    # still for up to half the wall time, so a pause often lands inside the paused instance's
-    # hold, the clock stands until the resume's modelled time, which never comes (a CI run
-    # hung so in test_md_paused_for_3_s_fails_over_and_rejoins)
     base = scenario_config()
-    base = base.model_copy(update={"scale": base.scale.model_copy(update={"frozen_share": 0.01})})
     with Emulation("f" + uuid.uuid4().hex[:10], base, tmp_path_factory.mktemp("faults")) as made:
         yield made
 
