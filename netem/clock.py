@@ -44,6 +44,7 @@ HEADER_BYTES = 256
 SLOT_BYTES = 128
 MAX_SLOTS = (PAGE_BYTES - HEADER_BYTES) // SLOT_BYTES
 NAME_BYTES = 32
+TORN_CHECK_SPINS = 1 << 14  # a reader that saw a write under way this often looks for its writer
 
 # Header: magic, then under the seqlock (seq, wall anchor, modelled anchor, rate, earliest
 # hold), then fields written under the writers' lock only.
@@ -192,6 +193,8 @@ class SharedClock:
                 spins += 1
                 if spins % 64 == 0:
                     os.sched_yield()
+                if spins % TORN_CHECK_SPINS == 0:
+                    self._recover_if_unlocked()  # or it died there
                 continue
             values = _ANCHOR.unpack_from(page, ANCHOR_AT)
             if _SEQ.unpack_from(page, SEQ_AT)[0] == before:
@@ -311,6 +314,50 @@ class SharedClock:
         with self._locked():
             self._page[_slot_at(index) : _slot_at(index) + SLOT_BYTES] = bytes(SLOT_BYTES)
             _SLOT_HOLD.pack_into(self._page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
+
+    def recover(self) -> bool:
+        """Make the page whole again if a writer died inside its critical section (SIGKILL,
+        a crash: the lock goes with its open files, its half-done write stays): the anchor's
+        write left under way (readers would wait for it forever), or its hold no longer the
+        slots' earliest (a release that cleared its slot but not the anchor would stand the
+        clock still for good). Time goes on from where it stood. Returns whether it did
+        anything."""
+        with self._locked():
+            return self._recover()
+
+    def _recover_if_unlocked(self) -> None:
+        """Recover, if no writer is inside (a fresh open file: even this process's own other
+        mappings, which may be writing from another thread, exclude it)."""
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a writer is inside, alive
+            self._recover()
+        finally:
+            os.close(fd)
+
+    def _recover(self) -> bool:
+        page = self._page
+        seq = _SEQ.unpack_from(page, SEQ_AT)[0]
+        torn = bool(seq & 1)
+        if torn:
+            _SEQ.pack_into(page, SEQ_AT, seq + 1)
+        anchor = Anchor(*_ANCHOR.unpack_from(page, ANCHOR_AT))
+        earliest = self._earliest_hold()
+        if not torn and earliest == anchor.hold:
+            return False
+        wall = self.monotonic()
+        self._mark_binding(anchor, wall)
+        since = _BINDING.unpack_from(page, BINDING_AT)[0]
+        if since < math.inf and earliest != anchor.hold:  # it stood at a hold no one has
+            total = _FROZEN.unpack_from(page, FROZEN_AT)[0]
+            _FROZEN.pack_into(page, FROZEN_AT, total + wall - since)
+            _BINDING.pack_into(page, BINDING_AT, math.inf)
+        self._write_anchor(wall, anchor.at(wall), anchor.rate, earliest)
+        self._mark_binding(self.anchor(), wall)
+        return True
 
     def stop_participant(self, pid: int, stop: Callable[[], None]) -> list[str]:
         """Stop process `pid` with `stop` (which returns once it has stopped) and release its

@@ -273,6 +273,7 @@ class Deployment:
             for report in source.slots():
                 if report.pid == process.pid:
                     source.release(report.index)
+            source.recover()  # what it left half-written, if it died inside a write
 
     async def restart(self, name: str, at_s: float | None = None) -> None:
         """Start the instance again with its spec (same addresses, empty caches), killing

@@ -181,7 +181,9 @@ class Dilation:
         return f"{'lag' if kind is not None else 'hold'} {name}"
 
     def release_dead(self) -> list[str]:
-        """Free the slots of participants that died (a hold of theirs would stop the run)."""
+        """Free the slots of participants that died (a hold of theirs would stop the run), and
+        mend what one of them left half-written on the page (`SharedClock.recover`)."""
+        self.clock.recover()
         freed = []
         for report in self.clock.slots():
             try:
