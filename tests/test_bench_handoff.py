@@ -1,5 +1,6 @@
-"""The handoff micro-benchmark's setup, without a network: its phases and workload, which
-handoffs it counts, and that every cell gets its N handoffs however many samples miss."""
+"""The handoff micro-benchmark's setup, without a network: its phases and workload (warm-ups,
+bulk KV paced alike in every phase), which handoffs it counts, that warm-ups stay out of a
+cell's figures, and that every cell gets its N handoffs however many samples miss."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import json
 
 import pytest
 
+from pddemu.bench import handoff as bench_handoff
 from pddemu.bench.handoff import (
+    BULK_CLEAR_S,
+    BULK_INTERVAL_S,
     PHASE_LEAD_S,
     SAMPLE_SPACING_S,
+    WARMUP_SAMPLES,
     Cell,
     ShortCellError,
+    benchmark,
+    bulk_offset,
     handoffs,
     lag1_autocorrelation,
     measure,
@@ -30,29 +37,51 @@ FIFO_2 = Cell("extend", 2.0, "fifo")
 PRIO_10 = Cell("kv-delta", 10.0, "prio")
 
 
-def test_each_cell_is_a_phase_of_paced_samples_with_bulk_transfers_throughout() -> None:
-    plan = phases([(FIFO_2, 4), (Cell("extend", 10.0, "prio"), 3)])
+def test_each_cell_is_a_phase_of_warmups_then_paced_samples() -> None:
+    plan = phases([(FIFO_2, 4), (Cell("extend", 10.0, "prio"), 3)], bulk_offset_s=1.0, warmup=2)
     assert plan[0].start_s == 0.0 and plan[1].start_s == plan[0].end_s
     assert schedule_text(plan).splitlines() == [
         "0.000 jitter=2ms qdisc=fifo",
         f"{plan[1].start_s:.3f} jitter=10ms qdisc=prio",
     ]
     requests = workload(load_config(), plan, eager=100, seed=0)
-    samples = [r for r in requests if r.request_id.startswith("sample:")]
-    assert [r.request_id for r in samples[:4]] == [f"sample:0:{i}" for i in range(4)]
-    assert len(samples) == 7 and all(r.output_tokens > 100 for r in samples)
-    first_phase = [r.arrival_s for r in samples[:4]]
+    sent = [r for r in requests if not r.request_id.startswith("bulk:")]
+    assert [r.request_id for r in sent[:6]] == [
+        "warmup:0:0",
+        "warmup:0:1",
+        *(f"sample:0:{i}" for i in range(4)),
+    ]
+    assert len(sent) == 2 + 4 + 2 + 3 and all(r.output_tokens > 100 for r in sent)
+    first_phase = [r.arrival_s for r in sent[:6]]
     assert first_phase[0] == PHASE_LEAD_S
     assert all(b - a == pytest.approx(SAMPLE_SPACING_S) for a, b in itertools.pairwise(first_phase))
     assert all(
         p.start_s + PHASE_LEAD_S <= r.arrival_s < p.end_s
-        for p, r in zip([plan[0]] * 4 + [plan[1]] * 3, samples, strict=True)
+        for p, r in zip([plan[0]] * 6 + [plan[1]] * 5, sent, strict=True)
     )
-    bulk = [r for r in requests if r.request_id.startswith("bulk:")]
-    assert all(r.output_tokens == 1 and r.input_tokens == 65536 for r in bulk)
-    assert all(0 < r.arrival_s < plan[-1].end_s for r in bulk)
     arrivals = [r.arrival_s for r in requests]
     assert arrivals == sorted(arrivals)
+
+
+def test_bulk_kv_is_paced_alike_in_every_phase_from_the_seed() -> None:
+    """Bulk requests used to arrive by a Poisson process over the whole run, so phases met 0 to
+    5 of them: a confound between cells. Now phases of one size meet the same bulk KV at the
+    same points, and the offset is the seed's, the same in every deployment."""
+    assert bulk_offset(3) == bulk_offset(3) and 0 <= bulk_offset(3) < BULK_INTERVAL_S
+    assert bulk_offset(3) != bulk_offset(4)
+    cells = [Cell("kv-delta", j, q) for q in ("fifo", "prio") for j in (2.0, 0.0, 5.0, 10.0)]
+    for offset in (0.0, 2.5, bulk_offset(0), BULK_INTERVAL_S - 0.01):
+        plan = phases([(cell, 33) for cell in cells], bulk_offset_s=offset)
+        relative = {tuple(round(t - p.start_s, 9) for t in p.bulk_s) for p in plan}
+        assert len(relative) == 1  # the same count at the same points in every phase
+        (points,) = relative
+        assert points and points[0] == pytest.approx(offset)
+        assert all(b - a == pytest.approx(BULK_INTERVAL_S) for a, b in itertools.pairwise(points))
+        assert all(t <= p.end_s - BULK_CLEAR_S for p in plan for t in p.bulk_s)
+        requests = workload(load_config(), plan, eager=100, seed=0)
+        bulk = [r for r in requests if r.request_id.startswith("bulk:")]
+        assert [r.arrival_s for r in bulk] == [t for p in plan for t in p.bulk_s]
+        assert all(r.output_tokens == 1 and r.input_tokens == 65536 for r in bulk)
 
 
 def record(rid: str, eager: int, state: str = "completed", at: float = 1.0) -> RequestRecord:
@@ -156,3 +185,54 @@ def test_a_grid_measured_in_parts_is_merged_per_cell(tmp_path) -> None:
     assert not combined["targets"]["at least 5 handoffs of exactly 100 eager tokens per cell"]
     other = {"setup": {**setup, "samples_per_cell": 6}, "cells": [], "runs": []}
     assert merged(other, out)["cells"] == []  # another setup's file is replaced, not merged
+
+
+def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch) -> None:
+    """A deployment's first handoffs were slow (a start-up transient) and sat in the cells'
+    figures; now each phase's first WARMUP_SAMPLES are warm-ups: shown per cell, never in its
+    statistics or its lag-1 autocorrelation. A fake deployment stands in for the emulator:
+    warm-ups take 500 ms, samples 50-80 ms."""
+    deployments = []
+
+    def fake_run_payload(config, plan, eager, seed, scratch):
+        deployments.append(plan)
+        cells = {}
+        for k, phase in enumerate(plan):
+            warm = [
+                record(f"warmup:{k}:{i}", eager, at=phase.arrival(i) + 1.0)
+                for i in range(phase.warmup)
+            ]
+            for r in warm:
+                r.handoff_resumed_s = r.handoff_started_s + 0.5
+            samples = [
+                record(f"sample:{k}:{i}", eager, at=phase.arrival(phase.warmup + i) + 1.0)
+                for i in range(phase.samples)
+            ]
+            for i, r in enumerate(samples):
+                r.handoff_resumed_s = r.handoff_started_s + 0.05 + 0.01 * (i % 4)
+            for r in warm + samples:
+                r.handoff_gap_s = r.handoff_stall_s = r.handoff_latency_s
+            cells[phase.cell] = {
+                "records": samples,
+                "warmup_records": warm,
+                "warmup_sent": phase.warmup,
+                "bulk_requests": len(phase.bulk_s),
+                "samples_sent": phase.samples,
+                "duplicate_tokens": 0,
+                "gap_tokens": 0,
+                "overlapping_handoffs": 0,
+            }
+        return cells, {"valid": True, "wall_s": 1.0}
+
+    monkeypatch.setattr(bench_handoff, "run_payload", fake_run_payload)
+    result = benchmark(6, 100, only_qdiscs=("prio",), only_jitters_ms=(0.0, 10.0))
+    assert len(deployments) == 2  # one per payload, every cell's phase in it
+    assert all(p.warmup == WARMUP_SAMPLES for plan in deployments for p in plan)
+    assert result["setup"]["warmup_samples_per_phase"] == WARMUP_SAMPLES
+    assert result["setup"]["bulk_offset_s"] == pytest.approx(bulk_offset(0), abs=1e-3)
+    for cell in result["cells"]:
+        assert cell["handoffs"] >= 6 and cell["md_latency_ms"]["max"] == pytest.approx(80.0)
+        assert cell["warmup"]["handoffs"] == WARMUP_SAMPLES
+        assert cell["warmup"]["md_latency_ms"]["mean"] == pytest.approx(500.0)
+        assert all(x < 100 for one in cell["md_latency_ms_by_round"] for x in one)
+        assert cell["bulk_requests"] == len(deployments[0][0].bulk_s)

@@ -81,8 +81,10 @@ SAMPLE_EXTRA_OUTPUT = 100  # tokens MD produces after the switch
 SAMPLE_SPACING_S = 0.5  # modelled seconds between a phase's sample arrivals
 PHASE_LEAD_S = 0.5  # a phase's WAN settings are in force this long before its first sample
 PHASE_TAIL_S = 2.5  # after its last sample arrives, before the next phase's settings
+WARMUP_SAMPLES = 2  # each phase's first handoffs: reported apart, never in the cell's figures
 BULK_PROMPT_TOKENS = 65536
-BULK_INTERVAL_S = 8.0  # mean modelled seconds between bulk requests: about half the WAN
+BULK_INTERVAL_S = 8.0  # modelled seconds between a phase's bulk requests: about half the WAN
+BULK_CLEAR_S = 6.0  # a phase's last bulk request arrives at least this long before it ends
 OVERRIDES = [
     "policy.routing=always-relay",
     "policy.handoff_mode=one-shot",
@@ -150,20 +152,32 @@ def measure(
 @dataclass(frozen=True)
 class Phase:
     cell: Cell
-    samples: int
+    samples: int  # measured samples, after the warm-up ones
     start_s: float  # modelled seconds from the replay's start: the WAN takes its settings
     end_s: float  # the next phase's start
+    warmup: int = WARMUP_SAMPLES
+    bulk_s: tuple[float, ...] = ()  # the bulk requests' arrivals, from the replay's start
 
     def arrival(self, i: int) -> float:
+        """The i-th request's arrival: warm-ups first (i < warmup), then the samples."""
         return self.start_s + PHASE_LEAD_S + i * SAMPLE_SPACING_S
 
 
-def phases(asks: list[tuple[Cell, int]]) -> list[Phase]:
-    """One phase per cell, back to back from the replay's start."""
+def phases(
+    asks: list[tuple[Cell, int]], bulk_offset_s: float = 0.0, warmup: int = WARMUP_SAMPLES
+) -> list[Phase]:
+    """One phase per cell, back to back from the replay's start. Every phase paces its bulk
+    requests alike: one `bulk_offset_s` after the phase's start, then one every
+    BULK_INTERVAL_S, the last at least BULK_CLEAR_S before the phase ends (so its KV has
+    crossed before the next phase's samples): phases of one size meet the same bulk KV at the
+    same points, whatever the cell."""
     out, at = [], 0.0
     for cell, samples in asks:
-        end = at + PHASE_LEAD_S + (samples - 1) * SAMPLE_SPACING_S + PHASE_TAIL_S
-        out.append(Phase(cell, samples, at, end))
+        end = at + PHASE_LEAD_S + (warmup + samples - 1) * SAMPLE_SPACING_S + PHASE_TAIL_S
+        room = end - BULK_CLEAR_S - at - bulk_offset_s
+        count = math.floor(room / BULK_INTERVAL_S) + 1 if room >= 0 else 0
+        bulk = tuple(at + bulk_offset_s + m * BULK_INTERVAL_S for m in range(count))
+        out.append(Phase(cell, samples, at, end, warmup, bulk))
         at = end
     return out
 
@@ -175,13 +189,23 @@ def schedule_text(plan: list[Phase]) -> str:
     )
 
 
+def bulk_offset(seed: int) -> float:
+    """Where, after a phase's first measured sample, its first bulk request arrives: drawn
+    once per benchmark from its seed, the same in every phase and deployment."""
+    return float(np.random.default_rng(seed).uniform(0.0, BULK_INTERVAL_S))
+
+
+def request_id(kind: str, phase: int, i: int) -> str:
+    return f"{kind}:{phase}:{i}"
+
+
 def workload(config: Config, plan: list[Phase], eager: int, seed: int) -> list[WorkloadRequest]:
-    """Each phase's samples, paced, and bulk requests (Poisson) over the whole plan."""
+    """Each phase's warm-ups and samples, paced, and its bulk requests, paced alike."""
     rng = np.random.default_rng(seed)
     scale = config.scale.token_scale
     requests = [
         _request(
-            f"sample:{k}:{i}",
+            request_id("warmup", k, i) if i < p.warmup else request_id("sample", k, i - p.warmup),
             p.arrival(i),
             SAMPLE_PROMPT_TOKENS,
             eager + SAMPLE_EXTRA_OUTPUT,
@@ -189,12 +213,12 @@ def workload(config: Config, plan: list[Phase], eager: int, seed: int) -> list[W
             rng,
         )
         for k, p in enumerate(plan)
-        for i in range(p.samples)
+        for i in range(p.warmup + p.samples)
     ]
-    t, j = float(rng.exponential(BULK_INTERVAL_S)), 0
-    while t < plan[-1].end_s:
-        requests.append(_request(f"bulk:{j}", t, BULK_PROMPT_TOKENS, 1, scale, rng))
-        t, j = t + float(rng.exponential(BULK_INTERVAL_S)), j + 1
+    bulk = [t for p in plan for t in p.bulk_s]
+    requests += [
+        _request(f"bulk:{j}", t, BULK_PROMPT_TOKENS, 1, scale, rng) for j, t in enumerate(bulk)
+    ]
     return sorted(requests, key=lambda r: r.arrival_s)
 
 
@@ -229,12 +253,13 @@ def describe_ms(values: list[float]) -> dict[str, float | None]:
     }
 
 
-def handoffs(records: list[RequestRecord], eager: int) -> list[RequestRecord]:
-    """The sample requests whose handoff came exactly at `eager` tokens and completed."""
+def handoffs(records: list[RequestRecord], eager: int, kind: str = "sample") -> list[RequestRecord]:
+    """The requests of `kind` (sample, warmup) whose handoff came exactly at `eager` tokens and
+    completed."""
     return [
         r
         for r in records
-        if r.request_id.startswith("sample:")
+        if r.request_id.startswith(f"{kind}:")
         and r.state == "completed"
         and r.handoff_position == eager
         and r.rld_tokens == eager
@@ -375,6 +400,7 @@ def run_payload(
         run = uvloop.run(run_system("pdd", config, network, requests, scratch))
     origin = run.replay_start_s
     kept_all = handoffs(run.records, eager)
+    warm_all = handoffs(run.records, eager, "warmup")
     cells = {}
     for k, phase in enumerate(plan):
         samples = [r for r in run.records if r.request_id.startswith(f"sample:{k}:")]
@@ -383,8 +409,12 @@ def run_payload(
             (r for r in eager_ok if _within(window(r, origin), phase)),
             key=lambda r: r.arrival_s,
         )
+        warm = sorted((r for r in warm_all if phase_of(r) == k), key=lambda r: r.arrival_s)
         cells[phase.cell] = {
             "records": inside,
+            "warmup_records": warm,
+            "warmup_sent": phase.warmup,
+            "bulk_requests": len(phase.bulk_s),
             "samples_sent": len(samples),
             "samples_failed": sum(1 for r in samples if r.state != "completed"),
             "outside_phase": len(eager_ok) - len(inside),
@@ -443,6 +473,9 @@ def benchmark(
             "phase_tail_s": PHASE_TAIL_S,
             "bulk_prompt_tokens": BULK_PROMPT_TOKENS,
             "bulk_interval_s": BULK_INTERVAL_S,
+            "bulk_clear_s": BULK_CLEAR_S,
+            "bulk": "paced alike in every phase",
+            "warmup_samples_per_phase": WARMUP_SAMPLES,
             "wan": {"rate_bps": base.wan.rate_bps, "delay_s": base.wan.delay_s},
             "jitters_ms": list(JITTERS_MS),
             "qdiscs": list(QDISCS),
@@ -452,8 +485,11 @@ def benchmark(
         "runs": [],
     }
     extra: dict[Cell, dict[str, Any]] = {}
+    warmups: dict[Cell, list[list[RequestRecord]]] = {}  # per cell, one list per round
     round_of: dict[int, int] = {}  # id(record) -> the round (deployments) that measured it
     rounds_run = 0
+    offset = bulk_offset(seed)
+    result["setup"]["bulk_offset_s"] = round(offset, 3)
     started, load_before = time.time(), os.getloadavg()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -462,7 +498,7 @@ def benchmark(
             nonlocal rounds_run
             got: dict[Cell, list[RequestRecord]] = {}
             for payload in PAYLOADS:
-                plan = phases([(c, n) for c, n in asks.items() if c.payload == payload])
+                plan = phases([(c, n) for c, n in asks.items() if c.payload == payload], offset)
                 if not plan:
                     continue
                 where = Path(scratch) / f"run-{len(result['runs'])}"
@@ -489,6 +525,7 @@ def benchmark(
                 result["runs"].append(cost)
                 for cell, measured in cells.items():
                     got[cell] = measured.pop("records")
+                    warmups.setdefault(cell, []).append(measured.pop("warmup_records"))
                     for record in got[cell]:
                         round_of[id(record)] = rounds_run
                     totals = extra.setdefault(cell, {"rounds": 0, "valid": True})
@@ -523,6 +560,7 @@ def benchmark(
                     [round(r.handoff_latency_s * 1e3, 2) for r in one if r.handoff_latency_s]
                     for one in by_round
                 ],
+                "warmup": warmup_summary(warmups[cell]),
                 "independence": {
                     **lag1_autocorrelation(
                         [
@@ -538,6 +576,18 @@ def benchmark(
     result["host_load"] = {"before": load_before[0], "after": os.getloadavg()[0]}
     judge(result)
     return result
+
+
+def warmup_summary(rounds: list[list[RequestRecord]]) -> dict[str, Any]:
+    """A cell's warm-up handoffs (each phase's first WARMUP_SAMPLES), kept out of its figures
+    but shown: a deployment's first handoffs and those right after the WAN's settings change
+    are the slow ones."""
+    latencies = [[r.handoff_latency_s for r in one if r.handoff_latency_s] for one in rounds]
+    return {
+        "handoffs": sum(len(one) for one in latencies),
+        "md_latency_ms": describe_ms([x for one in latencies for x in one]),
+        "md_latency_ms_by_round": [[round(x * 1e3, 2) for x in one] for one in latencies],
+    }
 
 
 def judge(result: dict[str, Any]) -> None:
