@@ -15,13 +15,16 @@ config except what the setup states. A cell is a payload x WAN jitter x queueing
 The cells of one payload differ only in what the WAN's schedule sets live (jitter, queueing
 discipline), so they share one deployment: one phase each, in turn, the schedule switching
 the WAN at each phase's start. In a phase:
-- sample requests, paced SAMPLE_SPACING_S apart: fresh prompts small enough that MD holds
-  their KV well before the relay has streamed `eager_tokens` tokens; the relay hands over
-  one-shot at exactly that position (`policy.handoff_after_eager_tokens`); a handoff counts
-  when the relay delivered exactly `eager_tokens` tokens and MD the rest, and the handoff (the
-  relay's first part to MD's first token) lies inside the phase;
-- bulk requests throughout the run (Poisson, one per BULK_INTERVAL_S): fresh 64K-token prompts
-  of one output token, whose KV crosses the WAN while the samples hand over (the queueing
+- requests paced SAMPLE_SPACING_S apart: fresh prompts small enough that MD holds their KV
+  well before the relay has streamed `eager_tokens` tokens; the relay hands over one-shot at
+  exactly that position (`policy.handoff_after_eager_tokens`); a handoff counts when the relay
+  delivered exactly `eager_tokens` tokens and MD the rest, and the handoff (the relay's first
+  part to MD's first token) lies inside the phase. The first WARMUP_SAMPLES are warm-ups:
+  reported per cell apart (`warmup`), never in its figures (a deployment's first handoffs are
+  slow);
+- bulk requests paced alike in every phase (`phases`): fresh 64K-token prompts of one output
+  token, at the same offsets from each phase's start (the first drawn once from the seed, then
+  one per BULK_INTERVAL_S), whose KV crosses the WAN while the samples hand over (the queueing
   PDD's KV-delta suffers from); the anomaly filter is off so their transfers are not cut off.
 A cell keeps sending samples until it has N handoffs (`measure`): a round sends each short
 cell its shortfall plus a margin, in one deployment per payload, until no cell is short; a cell
