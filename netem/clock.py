@@ -257,6 +257,8 @@ class SharedClock:
     def _locked(self) -> Iterator[None]:
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
+            if _SEQ.unpack_from(self._page, SEQ_AT)[0] & 1:  # its last holder died writing
+                self._recover()  # (or this writer's own reading of the anchor would wait)
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

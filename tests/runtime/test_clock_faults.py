@@ -156,8 +156,12 @@ def test_a_kill_inside_the_anchors_write_leaves_no_reader_waiting(tmp_path: Path
     shared = SharedClock.create(page, rate=1.0)
     try:
         _killed_at_in(_participant(page, DIES_MID_ANCHOR))
+        me = shared.claim("other")
+        shared.hold(me, 0.0)  # a writer (which reads the anchor under the lock) mends it
+        shared.release(me)
+        _killed_at_in(_participant(page, DIES_MID_ANCHOR))
         started = time.monotonic()
-        first = shared.now()  # a reader finds the write under way with no writer, and mends it
+        first = shared.now()  # a reader finds it under way with no writer, and mends it
         assert time.monotonic() - started < 2.0
         time.sleep(0.05)
         assert shared.now() > first + 0.04
