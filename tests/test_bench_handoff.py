@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 
 import pytest
 
@@ -236,3 +237,18 @@ def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch
         assert cell["warmup"]["md_latency_ms"]["mean"] == pytest.approx(500.0)
         assert all(x < 100 for one in cell["md_latency_ms_by_round"] for x in one)
         assert cell["bulk_requests"] == len(deployments[0][0].bulk_s)
+
+
+def test_the_last_phase_counts_retransmits_up_to_the_closing_reading() -> None:
+    """The run ends before its last phase's tail does (its bulk stops 6 s before the end), so
+    no reading lies at or after that phase's end: the closing reading stands for it, unless
+    the readings stopped early."""
+    counters = object.__new__(bench_handoff.TcpCounters)
+    counters.readings = [(0.0, 0), (1.0, 5), (2.0, 9)]
+    counters.error = None
+    counters._thread = threading.Thread(target=lambda: None)  # never started: not alive
+    assert counters.between(0.5, 1.5) == 4
+    assert counters.between(0.5, 3.0) == 4
+    assert counters.between(0.0, 3.0) == 9
+    counters.error = "TCP counters stopped: gone"
+    assert counters.between(0.5, 3.0) is None

@@ -378,8 +378,12 @@ class TcpCounters:
 
     def between(self, start: float, end: float) -> int | None:
         """Retransmitted from modelled time `start` to `end` (the first readings at or after
-        each: the span is late by up to POLL_S of wall time at both ends)."""
+        each: the span is late by up to POLL_S of wall time at both ends). A span that ends
+        after the run did (the last phase's tail) ends at the closing reading, taken when the
+        run had ended, unless the readings stopped early."""
         at = [next((n for t, n in self.readings if t >= edge), None) for edge in (start, end)]
+        if at[1] is None and self.error is None and not self._thread.is_alive():
+            at[1] = self.readings[-1][1] if self.readings else None
         if at[0] is None or at[1] is None:
             return None
         return at[1] - at[0]
