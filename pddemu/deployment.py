@@ -36,7 +36,7 @@ from netem.topology import Network
 from pddemu.config import Config, config_to_json
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.auth import RunSecret
-from pddemu.runtime.clock import ModelledClock, pause_process
+from pddemu.runtime.clock import ModelledClock, PauseError, pause_process
 
 BASE_PORT = 7100
 HOST_OF_ROLE = {"FE": "a", "P": "a", "RLD": "a2", "D": "a2", "MD": "b"}
@@ -254,11 +254,18 @@ class Deployment:
         if name not in self.processes:
             raise DeploymentError(f"{self.system} has no instance {name!r}")
         if self.alive(name):
-            pause_process(self.clock.source, self.processes[name].pid)
+            try:
+                pause_process(self.clock.source, self.processes[name].pid)
+            except PauseError as error:
+                raise DeploymentError(f"{name} not paused: {error}") from error
         self.paused.add(name)
         self._record(name, "paused", at_s)
 
     def resume(self, name: str, at_s: float | None = None) -> None:
+        """SIGCONT to a paused instance. Only to a paused one: a running instance's handler of
+        SIGCONT could land inside its own clock write and wait on it for good."""
+        if name not in self.paused:
+            raise DeploymentError(f"{self.system}'s {name} is not paused")
         self._signal(name, signal.SIGCONT)
         self.paused.discard(name)
         self._record(name, "resumed", at_s)

@@ -31,6 +31,7 @@ from typing import Any
 from netem.schedule import Schedule, parse_schedule
 from netem.spec import LossModel
 from netem.units import UnitError, parse_duration
+from pddemu.deployment import DeploymentError
 
 ACTIONS = ("kill", "pause", "resume", "restart")
 INSTANCE = re.compile(r"(P|RLD|MD|D)[0-9]+")  # the frontend is the run's own, not a target
@@ -153,14 +154,17 @@ async def inject(
         for at, action, name in steps:
             await sleep_until(start_s + at)
             when = now()
-            if action == "kill":
-                deployment.kill(name, when)
-            elif action == "pause":
-                deployment.pause(name, when)
-            elif action == "resume":
-                deployment.resume(name, when)
-            else:
-                await deployment.restart(name, when)
+            try:
+                if action == "kill":
+                    deployment.kill(name, when)
+                elif action == "pause":
+                    deployment.pause(name, when)
+                elif action == "resume":
+                    deployment.resume(name, when)
+                else:
+                    await deployment.restart(name, when)
+            except DeploymentError as error:
+                skipped.append(f"{action}={name} at {at:g} s: {error}")
             done += 1
     except asyncio.CancelledError:
         skipped += [f"{a}={n} at {t:g} s: the replay ended first" for t, a, n in steps[done:]]

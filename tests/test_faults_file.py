@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from pddemu.faults import FaultError, InstanceFault, split_faults
+from pddemu.deployment import DeploymentError
+from pddemu.faults import FaultError, InstanceFault, inject, split_faults
 
 TEXT = """# a scenario's faults
 10    link=down
@@ -55,3 +58,47 @@ def test_a_faults_files_link_events_join_the_wans_on_one_timeline(tmp_path) -> N
     wan.write_text("10 link=down\n12 link=up\n20 repeat\n")
     with pytest.raises(SpecError, match="cannot join a \\[wan\\] schedule that repeats"):
         Timeline.load(wan, faults)
+
+
+class RefusingDeployment:
+    """Stands in for a Deployment: it knows P0 and MD0, refuses to resume one not paused (as
+    the real one does: SIGCONT to a running instance could land inside its own clock write),
+    and refuses to pause MD0 (a thread that would not stop)."""
+
+    specs = {"P0": None, "MD0": None}
+
+    def __init__(self) -> None:
+        self.paused: set[str] = set()
+        self.done: list[str] = []
+
+    def pause(self, name: str, when: float) -> None:
+        if name == "MD0":
+            raise DeploymentError("MD0 not paused: process 7 did not stop within 5 s")
+        self.paused.add(name)
+        self.done.append(f"pause={name}")
+
+    def resume(self, name: str, when: float) -> None:
+        if name not in self.paused:
+            raise DeploymentError(f"{name} is not paused")
+        self.paused.discard(name)
+        self.done.append(f"resume={name}")
+
+
+def test_a_fault_the_deployment_refuses_is_skipped_with_its_reason_and_the_rest_go_on() -> None:
+    faults = (
+        InstanceFault(1.0, "resume", "P0"),  # never paused
+        InstanceFault(2.0, "pause", "MD0", 1.0),  # does not stop: its resume is refused too
+        InstanceFault(4.0, "pause", "P0", 1.0),
+    )
+    deployment, skipped = RefusingDeployment(), []
+
+    async def no_wait(at: float) -> None:
+        return None
+
+    asyncio.run(inject(faults, deployment, lambda: 0.0, no_wait, 0.0, skipped))
+    assert deployment.done == ["pause=P0", "resume=P0"]
+    assert skipped == [
+        "resume=P0 at 1 s: P0 is not paused",
+        "pause=MD0 at 2 s: MD0 not paused: process 7 did not stop within 5 s",
+        "resume=MD0 at 3 s: MD0 is not paused",
+    ]

@@ -193,8 +193,8 @@ def schedule_text(plan: list[Phase]) -> str:
 
 
 def bulk_offset(seed: int) -> float:
-    """Where, after a phase's first measured sample, its first bulk request arrives: drawn
-    once per benchmark from its seed, the same in every phase and deployment."""
+    """Where, after a phase's start, its first bulk request arrives: drawn once per benchmark
+    from its seed, the same in every phase and deployment."""
     return float(np.random.default_rng(seed).uniform(0.0, BULK_INTERVAL_S))
 
 

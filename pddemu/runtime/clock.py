@@ -295,17 +295,26 @@ class InstantHold:
         self.clock._instant_released()
 
 
+class PauseError(RuntimeError):
+    """A pause fault could not be carried out (the process was resumed as it was)."""
+
+
 def pause_process(source: SharedClock | FixedRate, pid: int) -> list[str]:
     """SIGSTOP process `pid` (a pause fault) without freezing the run: a hold of its (genuine
     work under way) would stand the clock still until its resume, whose modelled time would
     then never come. On a shared clock its holds are released once every thread of it has
     stopped, the page's writers excluded meanwhile (`SharedClock.stop_participant`); resumed,
     it holds again as before, and what the pause made late is the fault's (`pause` lag).
-    Returns the names of the slots whose hold was released."""
+    Returns the names of the slots whose hold was released; PauseError (the process resumed,
+    no hold released) if a thread of it does not stop in time."""
 
     def stop() -> None:
         os.kill(pid, signal.SIGSTOP)
-        wait_stopped(pid)
+        if not wait_stopped(pid):
+            # A thread that does not stop could still take the writers' lock once this lets
+            # go: releasing its holds would bring back the freeze. Undo the pause instead.
+            os.kill(pid, signal.SIGCONT)
+            raise PauseError(f"process {pid} did not stop within {STOP_TIMEOUT_S:g} s")
 
     if isinstance(source, SharedClock):
         return source.stop_participant(pid, stop)

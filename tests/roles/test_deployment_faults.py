@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 import uvloop
 
-from pddemu.deployment import Deployment
+from pddemu.deployment import Deployment, DeploymentError
 from tests.conftest import require_namespaces
 from tests.roles.harness import Emulation, scenario_config
 
@@ -75,6 +76,8 @@ def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> Non
                 await until(lambda: not deployment.alive("P0"), "P0 gone")
                 await deployment.restart("P0")
                 assert deployment.processes["P0"].pid != first and deployment.alive("P0")
+                with pytest.raises(DeploymentError, match="P0 is not paused"):
+                    deployment.resume("P0")  # no SIGCONT to a running instance
                 os.kill(deployment.processes["MD1"].pid, signal.SIGKILL)  # nobody planned this
                 await until(lambda: deployment.unplanned, "the death noticed")
                 stats = await deployment.stats()

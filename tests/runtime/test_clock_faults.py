@@ -20,8 +20,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from netem.clock import SharedClock
-from pddemu.runtime.clock import pause_process, wait_stopped
+from pddemu.runtime import clock as runtime_clock
+from pddemu.runtime.clock import PauseError, pause_process, wait_stopped
 from pddemu.runtime.dilation import Dilation, DilationPolicy
 
 IN_LOCK_S = 0.3  # wall seconds the participant stays inside the writers' lock each time
@@ -82,6 +85,31 @@ def test_a_pause_inside_a_hold_and_the_writers_lock_leaves_the_clock_running(
         while not any(r.name == "MD0" and r.hold_at < float("inf") for r in shared.slots()):
             assert time.monotonic() < deadline, "the resumed participant did not hold again"
             time.sleep(0.01)
+    finally:
+        participant.kill()
+        participant.wait()
+        shared.close()
+
+
+def test_a_pause_that_does_not_take_is_undone_and_keeps_the_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that never stops (in an uninterruptible wait, stood in for here) could take the
+    writers' lock once the pause lets go of it: the pause is undone, the process runs on."""
+    monkeypatch.setattr(runtime_clock, "wait_stopped", lambda pid: False)
+    page = tmp_path / "clock"
+    shared = SharedClock.create(page, rate=1.0)
+    participant = _participant(page, PARTICIPANT, "0.01")
+    try:
+        assert participant.stdout is not None
+        assert participant.stdout.readline() == "in\n"
+        with pytest.raises(PauseError, match=f"process {participant.pid} did not stop"):
+            pause_process(shared, participant.pid)
+        deadline = time.monotonic() + 5.0
+        while _state(participant.pid) == "T":  # SIGCONT takes effect when next scheduled
+            assert time.monotonic() < deadline, "the pause was not undone"
+            time.sleep(0.01)
+        assert participant.stdout.readline() == "in\n"  # running: in the lock again
     finally:
         participant.kill()
         participant.wait()
