@@ -314,8 +314,13 @@ class SharedClock:
         """Give a slot back (its hold, if any, is released first)."""
         self.release(index)
         with self._locked():
-            self._page[_slot_at(index) : _slot_at(index) + SLOT_BYTES] = bytes(SLOT_BYTES)
-            _SLOT_HOLD.pack_into(self._page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
+            # The hold stays at inf throughout (released above), so a kill between these writes
+            # leaves at worst a slot holding nothing, never a nameless one holding at 0.
+            at = _slot_at(index)
+            hold_end = at + SLOT_HOLD_AT + _SLOT_HOLD.size
+            self._page[at : at + SLOT_HOLD_AT] = bytes(SLOT_HOLD_AT)
+            self._page[hold_end : at + SLOT_BYTES] = bytes(at + SLOT_BYTES - hold_end)
+            _SLOT_HOLD.pack_into(self._page, at + SLOT_HOLD_AT, math.inf, 0.0)
 
     def recover(self) -> bool:
         """Make the page whole again if a writer died inside its critical section (SIGKILL,

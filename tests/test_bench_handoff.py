@@ -226,17 +226,19 @@ def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch
         return cells, {"valid": True, "wall_s": 1.0}
 
     monkeypatch.setattr(bench_handoff, "run_payload", fake_run_payload)
-    result = benchmark(6, 100, only_qdiscs=("prio",), only_jitters_ms=(0.0, 10.0))
+    # 15 samples: a phase long enough for a bulk request (at 6 it would meet none, and the
+    # bulk check below would compare 0 with 0)
+    result = benchmark(15, 100, only_qdiscs=("prio",), only_jitters_ms=(0.0, 10.0))
     assert len(deployments) == 2  # one per payload, every cell's phase in it
     assert all(p.warmup == WARMUP_SAMPLES for plan in deployments for p in plan)
     assert result["setup"]["warmup_samples_per_phase"] == WARMUP_SAMPLES
     assert result["setup"]["bulk_offset_s"] == pytest.approx(bulk_offset(0), abs=1e-3)
     for cell in result["cells"]:
-        assert cell["handoffs"] >= 6 and cell["md_latency_ms"]["max"] == pytest.approx(80.0)
+        assert cell["handoffs"] >= 15 and cell["md_latency_ms"]["max"] == pytest.approx(80.0)
         assert cell["warmup"]["handoffs"] == WARMUP_SAMPLES
         assert cell["warmup"]["md_latency_ms"]["mean"] == pytest.approx(500.0)
         assert all(x < 100 for one in cell["md_latency_ms_by_round"] for x in one)
-        assert cell["bulk_requests"] == len(deployments[0][0].bulk_s)
+        assert cell["bulk_requests"] == len(deployments[0][0].bulk_s) >= 1
 
 
 def test_the_last_phase_counts_retransmits_up_to_the_closing_reading() -> None:

@@ -196,7 +196,11 @@ def test_slots_are_claimed_counted_and_freed(page: Path, wall: FakeWall) -> None
     clock.free(first)
     assert clock.slots() == []
     assert clock.anchor().hold == math.inf  # a freed slot's hold goes with it
-    for i in range(MAX_SLOTS):
+    again = clock.claim("MD0", pid=456)  # the freed slot, wiped: nothing of FE0's left
+    (report,) = clock.slots()
+    assert again == first and (report.name, report.pid, report.lags) == ("MD0", 456, 0)
+    assert (report.hold_at, report.frozen_wall_s, report.lag_sum_s) == (math.inf, 0.0, 0.0)
+    for i in range(MAX_SLOTS - 1):
         clock.claim(f"p{i}")
     with pytest.raises(ClockError, match="slots are taken"):
         clock.claim("one too many")
