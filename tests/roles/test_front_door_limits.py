@@ -154,3 +154,30 @@ def test_sizes_a_client_sends_are_bounded() -> None:
             await task
 
     asyncio.run(scenario())
+
+
+def test_serves_verdict_reaches_the_frontends_stats_and_only_with_the_runs_secret() -> None:
+    """`pddemu serve` posts its lag verdict to /admin/verdict; /stats shows it. Without the
+    run's secret the post is refused and the verdict stays as it was."""
+
+    async def scenario() -> None:
+        fe, task, url, key = await running_frontend()
+        verdict = {"as_of_s": 5.0, "valid": False, "invalid_reason": "step lag", "lag": {}}
+        try:
+            async with aiohttp.ClientSession() as stranger:
+                async with stranger.post(url + "/admin/verdict", json=verdict) as reply:
+                    assert reply.status == 401
+            async with aiohttp.ClientSession(headers=key) as session:
+                async with session.get(url + "/stats") as reply:
+                    assert (await reply.json())["verdict"] is None
+                async with session.post(url + "/admin/verdict", json=verdict) as reply:
+                    assert reply.status == 200
+                async with session.post(url + "/admin/verdict", json=[1]) as reply:
+                    assert reply.status == 400  # not an object: refused, the last one kept
+                async with session.get(url + "/stats") as reply:
+                    assert (await reply.json())["verdict"] == verdict
+        finally:
+            fe.stopping.set()
+            await task
+
+    asyncio.run(scenario())
