@@ -121,9 +121,10 @@ def test_p_and_md_killed_mid_run(emulation: Emulation) -> None:
 def test_p_killed_mid_prefill_is_retried_once_on_the_other_p(emulation: Emulation) -> None:
     """The first request (the least-loaded pick: P0) is still in its 32K-token prefill when P0
     dies: it is routed again from the start on P1 (one retry), and what P0 had begun sending
-    is cut on the receiving side and counted there. At the default share of frozen time: at
-    the scenarios' 0.5 the clock ran so fast on a loaded host that MD0 had not yet taken in
-    P0's transfer when P0 died (2 runs of 2 unlocked at load 3-5: MD0's cut 0, not 1)."""
+    is cut on the receiving side and counted there. Whether MD0, across the WAN, had taken
+    in P0's transfer by the kill depends on the host (at the scenarios' frozen share of 0.5,
+    2 of 2 unlocked runs at load 3-5 found it had not; at the default, 1 of 2 CI runs): its
+    cut is 0 or 1, the relay's (same DC) is 1."""
     config = with_systems(emulation.config)
     config = config.model_copy(
         update={"scale": config.scale.model_copy(update={"frozen_share": 0.01})}
@@ -141,9 +142,9 @@ def test_p_killed_mid_prefill_is_retried_once_on_the_other_p(emulation: Emulatio
     assert actions(result, "P0") == {"routed"}
     assert seen_within(result, "P0", "killed", OUT) < DETECT_WITHIN_S
     cut = {name: stats[name]["transfers_cut"] for name in ("RLD0", "MD0", "MD1")}
-    # P0 was streaming the KV to both (its prefill steps hold the clock, so 0.3 s comes
-    # after routing, before the prefill ends); P1's transfers all finished
-    assert cut == {"RLD0": 1, "MD0": 1, "MD1": 0}
+    # P0 was streaming the KV to the relay (its prefill steps hold the clock, so 0.3 s comes
+    # after routing, before the prefill ends) and maybe already to MD0; P1's all finished
+    assert cut["RLD0"] == 1 and cut["MD0"] in (0, 1) and cut["MD1"] == 0, cut
 
 
 def test_relay_killed_mid_stream_md_resumes(emulation: Emulation) -> None:
