@@ -26,6 +26,7 @@ from pddemu.bench.handoff import (
     measure,
     merged,
     overlapping,
+    phase_slots,
     phases,
     sample_cap,
     schedule_text,
@@ -39,7 +40,12 @@ PRIO_10 = Cell("kv-delta", 10.0, "prio")
 
 
 def test_each_cell_is_a_phase_of_warmups_then_paced_samples() -> None:
-    plan = phases([(FIFO_2, 4), (Cell("extend", 10.0, "prio"), 3)], bulk_offset_s=1.0, warmup=2)
+    plan = phases(
+        [(FIFO_2, (0, 1, 2, 3)), (Cell("extend", 10.0, "prio"), (0, 2, 3))],
+        size=4,
+        bulk_offset_s=1.0,
+        warmup=2,
+    )
     assert plan[0].start_s == 0.0 and plan[1].start_s == plan[0].end_s
     assert schedule_text(plan).splitlines() == [
         "0.000 jitter=2ms qdisc=fifo",
@@ -56,6 +62,12 @@ def test_each_cell_is_a_phase_of_warmups_then_paced_samples() -> None:
     first_phase = [r.arrival_s for r in sent[:6]]
     assert first_phase[0] == PHASE_LEAD_S
     assert all(b - a == pytest.approx(SAMPLE_SPACING_S) for a, b in itertools.pairwise(first_phase))
+    # a phase sending slots 0, 2, 3 leaves slot 1's point empty and is as long as the first
+    assert [r.request_id for r in sent[6:]] == ["warmup:1:0", "warmup:1:1"] + [
+        f"sample:1:{slot}" for slot in (0, 2, 3)
+    ]
+    assert sent[8].arrival_s - plan[1].start_s == pytest.approx(PHASE_LEAD_S + 2 * SAMPLE_SPACING_S)
+    assert plan[1].end_s - plan[1].start_s == pytest.approx(plan[0].end_s)
     assert all(
         p.start_s + PHASE_LEAD_S <= r.arrival_s < p.end_s
         for p, r in zip([plan[0]] * 6 + [plan[1]] * 5, sent, strict=True)
@@ -72,7 +84,7 @@ def test_bulk_kv_is_paced_alike_in_every_phase_from_the_seed() -> None:
     assert bulk_offset(3) != bulk_offset(4)
     cells = [Cell("kv-delta", j, q) for q in ("fifo", "prio") for j in (2.0, 0.0, 5.0, 10.0)]
     for offset in (0.0, 2.5, bulk_offset(0), BULK_INTERVAL_S - 0.01):
-        plan = phases([(cell, 33) for cell in cells], bulk_offset_s=offset)
+        plan = phases([(cell, tuple(range(33))) for cell in cells], 33, bulk_offset_s=offset)
         relative = {tuple(round(t - p.start_s, 9) for t in p.bulk_s) for p in plan}
         assert len(relative) == 1  # the same count at the same points in every phase
         (points,) = relative
@@ -128,14 +140,18 @@ def test_overlapping_handoffs_and_the_autocorrelation_are_reported() -> None:
 
 def lossy_source(lose_every: int, sent: dict[Cell, int]):
     """A fake sample source: every `lose_every`-th sample of a cell gives no handoff (it missed
-    its phase, or the relay handed over late)."""
+    its phase, or the relay handed over late); a handoff is its slot's number."""
 
-    def run_round(asks: dict[Cell, int]) -> dict[Cell, list[int]]:
+    def run_round(asks: dict[Cell, tuple[int, ...]]) -> dict[Cell, dict[int, int]]:
         got = {}
-        for cell, count in asks.items():
-            numbers = range(sent.get(cell, 0), sent.get(cell, 0) + count)
-            sent[cell] = sent.get(cell, 0) + count
-            got[cell] = [n for n in numbers if lose_every == 0 or n % lose_every != lose_every - 1]
+        for cell, slots in asks.items():
+            numbers = range(sent.get(cell, 0), sent.get(cell, 0) + len(slots))
+            sent[cell] = sent.get(cell, 0) + len(slots)
+            got[cell] = {
+                slot: slot
+                for n, slot in zip(numbers, slots, strict=True)
+                if lose_every == 0 or n % lose_every != lose_every - 1
+            }
         return got
 
     return run_round
@@ -147,12 +163,15 @@ def test_every_cell_gets_at_least_n_handoffs_however_many_samples_miss(lose_ever
     sent: dict[Cell, int] = {}
     kept = measure([FIFO_2, PRIO_10], 40, lossy_source(lose_every, sent))
     assert all(len(kept[cell]) >= 40 for cell in (FIFO_2, PRIO_10))
+    assert all(set(kept[cell]) <= set(range(phase_slots(40))) for cell in kept)
     assert all(sent[cell] <= sample_cap(40) for cell in sent)
 
 
 def test_a_cell_that_cannot_get_its_handoffs_is_named() -> None:
-    def run_round(asks: dict[Cell, int]) -> dict[Cell, list[int]]:
-        return {cell: [] if cell == PRIO_10 else list(range(count)) for cell, count in asks.items()}
+    def run_round(asks: dict[Cell, tuple[int, ...]]) -> dict[Cell, dict[int, int]]:
+        return {
+            cell: {} if cell == PRIO_10 else {s: s for s in slots} for cell, slots in asks.items()
+        }
 
     with pytest.raises(
         ShortCellError, match=r"cell kv-delta, jitter 10 ms, prio: 0 handoffs of 10"
@@ -206,8 +225,8 @@ def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch
             for r in warm:
                 r.handoff_resumed_s = r.handoff_started_s + 0.5
             samples = [
-                record(f"sample:{k}:{i}", eager, at=phase.arrival(phase.warmup + i) + 1.0)
-                for i in range(phase.samples)
+                record(f"sample:{k}:{slot}", eager, at=phase.slot_arrival(slot) + 1.0)
+                for slot in phase.slots
             ]
             for i, r in enumerate(samples):
                 r.handoff_resumed_s = r.handoff_started_s + 0.05 + 0.01 * (i % 4)
@@ -254,3 +273,64 @@ def test_the_last_phase_counts_retransmits_up_to_the_closing_reading() -> None:
     assert counters.between(0.0, 3.0) == 9
     counters.error = "TCP counters stopped: gone"
     assert counters.between(0.5, 3.0) is None
+
+
+def test_top_up_samples_meet_the_bulk_kv_of_their_slot(monkeypatch) -> None:
+    """Top-up rounds (2-6 handoffs in 10 of 16 cells) were short phases of their own with no
+    bulk request in them, pooled into the cells' figures: a confound between cells. A fake
+    deployment loses every sample arriving within 1 s after a bulk request in the first round:
+    the top-up round sends those slots again, each at its own point in a phase as long as the
+    first round's, beside the same bulk KV, and a cell takes one handoff per slot."""
+    deployments = []
+
+    def fake_run_payload(config, plan, eager, seed, scratch):
+        deployments.append(plan)
+        first_round = len(deployments) <= 2
+        cells = {}
+        for k, phase in enumerate(plan):
+            samples = []
+            for slot in phase.slots:
+                at = phase.slot_arrival(slot)
+                if first_round and any(0 <= at - b < 1.0 for b in phase.bulk_s):
+                    continue  # no handoff: a top-up must send this slot again
+                samples.append(record(f"sample:{k}:{slot}", eager, at=at + 1.0))
+            for r in samples:
+                r.handoff_gap_s = r.handoff_stall_s = r.handoff_latency_s
+            cells[phase.cell] = {
+                "records": samples,
+                "warmup_records": [],
+                "bulk_requests": len(phase.bulk_s),
+                "samples_sent": phase.samples,
+                "duplicate_tokens": 0,
+                "gap_tokens": 0,
+                "overlapping_handoffs": 0,
+            }
+        return cells, {"valid": True, "wall_s": 1.0}
+
+    monkeypatch.setattr(bench_handoff, "run_payload", fake_run_payload)
+    result = benchmark(30, 100, only_qdiscs=("fifo",), only_jitters_ms=(2.0, 10.0))
+    assert len(deployments) == 4  # a first round and a top-up, one deployment per payload each
+    first, top_up = deployments[0], deployments[2]
+    assert top_up[0].samples < first[0].samples  # the top-up sends the lost slots only
+
+    def layout(phase):
+        return (
+            round(phase.end_s - phase.start_s, 9),
+            tuple(round(t - phase.start_s, 9) for t in phase.bulk_s),
+        )
+
+    assert first[0].bulk_s and {layout(p) for plan in deployments for p in plan} == {
+        layout(first[0])
+    }
+    lost = [
+        s
+        for s in first[0].slots
+        if any(0 <= first[0].slot_arrival(s) - b < 1 for b in first[0].bulk_s)
+    ]
+    assert top_up[0].slots == tuple(lost)
+    for cell in result["cells"]:
+        assert cell["handoffs"] == phase_slots(30) >= 30  # one handoff per slot, none twice
+        assert [len(one) for one in cell["md_latency_ms_by_round"]] == [
+            phase_slots(30) - len(lost),
+            len(lost),
+        ]

@@ -26,9 +26,14 @@ the WAN at each phase's start. In a phase:
   token, at the same offsets from each phase's start (the first drawn once from the seed, then
   one per BULK_INTERVAL_S), whose KV crosses the WAN while the samples hand over (the queueing
   PDD's KV-delta suffers from); the anomaly filter is off so their transfers are not cut off.
-A cell keeps sending samples until it has N handoffs (`measure`): a round sends each short
-cell its shortfall plus a margin, in one deployment per payload, until no cell is short; a cell
-still short after CAP_FACTOR x N + CAP_EXTRA samples is an error naming it.
+Every phase of a benchmark has the same sample slots (N plus a margin) at the same points
+beside the same bulk KV. A cell keeps sending samples until it has N handoffs (`measure`): the
+first round sends every slot; a round after it sends each short cell's slots that gave no
+handoff yet, each at its own point in a phase of the same length, beside the same bulk KV, in
+one deployment per payload; a cell still short after CAP_FACTOR x N + CAP_EXTRA samples is an
+error naming it. A cell's figures take at most one handoff per slot, so a top-up sample meets
+the bulk KV its slot meets in every other cell (top-ups used to be short phases of their own,
+with no bulk request in them, pooled into the cells they topped up).
 
 The queueing disciplines: `fifo` (the handoff's ids share one queue with the bulk KV) and
 `prio` (the roles mark control and token-id connections AF21, bulk KV AF11, and `prio` serves
@@ -120,19 +125,25 @@ def sample_cap(wanted: int) -> int:
     return CAP_FACTOR * wanted + CAP_EXTRA
 
 
+def phase_slots(wanted: int) -> int:
+    """The sample slots of every phase: `wanted` plus MARGIN (a few miss their phase)."""
+    return math.ceil(wanted * MARGIN)
+
+
 def measure(
     cells: Iterable[Cell],
     wanted: int,
-    run_round: Callable[[dict[Cell, int]], dict[Cell, list[T]]],
-) -> dict[Cell, list[T]]:
-    """Each cell's measured handoffs, at least `wanted` of them: `run_round` is asked for a
-    number of samples per cell and answers with the handoffs they gave (some samples give none);
-    rounds go on for the cells still short, each asking the shortfall plus MARGIN. Raises
-    ShortCellError, naming the cell, when a short cell has sent its `sample_cap` samples."""
-    kept: dict[Cell, list[T]] = {cell: [] for cell in cells}
+    run_round: Callable[[dict[Cell, tuple[int, ...]]], dict[Cell, dict[int, T]]],
+) -> dict[Cell, dict[int, T]]:
+    """Each cell's measured handoffs by slot, at least `wanted` of them: `run_round` is asked
+    which slots to send per cell and answers with the handoffs they gave, by slot (some give
+    none). The first round sends every slot; rounds go on for the cells still short, each
+    sending the slots without a handoff. Raises ShortCellError, naming the cell, when a short
+    cell has sent its `sample_cap` samples."""
+    kept: dict[Cell, dict[int, T]] = {cell: {} for cell in cells}
     sent = dict.fromkeys(kept, 0)
-    cap = sample_cap(wanted)
-    while short := {cell: wanted - len(got) for cell, got in kept.items() if len(got) < wanted}:
+    cap, size = sample_cap(wanted), phase_slots(wanted)
+    while short := [cell for cell, got in kept.items() if len(got) < wanted]:
         stuck = [cell for cell in short if sent[cell] >= cap]
         if stuck:
             raise ShortCellError(
@@ -143,45 +154,60 @@ def measure(
                 )
             )
         asks = {
-            cell: min(cap - sent[cell], math.ceil(need * MARGIN)) for cell, need in short.items()
+            cell: tuple(slot for slot in range(size) if slot not in kept[cell])[: cap - sent[cell]]
+            for cell in short
         }
         got = run_round(asks)
-        for cell, count in asks.items():
-            sent[cell] += count
-            kept[cell] += got.get(cell, [])
+        for cell, slots in asks.items():
+            sent[cell] += len(slots)
+            kept[cell].update((slot, h) for slot, h in got.get(cell, {}).items() if slot in slots)
     return kept
 
 
 @dataclass(frozen=True)
 class Phase:
     cell: Cell
-    samples: int  # measured samples, after the warm-up ones
+    slots: tuple[int, ...]  # the sample slots sent in this phase (a top-up sends a few)
+    size: int  # the sample slots of every phase: they fix its length and bulk KV
     start_s: float  # modelled seconds from the replay's start: the WAN takes its settings
     end_s: float  # the next phase's start
     warmup: int = WARMUP_SAMPLES
     bulk_s: tuple[float, ...] = ()  # the bulk requests' arrivals, from the replay's start
 
+    @property
+    def samples(self) -> int:
+        return len(self.slots)
+
     def arrival(self, i: int) -> float:
-        """The i-th request's arrival: warm-ups first (i < warmup), then the samples."""
+        """The i-th position's arrival: warm-ups first (i < warmup), then the slots."""
         return self.start_s + PHASE_LEAD_S + i * SAMPLE_SPACING_S
+
+    def slot_arrival(self, slot: int) -> float:
+        return self.arrival(self.warmup + slot)
 
 
 def phases(
-    asks: list[tuple[Cell, int]], bulk_offset_s: float = 0.0, warmup: int = WARMUP_SAMPLES
+    asks: list[tuple[Cell, tuple[int, ...]]],
+    size: int,
+    bulk_offset_s: float = 0.0,
+    warmup: int = WARMUP_SAMPLES,
 ) -> list[Phase]:
-    """One phase per cell, back to back from the replay's start. Every phase paces its bulk
-    requests alike: one `bulk_offset_s` after the phase's start, then one every
-    BULK_INTERVAL_S, the last at least BULK_CLEAR_S before the phase ends (so its KV has
-    crossed before the next phase's samples): phases of one size meet the same bulk KV at the
-    same points, whatever the cell."""
+    """One phase per cell, back to back from the replay's start, each `size` slots long
+    whichever of its slots it sends. Every phase paces its bulk requests alike: one
+    `bulk_offset_s` after the phase's start, then one every BULK_INTERVAL_S, the last at least
+    BULK_CLEAR_S before the phase ends (so its KV has crossed before the next phase's
+    samples): a slot meets the same bulk KV at the same point in every phase, whatever the
+    cell or round."""
     out, at = [], 0.0
-    for cell, samples in asks:
-        end = at + PHASE_LEAD_S + (warmup + samples - 1) * SAMPLE_SPACING_S + PHASE_TAIL_S
-        room = end - BULK_CLEAR_S - at - bulk_offset_s
-        count = math.floor(room / BULK_INTERVAL_S) + 1 if room >= 0 else 0
+    length = PHASE_LEAD_S + (warmup + size - 1) * SAMPLE_SPACING_S + PHASE_TAIL_S
+    room = length - BULK_CLEAR_S - bulk_offset_s
+    count = math.floor(room / BULK_INTERVAL_S) + 1 if room >= 0 else 0
+    for cell, slots in asks:
+        if any(not 0 <= slot < size for slot in slots):
+            raise ValueError(f"slots {slots} outside a phase of {size}")
         bulk = tuple(at + bulk_offset_s + m * BULK_INTERVAL_S for m in range(count))
-        out.append(Phase(cell, samples, at, end, warmup, bulk))
-        at = end
+        out.append(Phase(cell, tuple(slots), size, at, at + length, warmup, bulk))
+        at += length
     return out
 
 
@@ -206,17 +232,18 @@ def workload(config: Config, plan: list[Phase], eager: int, seed: int) -> list[W
     """Each phase's warm-ups and samples, paced, and its bulk requests, paced alike."""
     rng = np.random.default_rng(seed)
     scale = config.scale.token_scale
-    requests = [
-        _request(
-            request_id("warmup", k, i) if i < p.warmup else request_id("sample", k, i - p.warmup),
-            p.arrival(i),
-            SAMPLE_PROMPT_TOKENS,
-            eager + SAMPLE_EXTRA_OUTPUT,
-            scale,
-            rng,
-        )
+    sent = [
+        (request_id("warmup", k, i), p.arrival(i))
         for k, p in enumerate(plan)
-        for i in range(p.warmup + p.samples)
+        for i in range(p.warmup)
+    ] + [
+        (request_id("sample", k, slot), p.slot_arrival(slot))
+        for k, p in enumerate(plan)
+        for slot in p.slots
+    ]
+    requests = [
+        _request(rid, at, SAMPLE_PROMPT_TOKENS, eager + SAMPLE_EXTRA_OUTPUT, scale, rng)
+        for rid, at in sorted(sent, key=lambda x: x[1])
     ]
     bulk = [t for p in plan for t in p.bulk_s]
     requests += [
@@ -272,6 +299,10 @@ def handoffs(records: list[RequestRecord], eager: int, kind: str = "sample") -> 
 
 def phase_of(record: RequestRecord) -> int:
     return int(record.request_id.split(":")[1])
+
+
+def slot_of(record: RequestRecord) -> int:
+    return int(record.request_id.split(":")[2])
 
 
 def window(record: RequestRecord, origin: float) -> tuple[float, float] | None:
@@ -483,6 +514,9 @@ def benchmark(
             "bulk_clear_s": BULK_CLEAR_S,
             "bulk": "paced alike in every phase",
             "warmup_samples_per_phase": WARMUP_SAMPLES,
+            "slots_per_phase": phase_slots(samples),
+            "top_up": "a short cell's slots without a handoff, in a phase of the same length "
+            "beside the same bulk KV",
             "wan": {"rate_bps": base.wan.rate_bps, "delay_s": base.wan.delay_s},
             "jitters_ms": list(JITTERS_MS),
             "qdiscs": list(QDISCS),
@@ -501,11 +535,15 @@ def benchmark(
 
     with tempfile.TemporaryDirectory() as scratch:
 
-        def run_round(asks: dict[Cell, int]) -> dict[Cell, list[RequestRecord]]:
+        def run_round(asks: dict[Cell, tuple[int, ...]]) -> dict[Cell, dict[int, RequestRecord]]:
             nonlocal rounds_run
-            got: dict[Cell, list[RequestRecord]] = {}
+            got: dict[Cell, dict[int, RequestRecord]] = {}
             for payload in PAYLOADS:
-                plan = phases([(c, n) for c, n in asks.items() if c.payload == payload], offset)
+                plan = phases(
+                    [(c, slots) for c, slots in asks.items() if c.payload == payload],
+                    phase_slots(samples),
+                    offset,
+                )
                 if not plan:
                     continue
                 where = Path(scratch) / f"run-{len(result['runs'])}"
@@ -531,9 +569,9 @@ def benchmark(
                 cells, cost = run_payload(config, plan, eager, seed + len(result["runs"]), where)
                 result["runs"].append(cost)
                 for cell, measured in cells.items():
-                    got[cell] = measured.pop("records")
+                    got[cell] = {slot_of(r): r for r in measured.pop("records")}
                     warmups.setdefault(cell, []).append(measured.pop("warmup_records"))
-                    for record in got[cell]:
+                    for record in got[cell].values():
                         round_of[id(record)] = rounds_run
                     totals = extra.setdefault(cell, {"rounds": 0, "valid": True})
                     totals["rounds"] += 1
@@ -546,7 +584,7 @@ def benchmark(
 
         kept = measure(grid, samples, run_round)
     for cell in grid:
-        records = kept[cell]
+        records = [kept[cell][slot] for slot in sorted(kept[cell])]
         totals = extra[cell]
         by_round = [
             [r for r in records if round_of[id(r)] == k]
