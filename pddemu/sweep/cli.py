@@ -35,7 +35,13 @@ from typing import Any
 from netem.signals import on_termination, raise_keyboard_interrupt
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
-from pddemu.sweep.capacity import PREFILL_CAPACITY, start_rate
+from pddemu.sweep.capacity import (
+    PREFILL_BOUNDS,
+    PREFILL_CAPACITY,
+    START_RATES,
+    start_bounds,
+    start_rate,
+)
 from pddemu.sweep.driver import RATE_KEY, SearchGroup, Sweep, run_searches
 from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_cpus
 from pddemu.sweep.experiment import apply_experiment, experiment_parts
@@ -99,8 +105,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--rate-start",
         type=rate_start,
-        help=f"req/s, or {PREFILL_CAPACITY} (each system's P capacity with no prompt cached; "
-        "default: the config's arrival_rate, else 1)",
+        help=f"req/s, {PREFILL_CAPACITY} (each system's P capacity with no prompt cached) or "
+        f"{PREFILL_BOUNDS} (P's capacity with an ideal cache, then with none; default: the "
+        "config's arrival_rate, else 1)",
     )
     parser.add_argument(
         "--rate-tolerance",
@@ -301,16 +308,18 @@ def search(
                 system,
                 GoodputSearch(
                     args.slo_attainment,
-                    _start(start, args.config, overrides, settings, system, seeds),
+                    first,
                     args.rate_min,
                     args.rate_max,
                     args.rate_tolerance,
                     args.max_probes,
+                    lower,
                 ),
                 {},
             )
             for settings in grid_settings(grid)
             for system in systems
+            for first, lower in [_start(start, args.config, overrides, settings, system, seeds)]
         ]
     except SearchError as error:
         raise ConfigError(str(error)) from None
@@ -336,14 +345,14 @@ def search(
 
 
 def rate_start(text: str) -> float | str:
-    """--rate-start: a rate, or the name of a rate derived from the deployment."""
-    if text == PREFILL_CAPACITY:
+    """--rate-start: a rate, or the name of rates derived from the deployment."""
+    if text in START_RATES:
         return text
     try:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"must be a number or {PREFILL_CAPACITY}, got {text!r}"
+            f"must be a number, {PREFILL_CAPACITY} or {PREFILL_BOUNDS}, got {text!r}"
         ) from None
 
 
@@ -354,12 +363,20 @@ def _start(
     settings: dict[str, str],
     system: str,
     seeds: list[int | None],
-) -> float:
-    """One search's first rate: the given one, or its system's P capacity (`capacity`)."""
-    if start != PREFILL_CAPACITY:
-        return float(start)
+) -> tuple[float, float | None]:
+    """One search's first rate and the rate to probe if it fails (None: half of it): the given
+    rate, or bounds of its system's P capacity (`capacity`)."""
+    if start not in START_RATES:
+        return float(start), None
     grid_overrides = [*overrides, *(f"{key}={value}" for key, value in settings.items())]
-    return rounded(start_rate(config_path, grid_overrides, system, seeds))
+    try:
+        if start == PREFILL_CAPACITY:
+            return rounded(start_rate(config_path, grid_overrides, system, seeds)), None
+        lower, upper = start_bounds(config_path, grid_overrides, system, seeds)
+    except ValueError as error:
+        raise ConfigError(f"--rate-start {start}: {error}") from None
+    # equal bounds (no prompt shares a prefix) leave nothing to bracket: halve as usual
+    return rounded(upper), rounded(lower) if lower < upper else None
 
 
 def search_table(results: list[dict[str, Any]], target: float) -> str:

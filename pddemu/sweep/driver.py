@@ -145,6 +145,7 @@ def group_result(sweep: Sweep, group: SearchGroup) -> dict[str, Any]:
         "error": group.error or None,
         "slo_attainment_target": search.target,
         "rate_start": search.start,
+        "rate_lower": search.lower,
         "arrival_rate": search.passing,
         "bracket": [search.passing, search.failing],
         "probes": [

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pddemu.config import ConfigError
-from pddemu.sweep.capacity import PREFILL_CAPACITY
+from pddemu.sweep.capacity import PREFILL_BOUNDS, PREFILL_CAPACITY, START_RATES
 
 # file key -> (argparse destination, type check, what the file must give)
 KEYS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
@@ -53,7 +53,11 @@ KEYS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
     "slo_attainment": ("slo_attainment", (int, float), "a number"),
     "rate_min": ("rate_min", (int, float), "a number"),
     "rate_max": ("rate_max", (int, float), "a number"),
-    "rate_start": ("rate_start", (int, float, str), f'a number or "{PREFILL_CAPACITY}"'),
+    "rate_start": (
+        "rate_start",
+        (int, float, str),
+        f'a number, "{PREFILL_CAPACITY}" or "{PREFILL_BOUNDS}"',
+    ),
     "rate_tolerance": ("rate_tolerance", (int, float), "a number"),
     "max_probes": ("max_probes", int, "an integer"),
 }
@@ -92,7 +96,7 @@ def read_experiment(path: Path) -> dict[str, Any]:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, kind)
-                or (key == "rate_start" and isinstance(value, str) and value != PREFILL_CAPACITY)
+                or (key == "rate_start" and isinstance(value, str) and value not in START_RATES)
             ):
                 raise ConfigError(f"{path}: [{table}] {key}: must be {wanted}, got {value!r}")
     return data

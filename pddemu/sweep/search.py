@@ -7,6 +7,8 @@ probe's seeds) ≥ the target, and the narrowing is plain bisection:
 
 1. start at the configured arrival rate; double while it passes (up to `rate_max`), halve while
    it fails (down to `rate_min`), until one passing and one failing rate bracket the answer;
+   given a `lower` rate expected to pass (a lower bound of capacity, `capacity.py`), the first
+   failure is followed by it rather than by half the failing rate;
 2. bisect the bracket until the failing rate is within `tolerance` (relative) of the passing one.
 
 The answer is the highest passing rate. It assumes attainment falls as the rate rises; a probe
@@ -48,6 +50,7 @@ class GoodputSearch:
     rate_max: float
     tolerance: float = 0.1  # stop when (failing - passing) <= tolerance x passing
     max_probes: int = 16
+    lower: float | None = None  # probed after the start fails, before any halving
     probes: list[Probe] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -60,6 +63,11 @@ class GoodputSearch:
             )
         if not 0 < self.tolerance < 1:
             raise SearchError(f"--rate-tolerance must be in (0, 1), got {self.tolerance}")
+        if self.lower is not None and not self.rate_min <= self.lower <= self.start:
+            raise SearchError(
+                f"the lower rate ({self.lower:g}) must lie between --rate-min "
+                f"({self.rate_min:g}) and the start ({self.start:g})"
+            )
         if self.max_probes < 1:
             raise SearchError(f"--max-probes must be at least 1, got {self.max_probes}")
 
@@ -88,6 +96,9 @@ class GoodputSearch:
         if failing is None:
             return min(rounded(2 * passing), self.rate_max)
         if passing is None:
+            lower = None if self.lower is None else max(rounded(self.lower), self.rate_min)
+            if lower is not None and lower < failing and all(p.rate != lower for p in self.probes):
+                return lower
             return max(rounded(failing / 2), self.rate_min)
         return rounded((passing + failing) / 2)
 

@@ -1,9 +1,11 @@
-"""The search's start rate from the deployment: P's prefill capacity with no prompt cached,
-from the cost model and the replayed requests' inputs."""
+"""The search's start rates from the deployment: P's prefill capacity with no prompt cached (a
+lower bound) and with an ideal cache (an upper bound), from the cost model and the replayed
+requests."""
 
 from __future__ import annotations
 
 import argparse
+import random
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,14 @@ import pytest
 from pddemu.config import ConfigError, load_config
 from pddemu.emulate import workload_of
 from pddemu.roles.sizing import cost_model
-from pddemu.sweep.capacity import PREFILL_CAPACITY, prefill_capacity_rate, start_rate
+from pddemu.sweep.capacity import (
+    PREFILL_BOUNDS,
+    PREFILL_CAPACITY,
+    ideal_cache_rate,
+    prefill_capacity_rate,
+    start_bounds,
+    start_rate,
+)
 from pddemu.sweep.cli import rate_start
 from pddemu.sweep.experiment import read_experiment
 
@@ -54,11 +63,82 @@ def test_the_search_starts_at_the_capacity_of_the_requests_its_seeds_replay() ->
     assert start_rate(None, overrides, "naive", [3, 4]) == pytest.approx(expected)
 
 
-def test_rate_start_takes_a_number_or_the_capacity_and_nothing_else(tmp_path: Path) -> None:
+def test_rate_start_takes_a_number_or_a_bound_and_nothing_else(tmp_path: Path) -> None:
     assert rate_start("1.5") == 1.5 and rate_start(PREFILL_CAPACITY) == PREFILL_CAPACITY
+    assert rate_start(PREFILL_BOUNDS) == PREFILL_BOUNDS
+    path = tmp_path / "bounds.toml"
+    path.write_text(f'[experiment]\nrate_start = "{PREFILL_BOUNDS}"\n')
+    assert read_experiment(path)["experiment"]["rate_start"] == PREFILL_BOUNDS
     with pytest.raises(argparse.ArgumentTypeError, match=PREFILL_CAPACITY):
         rate_start("capacity")
     path = tmp_path / "e.toml"
     path.write_text('[experiment]\nrate_start = "decode-capacity"\n')
-    with pytest.raises(ConfigError, match="rate_start: must be a number or"):
+    with pytest.raises(ConfigError, match="rate_start: must be a number, .* or .*prefill-bounds"):
         read_experiment(path)
+
+
+def _fifo_busy_seconds(config, system: str, prompts: list[tuple[int, int]]) -> float:
+    """P's busy seconds for `prompts` ((input, hit) each) as its scheduler runs them on one
+    instance: each prompt's chunks after its hit, steps of up to `max_batch_chunks` chunks
+    taken in arrival order, every step costed by the cost model (padded as configured)."""
+    model = cost_model(config, system, "P")
+    chunks = [c for n, hit in prompts if hit < n for c in model.chunks_for(n - hit, hit)]
+    batch = config.prefill.max_batch_chunks
+    return sum(model.prefill_step(chunks[i : i + batch]) for i in range(0, len(chunks), batch))
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_no_schedule_with_smaller_hits_beats_the_ideal_cache_bound(pad: bool) -> None:
+    """Forced variations: random prompts and ideal hits, and real hits anywhere from none to
+    the ideal one (a per-instance cache, eviction, a prefix not yet computed): P's modelled
+    busy time never falls below what the bound allows, and with no hit at all the bound is
+    far above the cold-start rate's prompts."""
+    config = load_config(None, [f"prefill.pad_chunks={str(pad).lower()}"])
+    instances = config.systems["pdd"]["P"]
+    rng = random.Random(7)
+    chunk = config.prefill.chunk_tokens
+    for _ in range(40):
+        prompts = []
+        for _ in range(rng.randint(1, 12)):
+            n = rng.randint(1, 12 * chunk)
+            prompts.append(
+                (n, rng.choice([0, n, rng.randint(0, n), max(0, n - rng.randint(0, 600))]))
+            )
+        if all(hit == n for n, hit in prompts):
+            continue
+        upper = ideal_cache_rate(config, "pdd", prompts)
+        real = [(n, rng.choice([0, hit, rng.randint(0, hit)])) for n, hit in prompts]
+        # the instances share the requests at best evenly: their busy time at least / P
+        busy = _fifo_busy_seconds(config, "pdd", real) / instances
+        assert len(prompts) / busy <= upper * (1 + 1e-9)
+
+
+def test_the_bound_counts_what_is_not_cached_in_whole_slots() -> None:
+    config = load_config(None, [])
+    model = cost_model(config, "indc", "P")
+    chunk, batch = config.prefill.chunk_tokens, config.prefill.max_batch_chunks
+    instances = config.systems["indc"]["P"]
+    # `batch` one-chunk prompts, nothing cached: one full step's terms without its memory
+    terms = model.explain([(chunk, 0)] * batch)
+    one_step = max(terms.compute_s, terms.interconnect_s) + terms.overhead_s
+    prompts = [(chunk, 0)] * batch
+    assert ideal_cache_rate(config, "indc", prompts) == pytest.approx(instances * batch / one_step)
+    # padded: one uncached token costs the whole last slot, the same as a chunk's worth
+    n = 5 * chunk
+    one_token = ideal_cache_rate(config, "indc", [(n, n - 1)])
+    assert one_token == pytest.approx(ideal_cache_rate(config, "indc", [(n, n - chunk)]))
+    assert ideal_cache_rate(config, "indc", [(n, 0)]) < one_token
+    with pytest.raises(ValueError, match="every prompt"):
+        ideal_cache_rate(config, "indc", [(n, n)])
+
+
+def test_the_bounds_read_the_replayed_requests_own_hits() -> None:
+    overrides = ["workload.requests=16"]
+    requests = workload_of(load_config(None, overrides))
+    config = load_config(None, overrides)
+    lower, upper = start_bounds(None, overrides, "pdd", [None])
+    assert lower == pytest.approx(start_rate(None, overrides, "pdd", [None]))
+    hits = [(r.input_tokens, r.expected_hit_tokens) for r in requests]
+    assert upper == pytest.approx(ideal_cache_rate(config, "pdd", hits))
+    # the sessions' shared prefixes put P's capacity well above the cold bound
+    assert sum(h for _, h in hits) > 0.5 * sum(n for n, _ in hits) and upper > 2 * lower

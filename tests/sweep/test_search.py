@@ -97,3 +97,20 @@ def test_bad_parameters_are_refused(arguments: tuple, message: str) -> None:
         GoodputSearch(*arguments)
     with pytest.raises(SearchError, match="rate-tolerance"):
         GoodputSearch(0.9, 1, 0.1, 8, tolerance=1.5)
+
+
+def test_a_lower_rate_follows_a_failing_start_before_any_halving() -> None:
+    """Started above capacity with a lower bound (`--rate-start prefill-bounds`): the start
+    fails, the lower rate passes, and bisection between them finds the knee."""
+    search = run(GoodputSearch(0.9, 12.0, 0.01, 64, 0.05, lower=2.5), knee_at(6.1))
+    assert [p.rate for p in search.probes][:3] == [12.0, 2.5, 7.25]
+    assert search.status == "found" and search.passing <= 6.1 < search.failing
+
+
+def test_a_failing_lower_rate_is_halved_and_a_passing_start_doubles() -> None:
+    below = run(GoodputSearch(0.9, 12.0, 0.01, 64, 0.05, max_probes=4, lower=2.5), knee_at(0.9))
+    assert [p.rate for p in below.probes] == [12.0, 2.5, 1.25, 0.625]
+    above = run(GoodputSearch(0.9, 12.0, 0.01, 64, 0.05, max_probes=2, lower=2.5), knee_at(30))
+    assert [p.rate for p in above.probes] == [12.0, 24.0]
+    with pytest.raises(SearchError, match="lower rate"):
+        GoodputSearch(0.9, 2.0, 0.01, 64, lower=3.0)
