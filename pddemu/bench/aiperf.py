@@ -20,6 +20,8 @@ and the host's load before and after. Target: AIPerf's TTFT p50 within 5 ms of p
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -144,6 +146,22 @@ def load_average() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+def run_aiperf(
+    command: list[str], timeout_s: float = 600
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run AIPerf with a temporary directory of its own, removed after (also on failure): each
+    run leaves an empty `aiperf_mmap_<benchmark id>` directory in its TMPDIR. A fresh directory
+    in the system's, not one in the run's: AIPerf puts its ZeroMQ sockets there, and a socket's
+    path must fit in 107 bytes. Returns the finished run and the names it left there."""
+    scratch = Path(tempfile.mkdtemp(prefix="pddemu-aiperf-"))
+    env = {**os.environ, "TMPDIR": str(scratch), "AIPERF_DATASET_MMAP_BASE_PATH": str(scratch)}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+        return done, sorted(entry.name for entry in scratch.iterdir())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def run_profile(workdir: Path, requests: int = REQUESTS) -> tuple[Profile, dict[str, Any]]:
     """Serve pdd, profile it with AIPerf, stop serve; returns the profile and serve's last line."""
     aiperf = AIPERF_VENV / "bin" / "aiperf"
@@ -161,12 +179,7 @@ def run_profile(workdir: Path, requests: int = REQUESTS) -> tuple[Profile, dict[
             raise RuntimeError(f"pddemu serve did not start: {serve.stderr.read()[-2000:]}")
         ready = json.loads(line)
         artifacts = workdir / "aiperf"
-        done = subprocess.run(
-            aiperf_command(aiperf, ready, artifacts, requests),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        done, _ = run_aiperf(aiperf_command(aiperf, ready, artifacts, requests))
         if done.returncode != 0:
             raise RuntimeError(f"aiperf failed: {(done.stdout + done.stderr)[-2000:]}")
     finally:

@@ -18,13 +18,22 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from netem.registry import list_namespaces
-from pddemu.bench.aiperf import OSL, REQUESTS, Profile, aiperf_command, compare, streamed_text
+from pddemu.bench.aiperf import (
+    OSL,
+    REQUESTS,
+    Profile,
+    aiperf_command,
+    compare,
+    run_aiperf,
+    streamed_text,
+)
 from pddemu.config import load_config
 from pddemu.model import ByteTokenizer
 from pddemu.serve import SERVE_CONFIG
@@ -103,9 +112,12 @@ def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
     venv, ready = served
     artifacts = tmp_path / "aiperf"
     command = aiperf_command(venv / "bin" / "aiperf", ready, artifacts)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done, left = run_aiperf(command)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     profile = Profile(artifacts)
+    # AIPerf's scratch directory was made in the run's own TMPDIR (removed with it), not here
+    scratch = f"aiperf_mmap_{profile.summary['benchmark_id']}"
+    assert scratch in left and not (Path(tempfile.gettempdir()) / scratch).exists()
     summary, ours = profile.summary, profile.ours
     assert summary["request_count"]["avg"] == REQUESTS
     assert summary["request_error_rate"]["avg"] == 0
