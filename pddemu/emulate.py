@@ -67,6 +67,7 @@ from pddemu.metrics import (
     write_summary_json,
 )
 from pddemu.metrics.distribution import percentile
+from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
@@ -293,7 +294,9 @@ def instance_reports(
                 chip=hardware.chip,
                 chips=hardware.chips,
                 price_per_hour=load_chip(hardware.chip).price_per_hour * hardware.chips,
-                lag_samples_s=own.get("lag_samples_s", []),
+                lag_samples_s=Reservoir.restored(
+                    own.get("lag_samples_s", []), own.get("lag_samples_totals")
+                ),
                 steps=own.get("steps", 0),
                 busy_s=own.get("busy_s", 0.0),
                 tokens_generated=own.get("tokens_generated", 0),

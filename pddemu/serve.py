@@ -18,7 +18,9 @@ than `late_after_s`; `valid`, `invalid_reason` and `lag`: the emulator's lag jud
 `pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
-`as_of_s`, the seconds since ready it was judged at (every few seconds). Nothing holds time for the host in real time: what the host
+`as_of_s`, the seconds since ready it was judged at (every few seconds), and `missing_stats`
+(as in the last line: instance -> why its stats could not be read; its lag is not judged).
+A round of that watch that fails is logged as one line on stderr and the watch goes on. Nothing holds time for the host in real time: what the host
 does late is in the records, and this line says how much. Without root it runs in a private
 user namespace, as `pddemu emulate` does; the host port stays reachable.
 """
@@ -88,6 +90,7 @@ async def serve(
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
         summary = served_summary(await deployment.stats(), deployment.config.scale.max_lag)
+        summary["missing_stats"] = dict(deployment.missing_stats)
         print(json.dumps(summary), flush=True)
     finally:
         await deployment.stop()
@@ -161,20 +164,40 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
         while True:
             await asyncio.sleep(period)
             started = time.monotonic()
-            stats = await deployment.stats()
-            router = next((name for name, r in stats.items() if r.get("role") == "FE"), None)
-            if router is not None:
-                verdict = {"as_of_s": started - time_zero, **lag_verdict(stats, max_lag)}
-                try:
-                    async with session.post(
-                        deployment.url(router, "/admin/verdict"),
-                        json=verdict,
-                        timeout=aiohttp.ClientTimeout(total=STATS_TIMEOUT_S),
-                    ) as reply:
-                        reply.raise_for_status()
-                except (aiohttp.ClientError, TimeoutError):
-                    pass  # the frontend keeps the last verdict, dated by its `as_of_s`
+            try:
+                await post_verdict(deployment, session, started - time_zero, max_lag)
+            except Exception as error:  # one bad round must not end the watch: say so, go on
+                print(
+                    f"pddemu serve: verdict not updated: {type(error).__name__}: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             period = max(VERDICT_PERIOD_S, (time.monotonic() - started) / VERDICT_SHARE)
+
+
+async def post_verdict(
+    deployment: Deployment, session: aiohttp.ClientSession, as_of_s: float, max_lag: float
+) -> None:
+    """One round of the watch: the verdict from every instance's stats, with the instances
+    whose stats could not be read (`missing_stats`: name -> why), to the frontend."""
+    stats = await deployment.stats()
+    router = next((name for name, r in stats.items() if r.get("role") == "FE"), None)
+    if router is None:
+        return  # the frontend's own stats are unreadable: it keeps the last verdict
+    verdict = {
+        "as_of_s": as_of_s,
+        **lag_verdict(stats, max_lag),
+        "missing_stats": dict(deployment.missing_stats),
+    }
+    try:
+        async with session.post(
+            deployment.url(router, "/admin/verdict"),
+            json=verdict,
+            timeout=aiohttp.ClientTimeout(total=STATS_TIMEOUT_S),
+        ) as reply:
+            reply.raise_for_status()
+    except (aiohttp.ClientError, TimeoutError):
+        pass  # the frontend keeps the last verdict, dated by its `as_of_s`
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

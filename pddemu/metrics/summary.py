@@ -27,6 +27,7 @@ import numpy as np
 from pddemu.metrics.distribution import describe, percentile
 from pddemu.metrics.errors import MetricsError
 from pddemu.metrics.records import HANDOFF_MODES, HANDOFF_PAYLOADS, InstanceReport, RequestRecord
+from pddemu.metrics.reservoir import Reservoir
 from pddemu.metrics.validation import check_instances, check_records
 from pddemu.workload.stats import (
     HIT_BUCKET_EDGES_PERMILLE,
@@ -311,14 +312,16 @@ def _hit_side(hits: np.ndarray, inputs: np.ndarray) -> dict[str, Any]:
 
 
 def _lag(instances: Sequence[InstanceReport]) -> dict[str, Any]:
-    samples = np.asarray([s for i in instances for s in i.lag_samples_s], dtype=np.float64)
-    if samples.size == 0:
+    """Step lag over the instances: mean, max and count exact, the p99 from their samples (a
+    long run's are bounded: `pddemu.metrics.reservoir`)."""
+    pool = Reservoir.pooled(i.lag_samples_s for i in instances)
+    if not pool.seen:
         return {"p99": None, "max": None, "mean": None, "samples": 0}
     return {
-        "p99": percentile(samples, 99),
-        "max": float(samples.max()),
-        "mean": float(samples.mean()),
-        "samples": int(samples.size),
+        "p99": percentile(pool, 99),
+        "max": float(pool.largest),
+        "mean": pool.mean(),
+        "samples": pool.seen,
     }
 
 

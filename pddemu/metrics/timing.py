@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pddemu.metrics.distribution import describe, percentile
+from pddemu.metrics.reservoir import Reservoir
 from pddemu.runtime.clock import LAG_KINDS
 
 
@@ -37,15 +38,26 @@ def timing_summary(
     max_lag: float,
     replayer_holds: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    participants = {name: stats.get("lags_s", {}) for name, stats in instance_stats.items()}
-    participants["replayer"] = dict(replayer_lags)
-    by_kind: dict[str, list[float]] = {}
-    for lags in participants.values():
-        for kind, samples in lags.items():
-            by_kind.setdefault(kind, []).extend(samples)
-    exact = np.asarray([s for kind in LAG_KINDS for s in by_kind.get(kind, [])], dtype=np.float64)
+    # each participant's lag samples with their exact totals (`Reservoir`: bounded samples)
+    participants = {
+        name: {
+            kind: Reservoir.restored(samples, stats.get("lag_totals_s", {}).get(kind))
+            for kind, samples in stats.get("lags_s", {}).items()
+        }
+        for name, stats in instance_stats.items()
+    }
+    participants["replayer"] = {
+        kind: Reservoir.pooled([samples]) for kind, samples in replayer_lags.items()
+    }
+    by_kind = {
+        kind: Reservoir.pooled(lags[kind] for lags in participants.values() if kind in lags)
+        for kind in sorted({kind for lags in participants.values() for kind in lags})
+    }
+    exact_kinds = Reservoir.pooled(by_kind[kind] for kind in LAG_KINDS if kind in by_kind)
+    exact = np.asarray(exact_kinds, dtype=np.float64)
     bound = max_lag * tpot_p50 if tpot_p50 else None
-    means = {kind: float(np.mean(by_kind[kind])) for kind in LAG_KINDS if by_kind.get(kind)}
+    means = {kind: by_kind[kind].mean() for kind in LAG_KINDS if kind in by_kind}
+    means = {kind: mean for kind, mean in means.items() if mean is not None}
     release_count = sum(release_lag["counts"]) if release_lag else 0
     if release_count:
         means["release"] = release_lag["total_s"] / release_count
@@ -54,15 +66,15 @@ def timing_summary(
     return {
         "emulator_lag_s": {
             "p99": percentile(exact, 99),
-            "max": float(exact.max()) if exact.size else None,
-            "mean": float(exact.mean()) if exact.size else None,
-            "samples": int(exact.size),
+            "max": exact_kinds.largest,
+            "mean": exact_kinds.mean(),
+            "samples": exact_kinds.seen,
         },
         "lag": {
             "bound_s": bound,
             "max_lag": max_lag,
             "mean_by_kind": means,
-            "by_kind": {kind: describe(samples) for kind, samples in sorted(by_kind.items())},
+            "by_kind": {kind: described(samples) for kind, samples in sorted(by_kind.items())},
             "release": {
                 "mean": means.get("release"),
                 "p99": histogram_percentile(release_lag, 99) if release_count else None,
@@ -70,7 +82,9 @@ def timing_summary(
                 "packets": release_count,
             },
             "by_participant": {
-                name: {kind: _brief(samples) for kind, samples in sorted(lags.items()) if samples}
+                name: {
+                    kind: _brief(samples) for kind, samples in sorted(lags.items()) if samples.seen
+                }
                 for name, lags in sorted(participants.items())
             },
         },
@@ -146,6 +160,14 @@ def histogram_percentile(histogram: Mapping[str, Any], q: float) -> float | None
     return float(edges[-1])
 
 
-def _brief(samples: list[float]) -> dict[str, Any]:
+def described(samples: Reservoir) -> dict[str, Any]:
+    """`describe`, with the mean, max and count exact (percentiles from the kept sample)."""
     full = describe(samples)
+    if samples.seen:
+        full.update(mean=samples.mean(), max=samples.largest, count=samples.seen)
+    return full
+
+
+def _brief(samples: Reservoir) -> dict[str, Any]:
+    full = described(samples)
     return {"p99": full["p99"], "max": full["max"], "count": full["count"]}

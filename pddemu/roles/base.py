@@ -30,6 +30,7 @@ from aiohttp import web
 
 from pddemu.config import ROLES, Config, config_from_json
 from pddemu.host_door import public_application
+from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
 from pddemu.roles.carried_lag import CarriedLag
 from pddemu.roles.sizing import cost_model
@@ -78,7 +79,7 @@ class Instance:
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
-        self.lag_samples_s: list[float] = []
+        self.lag_samples_s = Reservoir()  # a bounded sample, exact totals (serve has no end)
         # Each request's share of the step lag: the lateness of the steps it was in, summed
         # (leg ids, requests with none left out): what its recorded times can carry of it.
         self.carried_lag_s = CarriedLag()  # the most recent legs' only: serve runs without end
@@ -242,7 +243,9 @@ class Instance:
             "name": self.name,
             "role": self.role,
             "lag_samples_s": self.lag_samples_s,
+            "lag_samples_totals": self.lag_samples_s.totals(),  # exact [count, sum, max]
             "lags_s": self.clock.lags,
+            "lag_totals_s": {kind: lags.totals() for kind, lags in self.clock.lags.items()},
             "carried_lag_s": self.carried_lag_s,
             "carried_lag_dropped": self.carried_lag_s.dropped,
             "holds": self.clock.hold_counts(),
@@ -252,7 +255,8 @@ class Instance:
             "refused": self.refused,
             "broken_channels": self.broken_channels,
             "cpu_s": time.process_time(),  # genuine CPU this process used: what the emulation costs
-            "events": self.events.events,
+            "events": list(self.events.events),
+            "events_dropped": self.events.dropped,
         }
 
     # -- data plane -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Any
 from aiohttp import web
 
 from pddemu.metrics.distribution import percentile
+from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ByteTokenizer
 from pddemu.roles.client_gone import client_gone_abandons
 
@@ -83,7 +84,8 @@ class OpenAIFrontDoor:
         self.held = 0  # requests admitted here that the system has not released yet
         self.timing = WriteTiming()  # every streamed chunk's write against its token's time
         self.completed = 0  # requests served here to their end
-        self.tpots_s: list[float] = []  # theirs: the scale of the lag bound serve judges by
+        # theirs: the scale of the lag bound serve judges by (a bounded sample: serve has no end)
+        self.tpots_s = Reservoir()
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)

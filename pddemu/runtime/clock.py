@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from netem.clock import LAG_COUNTERS, Anchor, SharedClock
+from pddemu.metrics.reservoir import Reservoir
 
 T = TypeVar("T")
 
@@ -93,7 +94,8 @@ class ModelledClock:
     def __init__(self, source: SharedClock | FixedRate, slot: int | None = None) -> None:
         self.source = source
         self.slot = slot
-        self.lags: dict[str, list[float]] = {kind: [] for kind in LAG_KINDS}
+        # each kind's samples: a bounded sample with exact totals (a serve runs without end)
+        self.lags: dict[str, Reservoir] = {kind: Reservoir() for kind in LAG_KINDS}
         self._holding = False
         self.name = ""  # the participant's, when it has a slot
         self._instant_slot: int | None = None
@@ -244,7 +246,9 @@ class ModelledClock:
         """Record one lag sample (modelled seconds; negative counts as 0); returns it. The
         controller's kinds also go to the participant's slot."""
         lag = lag if lag > 0 else 0.0
-        self.lags.setdefault(kind, []).append(lag)
+        if kind not in self.lags:
+            self.lags[kind] = Reservoir()
+        self.lags[kind].append(lag)
         if (
             kind in CONTROLLED_KINDS
             and isinstance(self.source, SharedClock)

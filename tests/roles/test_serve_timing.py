@@ -93,15 +93,19 @@ class _Serving:
     """What `keep_verdict_live` uses of a Deployment: canned stats, and a frontend's verdict
     route on a real HTTP server."""
 
-    def __init__(self, stats: dict[str, dict[str, Any]], port: int) -> None:
+    def __init__(self, stats: dict[str, dict[str, Any]], port: int, failures: int = 0) -> None:
         self.config = SimpleNamespace(scale=SimpleNamespace(max_lag=0.05))
         self.headers: dict[str, str] = {}
         self._stats = stats
         self._port = port
         self.gathered = 0
+        self.failures = failures  # the first gatherings that raise
+        self.missing_stats = {"RLD0": "stats unreadable: TimeoutError: "}
 
     async def stats(self) -> dict[str, dict[str, Any]]:
         self.gathered += 1
+        if self.gathered <= self.failures:
+            raise RuntimeError("the instances' stats came back mangled")
         return self._stats
 
     def url(self, name: str, path: str) -> str:
@@ -118,7 +122,12 @@ def quick_verdicts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_the_frontends_stats_carry_serves_verdict_so_far(quick_verdicts: None) -> None:
+@pytest.mark.parametrize("failures", [0, 2])
+def test_the_frontends_stats_carry_serves_verdict_so_far(
+    quick_verdicts: None, failures: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the instances whose stats are missing; a round that raises is logged (one line)
+    and the watch goes on."""
     stats = _stats([0.05, 0.0], {"r1": 0.05})
     frontend = SimpleNamespace(verdict=None)
 
@@ -133,12 +142,12 @@ def test_the_frontends_stats_carry_serves_verdict_so_far(quick_verdicts: None) -
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        serving = _Serving(stats, port)
+        serving = _Serving(stats, port, failures)
         task = asyncio.create_task(serve.keep_verdict_live(serving, time.monotonic()))  # type: ignore[arg-type]
         try:
             for _ in range(1000):  # 10 s at most: a busy host may be slow to answer
                 await asyncio.sleep(0.01)
-                if serving.gathered >= 2 and frontend.verdict is not None:
+                if serving.gathered >= 2 + failures and frontend.verdict is not None:
                     break
         finally:
             task.cancel()
@@ -147,8 +156,13 @@ def test_the_frontends_stats_carry_serves_verdict_so_far(quick_verdicts: None) -
         return frontend.verdict, serving.gathered
 
     verdict, gathered = asyncio.run(watch())
-    assert gathered >= 2 and verdict is not None
-    # the judgement of serve's last line, by the same code, dated
+    assert gathered >= 2 + failures and verdict is not None
+    logged = capsys.readouterr().err.splitlines()
+    assert logged == failures * [
+        "pddemu serve: verdict not updated: RuntimeError: the instances' stats came back mangled"
+    ]
+    # the judgement of serve's last line, by the same code, dated, with what it could not read
     assert verdict.pop("as_of_s") > 0
+    assert verdict.pop("missing_stats") == {"RLD0": "stats unreadable: TimeoutError: "}
     assert verdict == json.loads(json.dumps(lag_verdict(stats, 0.05)))
     assert verdict["valid"] is False and verdict["late_requests"]["count"] == 1

@@ -1,0 +1,102 @@
+"""A sample list of bounded size: the lag samples and TPOTs a `pddemu serve` gathers without end.
+
+`Reservoir` is a list (it serialises, iterates and feeds numpy as one) that keeps a uniform
+random sample of at most `capacity` of the values appended to it (Vitter's algorithm R, from a
+fixed seed so that a run's sample is reproducible), and besides the sample the exact count,
+sum and largest value of everything appended (`totals`). Means, maxima and counts computed
+from `totals` are exact; percentiles computed from the sample are estimates once more values
+than `capacity` were appended: with n kept the q-th percentile's rank is off by
+sqrt(q (1 - q) / n) in standard deviation, i.e. at the default 65,536 the p99 lies within
+about ±0.08 percentile points (two standard deviations) of the true p99 and the p50 within
+±0.4. Below the capacity the sample is every value, in order: nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import SupportsIndex
+
+# Values kept per sample: every value of the reference run's (at most 18,032 of one kind of lag
+# on one participant), about 2 MB of floats; a long serve keeps a uniform sample of this many.
+RESERVOIR_CAPACITY = 65_536
+
+
+class Reservoir(list[float]):
+    """At most `capacity` values, a uniform sample of those appended, plus exact totals."""
+
+    def __init__(self, values: Iterable[float] = (), capacity: int = RESERVOIR_CAPACITY) -> None:
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.seen = 0  # values appended, kept or not
+        self.total = 0.0
+        self.largest: float | None = None
+        self._random = random.Random(0)
+        self.extend(values)
+
+    def append(self, value: float) -> None:  # type: ignore[override]
+        self.seen += 1
+        self.total += value
+        self.largest = value if self.largest is None else max(self.largest, value)
+        if len(self) < self.capacity:
+            super().append(value)
+            return
+        slot = self._random.randrange(self.seen)  # kept with probability capacity / seen
+        if slot < self.capacity:
+            self[slot] = value
+
+    def extend(self, values: Iterable[float]) -> None:  # type: ignore[override]
+        for value in values:
+            self.append(value)
+
+    def __iadd__(self, values: Iterable[float]) -> Reservoir:  # type: ignore[override]
+        self.extend(values)
+        return self
+
+    def insert(self, index: SupportsIndex, value: float) -> None:
+        raise TypeError("a reservoir is appended to, not inserted into")
+
+    @classmethod
+    def restored(
+        cls, values: Iterable[float], totals: Sequence[float | int | None] | None = None
+    ) -> Reservoir:
+        """A reservoir as sent (`values`, its sample, and `totals`, see `totals`); a plain
+        list's values without totals are every value."""
+        kept = list(values)
+        restored = cls(capacity=max(1, len(kept)))
+        list.extend(restored, kept)
+        count, total, largest = (
+            totals if totals else (len(kept), sum(kept), max(kept, default=None))
+        )
+        restored.seen, restored.total, restored.largest = (
+            int(count or 0),
+            float(total or 0.0),
+            largest,
+        )
+        return restored
+
+    @classmethod
+    def pooled(cls, parts: Iterable[Sequence[float]]) -> Reservoir:
+        """Several samples as one: their values together, their totals summed (percentiles of
+        the pool weigh each part's values as kept)."""
+        pool = cls.restored([])
+        for part in parts:
+            part = part if isinstance(part, Reservoir) else cls.restored(part)
+            list.extend(pool, part)
+            pool.seen += part.seen
+            pool.total += part.total
+            if part.largest is not None:
+                pool.largest = (
+                    part.largest if pool.largest is None else max(pool.largest, part.largest)
+                )
+        pool.capacity = max(1, len(pool))
+        return pool
+
+    def mean(self) -> float | None:
+        return self.total / self.seen if self.seen else None
+
+    def totals(self) -> list[float | int | None]:
+        """[count, sum, max] of every value appended (JSON: a list, read by `totals_of`)."""
+        return [self.seen, self.total, self.largest]

@@ -1,0 +1,76 @@
+"""What a long `pddemu serve` keeps of its lag samples, TPOTs and timeline events is bounded,
+and what it reports from them keeps exact means, maxima and counts."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pddemu.metrics.reservoir import Reservoir
+from pddemu.metrics.timing import timing_summary
+from pddemu.roles.openai_api import OpenAIFrontDoor
+from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.events import EventLog
+
+
+def test_below_its_capacity_a_reservoir_is_every_value_in_order() -> None:
+    kept = Reservoir([0.3, 0.1], capacity=4)
+    kept.append(0.2)
+    assert kept == [0.3, 0.1, 0.2] and kept.totals() == [3, pytest.approx(0.6), 0.3]
+    assert json.loads(json.dumps(kept)) == [0.3, 0.1, 0.2]
+    with pytest.raises(ValueError):
+        Reservoir(capacity=0)
+
+
+def test_above_it_a_uniform_sample_of_fixed_size_with_exact_totals() -> None:
+    values = list(np.linspace(0, 1, 20_001))
+    kept = Reservoir(values, capacity=500)
+    assert len(kept) == 500 and set(kept) <= set(values)
+    assert kept.seen == 20_001 and kept.largest == 1.0
+    assert kept.mean() == pytest.approx(0.5) and kept.total == pytest.approx(sum(values))
+    # uniform: the sample's quartiles within 5 standard deviations of the rank (2.2 points)
+    assert np.percentile(kept, [25, 50, 75]) == pytest.approx([0.25, 0.5, 0.75], abs=0.05)
+    late = Reservoir(capacity=10)
+    late.extend([0.0] * 1000 + [1.0] * 1000)  # the later half is sampled as the earlier
+    assert 2 <= sum(late) <= 8
+
+
+def test_what_the_stats_report_keeps_the_exact_mean_max_and_count() -> None:
+    """An instance's /stats send the sample and its totals; the lag judged and reported uses
+    the totals (here the sample kept only the smallest of three)."""
+    stats = {
+        "P0": {"lags_s": {"step": [0.001]}, "lag_totals_s": {"step": [3, 0.3, 0.2]}},
+        "MD0": {"lags_s": {"step": [0.0]}},  # a plain list: every value
+    }
+    summary = timing_summary(stats, {"send": Reservoir([0.0, 0.002])}, None, {}, 0.01, 0.05)
+    assert summary["lag"]["mean_by_kind"] == {"step": pytest.approx(0.3 / 4), "send": 0.001}
+    assert summary["lag"]["by_participant"]["P0"]["step"]["count"] == 3
+    assert summary["lag"]["by_kind"]["step"]["max"] == 0.2
+    assert summary["emulator_lag_s"]["samples"] == 6
+    assert summary["emulator_lag_s"]["max"] == 0.2
+
+
+def test_the_clock_the_events_and_the_door_keep_bounded_samples() -> None:
+    clock = ModelledClock.fixed(0.0, 1.0)
+    for lag in range(100):
+        clock.count_lag("handler", lag * 1e-3)
+        clock.count_lag("handler_wan", 1e-3)  # a kind the clock did not start with
+    assert all(isinstance(samples, Reservoir) for samples in clock.lags.values())
+    assert {clock.lags[k].seen for k in ("handler", "handler_wan")} == {100}
+    assert clock.lags["handler"].largest == 0.099
+
+    log = EventLog(capacity=3)
+    for i in range(5):
+        log.record("decode", f"r{i}", i, i + 1)
+        log.begin("decode", f"open{i}", i)  # never ended (its request failed)
+    assert [e["rid"] for e in log.events] == ["r2", "r3", "r4"] and log.dropped == 2
+    assert len(log._open) == 3
+
+    door = OpenAIFrontDoor.__new__(OpenAIFrontDoor)
+    door.tpots_s, door.completed = Reservoir(capacity=100), 0
+    for i in range(1000):
+        door._completed(SimpleNamespace(tpot_s=0.01 + (i % 2) * 0.01))
+    assert len(door.tpots_s) == 100 and door.completed == 1000
