@@ -55,7 +55,11 @@ class DilationPolicy:
     window_periods: int = 10  # decisions look at this many periods' samples
     calm_samples: int = 5  # a speed-up needs this many samples in the window
     min_samples: int = 3  # a kind's mean is judged from this many samples (or targets of lag)
-    calm_share: float = 0.5  # ... averaging at most this share of the target
+    # ... averaging at most this share of the target. Lag that is a fixed wall cost (a hop
+    # between processes) grows with the rate, so the rate settles where the mean reaches this
+    # share: at 0.5 a run settled at half the speed its target allows (x0.34 against x0.47 at
+    # 0.85, one A/B under the CPU lock, results alike; docs/architecture.md "Dilation").
+    calm_share: float = 0.85
     decrease: float = 0.8  # factor on trouble
     hard_decrease: float = 0.5  # factor when four times over the target, or mostly frozen
     increase: float = 1.015  # factor per calm period (x1.35 per wall second)

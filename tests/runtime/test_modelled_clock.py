@@ -99,7 +99,7 @@ def test_the_controller_slows_down_on_lag_and_speeds_up_when_calm(tmp_path: Path
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.increase)
     for _ in range(40):
-        shared.count_lag(md, 0.0015)  # the window's mean is now 0.85 ms: within, not calm
+        shared.count_lag(md, 0.0017)  # the window's mean is now 0.95 ms: within, not calm
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.increase)
     for _ in range(20):
@@ -122,6 +122,29 @@ def test_the_controller_slows_down_on_lag_and_speeds_up_when_calm(tmp_path: Path
     assert rate == 16.0  # calm: faster, never beyond the ceiling
     assert shared.rate == 16.0
     assert dilation.slowed_by == {"lag MD0": 2}  # both cuts charged to the one who lagged
+
+
+def test_lag_that_grows_with_the_rate_settles_near_the_target_never_over_it(
+    tmp_path: Path,
+) -> None:
+    """A participant whose every message costs a fixed wall time (a hop between processes)
+    lags that cost times the rate: the rate settles just under target / cost, and the mean
+    lag stays within the target (at a calm share of 0.5 it settled at half that rate)."""
+    policy = DilationPolicy(ceiling=64.0, start=2.0)
+    dilation, shared, wall = _dilation(tmp_path, policy, "FE0")  # the target: 1 ms
+    hop_s = 0.00025  # wall seconds a message takes: 1 ms of modelled lag at x4
+    rates, lags = [], []
+    for _ in range(2000):  # 100 wall seconds
+        rate = shared.rate
+        for _ in range(10):
+            lag = hop_s * rate * (1.2 if len(rates) % 7 == 0 else 0.95)  # some noise
+            shared.count_lag(0, lag, kind=1)
+            lags.append(lag)
+        wall.advance(policy.period_s)
+        rates.append(dilation.step())
+    settled = rates[len(rates) // 2 :]
+    assert 0.7 * 4.0 <= sum(settled) / len(settled) <= 4.0
+    assert sum(lags[len(lags) // 2 :]) / (len(lags) // 2) <= 0.001
 
 
 def test_a_late_rare_kind_is_not_hidden_by_a_frequent_one_on_time(tmp_path: Path) -> None:
