@@ -249,16 +249,16 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
             if rates.get(side) is None:
                 return f"{side}: no passing rate", []
             values[side] = by_seed(entries, side, name, {RATE_KEY: f"{rates[side]:g}"})
-        statuses = {r["system"]: r.get("status") for r in search["results"]}
-        unfound = [  # a search that stopped without bracketing gives a bound, not a maximum
-            f"{side}: {statuses[side]}"
+        results = {r["system"]: r for r in search["results"]}
+        unresolved = [  # a search stopped short gives a bound, or a maximum within its bracket
+            f"{side}: {_search_state(results[side])}"
             for side in (system, claim["versus"])
-            if statuses.get(side) not in (None, "found")
+            if results[side].get("status") not in (None, "found")
         ]
         return (
             f"{spread_text(change(values[system], values[claim['versus']]), 'ratio')} "
             f"(max goodput at {rates[system]:g} vs {rates[claim['versus']]:g} req/s"
-            f"{'; not bracketed, ' + ', '.join(unfound) if unfound else ''})",
+            f"{'; ' + ', '.join(unresolved) if unresolved else ''})",
             [],
         )
     key = claim["key"]
@@ -416,3 +416,11 @@ def write_report(experiments: Path, results: Path, out: Path) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     out.write_text(text)
+
+
+def _search_state(result: dict[str, Any]) -> str:
+    """A search that did not resolve its maximum: where the maximum lies, if it was bracketed."""
+    low, high = result.get("bracket") or (None, None)
+    if low is not None and high is not None:
+        return f"{result['status']}, maximum in [{low:g}, {high:g}) req/s"
+    return f"{result['status']}, not bracketed"

@@ -200,7 +200,7 @@ def test_local_minima() -> None:
     assert local_minima([("0", 1.02), ("1", 0.852), ("2", 0.965)]) == ["1"]
 
 
-def test_a_search_stopped_without_a_bracket_is_said_to_give_a_bound(tmp_path: Path) -> None:
+def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: Path) -> None:
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     (experiments / "b.toml").write_text(
@@ -218,4 +218,8 @@ def test_a_search_stopped_without_a_bracket_is_said_to_give_a_bound(tmp_path: Pa
     (run / "search.json").write_text(json.dumps({"results": results}))
     text = render(experiments, tmp_path / "results")
     assert "-25.0 %" in text
-    assert "(max goodput at 2 vs 2 req/s; not bracketed, pdd: probe-limit)" in text
+    assert "(max goodput at 2 vs 2 req/s; pdd: probe-limit, not bracketed)" in text
+    results[1] = {"system": "indc", "arrival_rate": 2.0, "status": "probe-limit", "bracket": [2, 6]}
+    (run / "search.json").write_text(json.dumps({"results": results}))
+    text = render(experiments, tmp_path / "results")
+    assert "indc: probe-limit, maximum in [2, 6) req/s)" in text
