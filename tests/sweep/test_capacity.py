@@ -142,3 +142,10 @@ def test_the_bounds_read_the_replayed_requests_own_hits() -> None:
     assert upper == pytest.approx(ideal_cache_rate(config, "pdd", hits))
     # the sessions' shared prefixes put P's capacity well above the cold bound
     assert sum(h for _, h in hits) > 0.5 * sum(n for n, _ in hits) and upper > 2 * lower
+
+
+def test_a_length_only_trace_has_no_upper_bound_and_says_so(tmp_path: Path) -> None:
+    trace = tmp_path / "lengths.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,9000,20\n1.5,12000,30\n")
+    with pytest.raises(ValueError, match=f"{PREFILL_BOUNDS} needs a trace with block ids"):
+        start_bounds(None, [f"workload.trace={trace}", "workload.requests=2"], "pdd", [None])
