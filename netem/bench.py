@@ -167,7 +167,10 @@ BACKENDS_USED: set[str] = set()
 def _network(
     name: str, a2b: LinkSpec, b2a: LinkSpec | None = None, **options: Any
 ) -> Iterator[Network]:
-    """A run named for the benchmark step (a unique suffix keeps parallel runs apart)."""
+    """A run named for the benchmark step (a unique suffix keeps parallel runs apart), its
+    shaper at real-time priority where allowed: the figures are the shaping's, not how a busy
+    host schedules a Python loop (each row records whether it was on)."""
+    options.setdefault("realtime_shaper", True)
     with Network(
         LinkConfig(a2b, b2a or a2b), name=f"{name}-{os.getpid()}", backend="auto", **options
     ) as net:
@@ -198,7 +201,7 @@ def bench_rate(rate_bps: float, quick: bool) -> dict[str, Any]:
     with _network(
         f"bench-rate{int(rate_bps / 1e6)}", LinkSpec(rate_bps=rate_bps, delay_s=0.020)
     ) as net:
-        report = iperf(net, seconds, "-O", "3")
+        report = iperf(net, seconds, "-O", "3", server_priority=True)
     goodput = report["end"]["sum_received"]["bits_per_second"]
     return {
         "config": f"rate {rate_bps / 1e6:g} Mbit/s, delay 20ms each way (RTT 40 ms), queue 1 BDP",
@@ -231,7 +234,10 @@ def bench_reordering(reorder: bool, quick: bool) -> dict[str, Any]:
     spec = LinkSpec(rate_bps=100e6, delay_s=0.020, jitter_s=0.002, reorder=reorder)
     with _network(f"bench-reord{int(reorder)}", spec) as net:
         report = iperf(
-            net, 3 if quick else 10, "-u", "-b", "40M", "-l", "1200", "--get-server-output"
+            net,
+            3 if quick else 10,
+            *("-u", "-b", "40M", "-l", "1200", "--get-server-output"),
+            server_priority=True,
         )
     received = receiver_udp(report)
     out_of_order = received["out_of_order"]
@@ -251,7 +257,10 @@ def bench_loss(quick: bool) -> dict[str, Any]:
     spec = LinkSpec(rate_bps=200e6, delay_s=0.005, loss=LossModel("bernoulli", 0.01))
     with _network("bench-loss", spec, LinkSpec(rate_bps=200e6, delay_s=0.005)) as net:
         report = iperf(
-            net, 4 if quick else 12, "-u", "-b", "50M", "-l", "1200", "--get-server-output"
+            net,
+            4 if quick else 12,
+            *("-u", "-b", "50M", "-l", "1200", "--get-server-output"),
+            server_priority=True,
         )
     received = receiver_udp(report)
     lost, packets = received["lost_packets"], received["packets"]
@@ -285,12 +294,18 @@ def bench_overhead(quick: bool) -> dict[str, Any]:
     }
 
 
-def main(out: str, quick: bool = False) -> int:
+def main(out: str, quick: bool = False, only: tuple[str, ...] = ()) -> int:
+    """Run the steps (those named in `only`, when given) and write their figures to `out`."""
     from netem import bench_wan
 
     started = time.time()
     results: dict[str, Any] = {
-        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()}
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "realtime_priority": realtime_allowed(),
+            "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
+        }
     }
     steps = [
         ("delay", lambda: bench_delay(quick)),
@@ -308,7 +323,13 @@ def main(out: str, quick: bool = False) -> int:
         ("overhead", lambda: bench_overhead(quick)),
         *bench_wan.steps(quick),
     ]
+    unknown = set(only) - {name for name, _ in steps}
+    if unknown:
+        print(f"netem bench: no step {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     for name, step in steps:
+        if only and name not in only:
+            continue
         print(f"netem bench: {name} ...", file=sys.stderr, flush=True)
         BACKENDS_USED.clear()
         results[name] = step()
@@ -319,6 +340,7 @@ def main(out: str, quick: bool = False) -> int:
             file=sys.stderr,
         )
     results["wall_s"] = round(time.time() - started, 1)
+    results["machine"]["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     results["quick"] = quick
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

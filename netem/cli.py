@@ -232,6 +232,13 @@ def build_parser() -> OneLineParser:
     bench.add_argument(
         "--quick", action="store_true", help="shorter runs (a smoke test, not the targets)"
     )
+    bench.add_argument(
+        "--only",
+        type=lambda text: tuple(text.split(",")),
+        default=(),
+        metavar="STEP,...",
+        help="run only these steps (names as in the JSON, e.g. trace_replay,rate_1000mbit)",
+    )
     return parser
 
 
@@ -410,7 +417,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from netem import bench
 
-    return bench.main(args.out, quick=args.quick)
+    return bench.main(args.out, quick=args.quick, only=args.only)
 
 
 COMMANDS = {
