@@ -24,6 +24,7 @@ round trip and the queueing are the same.
 from __future__ import annotations
 
 import errno
+import gzip
 import math
 import os
 import struct
@@ -428,6 +429,25 @@ def apply_netem(
             ipr.nlm_request(message, msg_type=msg_type, msg_flags=flags)
 
 
+KERNEL_CONFIG = "/proc/config.gz"
+CONFIG_OPTION = {"netem": "NET_SCH_NETEM", "tbf": "NET_SCH_TBF", "fq": "NET_SCH_FQ"}
+CONFIG_OPTION |= {"fq_codel": "NET_SCH_FQ_CODEL", "prio": "NET_SCH_PRIO"}
+
+
+def built_without(kind: str, config: str = KERNEL_CONFIG) -> str:
+    """Why the kernel lacks sch_`kind`, from its build configuration where readable (with no
+    modules directory a qdisc left out of the build cannot be loaded), else ""."""
+    option = f"CONFIG_{CONFIG_OPTION.get(kind, kind.upper())}"
+    try:
+        with gzip.open(config, "rt") as lines:
+            for line in lines:
+                if line.startswith(f"# {option} is not set"):
+                    return f"{option} is not set in {config}"
+    except OSError:
+        pass
+    return ""
+
+
 def probe(scratch_namespace: str | None = None, qdiscs: tuple[str, ...] = ()) -> tuple[bool, str]:
     """Try to build netem (and the trees of `qdiscs`) on a veth in a scratch namespace:
     (True, "") or (False, why).
@@ -451,7 +471,10 @@ def probe(scratch_namespace: str | None = None, qdiscs: tuple[str, ...] = ()) ->
     except NetlinkError as exc:
         if exc.code == errno.ENOENT:
             what = "sch_netem" if kind == "netem" else f"one of the qdiscs of {kind} (tbf, {kind})"
-            return False, f"the kernel has no {what} (netlink: 'Specified qdisc kind is unknown')"
+            kinds = ("netem",) if kind == "netem" else ("tbf", *kind.split(":"))
+            built = "; ".join(filter(None, map(built_without, kinds)))
+            why = f"netlink: 'Specified qdisc kind is unknown'{'; ' + built if built else ''}"
+            return False, f"the kernel has no {what} ({why})"
         return False, f"{kind} could not be added: {exc}"
     finally:
         netns.remove(scratch)
