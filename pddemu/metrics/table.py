@@ -130,6 +130,7 @@ ROWS: tuple[TableRow, ...] = (
     _metric("token mismatches", "token_mismatches", str),
     _metric("emulator lag p99", "emulator_lag_s.p99", seconds),
     TableRow("effective speed-up (modelled s per wall s)", lambda s: _speedup(s)),
+    TableRow("speed-up the cores allow at the run's CPU", lambda s: _cpu_ceiling(s)),
     TableRow("valid (lag within the bound)", lambda s: _validity(s)),
     _metric("cost per hour", "cost_per_hour", number),
     _metric("BCR (goodput / cost per hour)", "bcr", number, compare=True),
@@ -140,6 +141,14 @@ def _speedup(summary: Summary) -> str:
     """How fast the run went (a summary from before the shared clock has none)."""
     speedup = summary.get("dilation", {}).get("speedup")
     return MISSING if speedup is None else f"x{number(speedup)}"
+
+
+def _cpu_ceiling(summary: Summary) -> str:
+    """Modelled seconds x cores / the run's CPU seconds, and those CPU seconds."""
+    cpu = summary.get("cpu", {})
+    if cpu.get("ceiling_speedup") is None:
+        return MISSING
+    return f"x{number(cpu['ceiling_speedup'])} ({number(cpu['total_s'])} CPU s)"
 
 
 def _validity(summary: Summary) -> str:

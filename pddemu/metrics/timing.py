@@ -19,6 +19,7 @@ stalls shows them there (and in its tails).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,7 @@ def timing_summary(
     tpot_p50: float | None,
     max_lag: float,
     replayer_holds: Mapping[str, float] | None = None,
+    cpu: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     # each participant's lag samples with their exact totals (`Reservoir`: bounded samples)
     participants = {
@@ -95,11 +97,44 @@ def timing_summary(
             "instant": _hold_totals([h.get("instant", {}) for h in holds] + [replayer_holds or {}]),
         },
         "dilation": dict(dilation),
+        "cpu": dict(cpu or {}),
         "tcp": tcp_summary(
             [t for stats in instance_stats.values() for t in stats.get("kv_transfers_tcp", [])]
         ),
         "valid": reason is None,
         "invalid_reason": reason,
+    }
+
+
+def cpu_summary(
+    used_s: Mapping[str, float],
+    roles: Mapping[str, str],
+    modelled_s: float,
+    wall_s: float,
+    cores: int | None = None,
+) -> dict[str, Any]:
+    """The CPU the run's processes used over the replay (`used_s`, by name; `roles`: each
+    instance's role) and the speed-up the host's cores allow at that CPU: modelled seconds x
+    cores / CPU seconds of every process (roles, frontend, replayer, shaper), the fastest the
+    run could go were its work the only bound. It is a ceiling, not a forecast: the speed-up
+    reached is bounded by the lag of each message too (docs/validation.md)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    by_role = {"frontend": 0.0, "roles": 0.0}
+    for name, seconds in used_s.items():
+        role = roles.get(name)
+        if role == "FE":
+            by_role["frontend"] += seconds
+        elif role:
+            by_role["roles"] += seconds
+    total = sum(used_s.values())
+    return {
+        "by_process_s": {name: round(seconds, 3) for name, seconds in sorted(used_s.items())},
+        "roles_s": by_role["roles"],
+        "frontend_s": by_role["frontend"],
+        "total_s": total,
+        "cores": cores,
+        "busy_share": total / (cores * wall_s) if wall_s > 0 else None,
+        "ceiling_speedup": modelled_s * cores / total if total > 0 else None,
     }
 
 

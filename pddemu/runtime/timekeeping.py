@@ -10,15 +10,17 @@ TCP timers that follow its rate, and the marks its timing is summarised from.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from netem.clock import SharedClock
 from netem.topology import Network, TopologyError
 from pddemu.config import Config
-from pddemu.metrics.timing import timing_summary
+from pddemu.metrics.timing import cpu_summary, timing_summary
 from pddemu.roles.sizing import cost_model
 from pddemu.runtime.clock import INSTANT, ModelledClock
 from pddemu.runtime.dilation import Dilation, DilationPolicy
@@ -66,6 +68,8 @@ class RunTiming:
         self.release_lag: dict[str, Any] | None = None
         self.replayer_holds: dict[str, Any] | None = None
         self.tpot_p50 = tpot_p50
+        self._cpu_before: dict[int, tuple[str, float]] = {}
+        self.cpu_s: dict[str, float] = {}  # each process's CPU seconds over the replay
 
     async def __aenter__(self) -> ModelledClock:
         shared = SharedClock(self.page)
@@ -83,11 +87,15 @@ class RunTiming:
         await self._retime(shared.rate)
         self._controller = asyncio.ensure_future(self._control())
         self.marks["start"] = (time.monotonic(), self.clock.now())
+        self._cpu_before = processes_cpu(shared, self._shaper_pid())
         return self.clock
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.clock is not None and self.dilation is not None
         self.marks["end"] = (time.monotonic(), self.clock.now())
+        self.cpu_s = cpu_difference(
+            processes_cpu(self.dilation.clock, self._shaper_pid()), self._cpu_before
+        )
         if self._controller is not None:
             self._controller.cancel()
             try:
@@ -100,6 +108,10 @@ class RunTiming:
         self.replayer_holds = self.clock.hold_counts()  # read before its slot is given back
         self.clock.close()
         self.dilation.clock.close()
+
+    def _shaper_pid(self) -> int | None:
+        shaper = self.network.shaper
+        return None if shaper is None else shaper.pid
 
     async def _control(self) -> None:
         """The controller's decisions, and the TCP timers re-set as the rate moves."""
@@ -142,7 +154,51 @@ class RunTiming:
             tpot_p50,
             self.config.scale.max_lag,
             self.replayer_holds,
+            cpu_summary(self.cpu_s, _roles(instance_stats), modelled1 - modelled0, wall1 - wall0),
         )
+
+
+def processes_cpu(page: SharedClock, shaper_pid: int | None) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of every process of the run, by pid: the participants on the clock
+    page (named by their slot; this process is the replayer, and runs the controller) and the
+    shaper."""
+    names = {r.pid: r.name.removesuffix(INSTANT) for r in page.slots()}
+    names[os.getpid()] = "replayer"
+    if shaper_pid is not None:
+        names[shaper_pid] = "shaper"
+    readings = {}
+    for pid, name in names.items():
+        seconds = process_cpu_s(pid)
+        if seconds is not None:
+            readings[pid] = (name, seconds)
+    return readings
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user and system, all threads) process `pid` has used, or None if it is
+    gone: fields 14 and 15 of /proc/<pid>/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_difference(
+    after: dict[int, tuple[str, float]], before: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds each process used between two readings (by name; a process that was not
+    there at the first counts from its start)."""
+    used: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        then = before.get(pid, (name, 0.0))[1]
+        used[name] = used.get(name, 0.0) + seconds - then
+    return used
+
+
+def _roles(instance_stats: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: str(stats.get("role", "")) for name, stats in instance_stats.items()}
 
 
 def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,12 @@ def test_a_cpu_hog_dilates_the_clock_and_the_run_judges_its_lag(tmp_path: Path) 
     # within the bound, naming the worst kind when it did not (a step handed from one instance
     # to another, or a message, can still be late on a loaded host: that is what it reports)
     assert timing["holds"]["posted"] > 0
+    # what the run's processes used, and the speed-up the cores allow at it
+    cpu = timing["cpu"]
+    assert {"P0", "RLD0", "MD0", "FE0", "replayer", "shaper"} <= set(cpu["by_process_s"])
+    assert cpu["roles_s"] > 0 and cpu["frontend_s"] > 0 and cpu["cores"] >= 1
+    assert cpu["total_s"] >= cpu["roles_s"] + cpu["frontend_s"]
+    assert cpu["ceiling_speedup"] >= 0
     bound = timing["lag"]["bound_s"]
     means = timing["lag"]["mean_by_kind"]
     worst = max(means, key=means.get)
