@@ -62,7 +62,7 @@ class Reservoir(list[float]):
     def restored(
         cls, values: Iterable[float], totals: Sequence[float | int | None] | None = None
     ) -> Reservoir:
-        """A reservoir as sent (`values`, its sample, and `totals`, see `totals`); a plain
+        """A reservoir from what was sent of it (its sample and `totals()`); a plain
         list's values without totals are every value."""
         kept = list(values)
         restored = cls(capacity=max(1, len(kept)))
@@ -94,9 +94,22 @@ class Reservoir(list[float]):
         pool.capacity = max(1, len(pool))
         return pool
 
+    def __reduce__(self) -> tuple:
+        """Pickled and copied whole (a list's default would append the values again)."""
+        return (_rebuilt, (list(self), self.capacity, self.totals(), self._random.getstate()))
+
     def mean(self) -> float | None:
         return self.total / self.seen if self.seen else None
 
     def totals(self) -> list[float | int | None]:
-        """[count, sum, max] of every value appended (JSON: a list, read by `totals_of`)."""
+        """[count, sum, max] of every value appended (JSON: a list, read back by `restored`)."""
         return [self.seen, self.total, self.largest]
+
+
+def _rebuilt(
+    values: list[float], capacity: int, totals: list[float | int | None], state: tuple
+) -> Reservoir:
+    rebuilt = Reservoir.restored(values, totals)
+    rebuilt.capacity = capacity
+    rebuilt._random.setstate(state)
+    return rebuilt

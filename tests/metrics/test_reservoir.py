@@ -3,7 +3,9 @@ and what it reports from them keeps exact means, maxima and counts."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,6 +35,9 @@ def test_above_it_a_uniform_sample_of_fixed_size_with_exact_totals() -> None:
     assert kept.mean() == pytest.approx(0.5) and kept.total == pytest.approx(sum(values))
     # uniform: the sample's quartiles within 5 standard deviations of the rank (2.2 points)
     assert np.percentile(kept, [25, 50, 75]) == pytest.approx([0.25, 0.5, 0.75], abs=0.05)
+    for copied in (pickle.loads(pickle.dumps(kept)), copy.deepcopy(kept)):
+        assert copied == kept and copied.totals() == kept.totals()
+        assert copied.capacity == 500
     late = Reservoir(capacity=10)
     late.extend([0.0] * 1000 + [1.0] * 1000)  # the later half is sampled as the earlier
     assert 2 <= sum(late) <= 8
