@@ -178,6 +178,15 @@ def _network(
         yield net
 
 
+def shaper_cpu_s(net: Network) -> float:
+    """CPU seconds the userspace shaper has used (0 for the kernel backend): at a share near 1
+    of a core it, not the shaping, bounds what iperf3 sees."""
+    if net.shaper is None:
+        return 0.0
+    fields = Path(f"/proc/{net.shaper.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_delay(quick: bool) -> dict[str, Any]:
     with _network("bench-delay", LinkSpec(delay_s=0.020)) as net:
         rtts = ping(net, 300 if quick else 2000, 0.01)
@@ -201,9 +210,13 @@ def bench_rate(rate_bps: float, quick: bool) -> dict[str, Any]:
     with _network(
         f"bench-rate{int(rate_bps / 1e6)}", LinkSpec(rate_bps=rate_bps, delay_s=0.020)
     ) as net:
+        cpu, started = shaper_cpu_s(net), time.monotonic()
         report = iperf(net, seconds, "-O", "3", server_priority=True)
+        cpu_share = (shaper_cpu_s(net) - cpu) / (time.monotonic() - started)
     goodput = report["end"]["sum_received"]["bits_per_second"]
     return {
+        "congestion": report["end"].get("sender_tcp_congestion"),
+        "shaper_cpu_share": cpu_share,
         "config": f"rate {rate_bps / 1e6:g} Mbit/s, delay 20ms each way (RTT 40 ms), queue 1 BDP",
         "tool": f"iperf3 TCP {seconds}s after 3s omitted",
         "goodput_bps": goodput,
