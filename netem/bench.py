@@ -347,6 +347,7 @@ def main(out: str, quick: bool = False, only: tuple[str, ...] = ()) -> int:
         BACKENDS_USED.clear()
         results[name] = step()
         results[name]["backend"] = ",".join(sorted(BACKENDS_USED))
+        results[name]["realtime_priority"] = results["machine"]["realtime_priority"]
         figures = {k: v for k, v in results[name].items() if k not in ("config", "tool")}
         print(
             f"netem bench: {name}: {json.dumps(figures)}",
