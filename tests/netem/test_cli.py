@@ -37,6 +37,7 @@ def ping_from_a(run_name: str, address: str, *options: str) -> subprocess.Comple
         (["up", "--a2b", "speed=1mbit"], "unknown link field"),
         (["up", "--backend", "magic"], "invalid choice"),
         (["up", "--name", "Bad_Name"], "bad run name"),
+        (["bench", "--only", "delay,warp", "--out", os.devnull], "no step warp"),
     ],
 )
 def test_bad_arguments_get_one_line_and_exit_2(args: list[str], needle: str) -> None:
