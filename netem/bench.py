@@ -178,6 +178,15 @@ def _network(
         yield net
 
 
+def steal_s(stat: str | None = None) -> list[float]:
+    """Seconds each CPU has been taken away by the hypervisor (`/proc/stat`'s steal column): in
+    a virtual machine no priority inside it keeps the shaper on time through a spell of steal,
+    so each row records how much there was while it ran."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    rows = [line.split() for line in text.splitlines() if re.match(r"cpu\d+ ", line)]
+    return [int(row[8]) / os.sysconf("SC_CLK_TCK") if len(row) > 8 else 0.0 for row in rows]
+
+
 def shaper_cpu_s(net: Network) -> float:
     """CPU seconds the userspace shaper has used (0 for the kernel backend): at a share near 1
     of a core it, not the shaping, bounds what iperf3 sees."""
@@ -345,7 +354,11 @@ def main(out: str, quick: bool = False, only: tuple[str, ...] = ()) -> int:
             continue
         print(f"netem bench: {name} ...", file=sys.stderr, flush=True)
         BACKENDS_USED.clear()
+        stolen = steal_s()
         results[name] = step()
+        results[name]["host_steal_s"] = [
+            round(after - before, 2) for before, after in zip(stolen, steal_s(), strict=True)
+        ]
         results[name]["backend"] = ",".join(sorted(BACKENDS_USED))
         results[name]["realtime_priority"] = results["machine"]["realtime_priority"]
         figures = {k: v for k, v in results[name].items() if k not in ("config", "tool")}
