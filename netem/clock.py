@@ -16,6 +16,11 @@ T until the hold is released, and the release re-anchors, so time continues from
 jump. A hold is never before the present: posting one at a time already passed holds the
 present instead.
 
+The rate's rise can be promised (`set_growth`): from then on the rate never grows faster than
+a stated factor per wall second from the last rate set, so a sleeper can nap until its deadline
+computed at that bound (`earliest_wall_delay`) and never be late for a speed-up, without
+waking every few milliseconds to look.
+
 Slots: each participant claims one (by name, with its pid), posts its holds there and counts
 its lag there (how late, in modelled seconds, it did what was scheduled): monotonic counters
 written only by their owner, which the rate's controller reads as differences.
@@ -55,7 +60,11 @@ _LAG_TARGET = struct.Struct("=d")  # offset 48: the mean lag the controller keep
 _FROZEN = struct.Struct("=d")  # offset 56: wall seconds the clock stood at a hold, in all
 _BINDING = struct.Struct("=d")  # offset 64: since when it stands at the earliest hold (or inf)
 _CEILING = struct.Struct("=d")  # offset 72: the fastest rate the clock may be set to
+# Offset 80, under the seqlock: the promise on the rate's rise (growth per wall second as a
+# natural log, inf for none; the rate and wall time it grows from). See `fastest_rate`.
+_PROMISE = struct.Struct("=ddd")
 SEQ_AT, ANCHOR_AT, LAG_TARGET_AT, FROZEN_AT, BINDING_AT, CEILING_AT = 8, 16, 48, 56, 64, 72
+PROMISE_AT = 80
 
 # A slot: name, pid, the hold (under the lock), then its owner's counters.
 # Lag is counted apart in LAG_COUNTERS kinds (numbered by the participants, the same in every
@@ -161,6 +170,7 @@ class SharedClock:
         _LAG_TARGET.pack_into(page, LAG_TARGET_AT, math.inf)
         _BINDING.pack_into(page, BINDING_AT, math.inf)
         _CEILING.pack_into(page, CEILING_AT, max(rate, ceiling))
+        _PROMISE.pack_into(page, PROMISE_AT, math.inf, rate, monotonic())
         for index in range(MAX_SLOTS):
             _SLOT_HOLD.pack_into(page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -185,6 +195,10 @@ class SharedClock:
 
     def anchor(self) -> Anchor:
         """A consistent reading of the anchor (retried while a writer is changing it)."""
+        return self._consistent()[0]
+
+    def _consistent(self) -> tuple[Anchor, tuple[float, float, float]]:
+        """The anchor and the promise on the rate's rise, read together under the seqlock."""
         page = self._page
         spins = 0
         while True:
@@ -197,8 +211,9 @@ class SharedClock:
                     self._recover_if_unlocked()  # or it died there
                 continue
             values = _ANCHOR.unpack_from(page, ANCHOR_AT)
+            promise = _PROMISE.unpack_from(page, PROMISE_AT)
             if _SEQ.unpack_from(page, SEQ_AT)[0] == before:
-                return Anchor(*values)
+                return Anchor(*values), promise
 
     def now(self) -> float:
         """Modelled seconds: continuous, never going back, never past a hold."""
@@ -221,10 +236,34 @@ class SharedClock:
 
     def earliest_wall_delay(self, modelled: float) -> float:
         """The least wall time until modelled time reaches `modelled`, whatever the rate does
-        meanwhile (it never exceeds the ceiling): how long a sleeper may safely sleep."""
-        anchor = self.anchor()
+        meanwhile (never above the ceiling, nor above the promise): how long a sleeper may
+        safely sleep.
+
+        Under a promise the rate at wall time w is at most f0 * exp(g * (w - now)), f0 the
+        fastest rate allowed now, so time advances by at most f0 * (exp(g * t) - 1) / g in t
+        wall seconds: solved for the time left."""
+        anchor, (growth, rate, since) = self._consistent()
         wall = self.monotonic()
-        return max(0.0, (modelled - anchor.at(wall)) / self.ceiling)
+        left = modelled - anchor.at(wall)
+        if left <= 0:
+            return 0.0
+        ceiling = self.ceiling
+        at_ceiling = left / ceiling
+        if growth == math.inf:
+            return at_ceiling
+        fastest = _promised(growth, rate, since, wall, ceiling)
+        if growth == 0:
+            return max(at_ceiling, left / fastest)
+        return max(at_ceiling, math.log1p(left * growth / fastest) / growth)
+
+    def fastest_rate(self) -> float:
+        """The fastest the rate may be set to now: the ceiling, or less under a promise (the
+        last rate set, grown at the promised factor per wall second since)."""
+        _, (growth, rate, since) = self._consistent()
+        ceiling = self.ceiling
+        if growth == math.inf:
+            return ceiling
+        return _promised(growth, rate, since, self.monotonic(), ceiling)
 
     @property
     def ceiling(self) -> float:
@@ -263,23 +302,52 @@ class SharedClock:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _write_anchor(self, wall: float, modelled: float, rate: float, hold: float) -> None:
+    def _write_anchor(
+        self,
+        wall: float,
+        modelled: float,
+        rate: float,
+        hold: float,
+        promise: tuple[float, float, float] | None = None,
+    ) -> None:
         page = self._page
         seq = _SEQ.unpack_from(page, SEQ_AT)[0]
         _SEQ.pack_into(page, SEQ_AT, seq + 1)
         _ANCHOR.pack_into(page, ANCHOR_AT, wall, modelled, rate, hold)
+        if promise is not None:
+            _PROMISE.pack_into(page, PROMISE_AT, *promise)
         _SEQ.pack_into(page, SEQ_AT, seq + 2)
 
-    def set_rate(self, rate: float) -> None:
-        """Run at `rate` modelled seconds per wall second from now on (at most the ceiling)."""
+    def set_rate(self, rate: float) -> float:
+        """Run at `rate` modelled seconds per wall second from now on (at most the ceiling);
+        under a promise, at most what it allows now (`fastest_rate`), and the promise grows
+        from here. Returns the rate set."""
         _check_rate(rate)
         if rate > self.ceiling:
             raise ClockError(f"rate {rate:g} is above the clock's ceiling {self.ceiling:g}")
         with self._locked():
-            anchor = self.anchor()
+            anchor, (growth, promised, since) = self._consistent()
             wall = self.monotonic()
+            if growth < math.inf:
+                rate = min(rate, _promised(growth, promised, since, wall, self.ceiling))
             self._mark_binding(anchor, wall)  # before the anchor that dates it changes
-            self._write_anchor(wall, anchor.at(wall), rate, anchor.hold)
+            self._write_anchor(wall, anchor.at(wall), rate, anchor.hold, (growth, rate, wall))
+            return rate
+
+    def set_growth(self, per_s: float) -> None:
+        """Promise that the rate grows at most by exp(`per_s`) per wall second from the last
+        rate set (sleepers rely on it). A promise is only ever tightened: a smaller `per_s`
+        than the page's stands, a larger one is refused."""
+        if not (math.isfinite(per_s) and per_s >= 0):
+            raise ClockError(f"a growth bound must be a number >= 0, got {per_s!r}")
+        with self._locked():
+            anchor, (growth, _, _) = self._consistent()
+            if per_s > growth:
+                raise ClockError(f"growth {per_s:g}/s would break the promise of {growth:g}/s")
+            wall = self.monotonic()
+            self._write_anchor(
+                anchor.wall, anchor.modelled, anchor.rate, anchor.hold, (per_s, anchor.rate, wall)
+            )
 
     def set_ceiling(self, ceiling: float) -> None:
         """The fastest the rate may become from now on (sleepers rely on it)."""
@@ -464,6 +532,15 @@ def _slot_at(index: int) -> int:
     if not 0 <= index < MAX_SLOTS:
         raise ClockError(f"no slot {index}")
     return HEADER_BYTES + index * SLOT_BYTES
+
+
+def _promised(growth: float, rate: float, since: float, wall: float, ceiling: float) -> float:
+    """The fastest rate a promise allows at `wall`: `rate`, grown at `growth` per wall second
+    since `since`, never above the ceiling."""
+    exponent = growth * max(0.0, wall - since)
+    if exponent > math.log(ceiling / rate):  # (and no overflow)
+        return ceiling
+    return min(ceiling, rate * math.exp(exponent))
 
 
 def _check_rate(rate: float) -> None:

@@ -243,8 +243,9 @@ class Shaper:
 
     def _clock_timeout(self, anchor: Anchor, due: float) -> float:
         """Wall seconds to wait until the clock reaches `due`: as long as it takes at the
-        present rate when that is short, else what it would take at the clock's ceiling (no
-        speed-up meanwhile makes the packet late); MAX_WALL_WAIT_S when a hold stands before."""
+        present rate when that is short, else what it would take at the fastest rate the
+        clock may reach meanwhile (its ceiling, or the controller's promise: no speed-up
+        meanwhile makes the packet late); MAX_WALL_WAIT_S when a hold stands before."""
         wall = time.monotonic()
         if anchor.at(wall) >= due:
             return 0.0
@@ -253,7 +254,7 @@ class Shaper:
             return MAX_WALL_WAIT_S  # due, but the clock is held before it
         if delay > MAX_WALL_WAIT_S:
             assert self.clock is not None
-            delay = max(MAX_WALL_WAIT_S, (due - anchor.at(wall)) / self.clock.ceiling)
+            delay = max(MAX_WALL_WAIT_S, self.clock.earliest_wall_delay(due))
         return delay
 
     def _serve_control(self, fd: int) -> None:

@@ -35,10 +35,13 @@ from pddemu.metrics.reservoir import Reservoir
 
 T = TypeVar("T")
 
-# A sleep this short (wall seconds) is taken at the present rate: a speed-up within it makes it
-# late by a negligible share; a longer one is cut to what the clock would need at its fastest.
-# A sleeper behind a hold looks again this often.
-MAX_WALL_SLEEP_S = 0.005
+# A sleeper naps as long as the clock needs to reach its time at the fastest the rate may rise
+# to meanwhile (the ceiling, or the controller's promise: netem.clock, `set_growth`); only when
+# that is shorter than this (wall seconds) does it nap this long, or its time at the present
+# rate if sooner: a speed-up within that nap makes it late by at most SHORT_NAP_S x (the
+# fastest rate allowed - the rate) modelled seconds.
+SHORT_NAP_S = 0.002
+HOLD_POLL_S = 0.005  # a sleeper whose time is due but behind a hold looks again this often
 PRECISE_WALL_S = 0.002  # a precise sleep blocks for at most this much of its end
 # Lag of what the emulator knows the exact modelled time of: a step's end, a message's arrival
 # on a path without modelled time (within a host, the unshaped intra-DC path), a token's at the
@@ -150,26 +153,29 @@ class ModelledClock:
         """Sleep until modelled time `modelled`; returns how late (modelled seconds) it woke.
 
         The clock is re-read after every wake-up, since its rate may have changed or a hold
-        may have stopped it meanwhile; each wall sleep is capped so that a speed-up never
-        makes it late by more than the cap. The event loop's timers are millisecond-grained:
-        with `precise`, the last PRECISE_WALL_S of the wait block the loop instead (what the
-        replayer does, so requests leave on time).
+        may have stopped it meanwhile. Each nap lasts as long as the clock could take at the
+        fastest rate allowed meanwhile (`earliest_wall_delay`), so no speed-up makes it late,
+        but at least SHORT_NAP_S (or until its time at the present rate, if sooner): late by
+        at most SHORT_NAP_S x (fastest - rate) for a speed-up, besides the host's own wake-up
+        latency. The event loop's timers are millisecond-grained: with `precise`, the last
+        PRECISE_WALL_S of the wait block the loop instead (what the replayer does, so
+        requests leave on time).
         """
         while True:
             now = self.now()
             if now >= modelled:
                 return now - modelled
-            delay = self.source.wall_delay(modelled)
-            if delay > MAX_WALL_SLEEP_S:
-                # Far from it: as long as the clock could take at its fastest, so that no
-                # speed-up while asleep can make this late.
-                delay = max(MAX_WALL_SLEEP_S, self.source.earliest_wall_delay(modelled))
-            elif delay <= 0:  # due, but a hold stands before it: look again soon
-                delay = MAX_WALL_SLEEP_S
+            delay = self.source.wall_delay(modelled)  # at the present rate
+            if delay <= 0:  # due, but a hold stands before it: look again soon
+                nap = HOLD_POLL_S
             elif precise and delay <= PRECISE_WALL_S:
                 time.sleep(delay)
                 continue
-            await asyncio.sleep(max(0.0, delay - PRECISE_WALL_S) if precise else delay)
+            else:
+                nap = max(self.source.earliest_wall_delay(modelled), min(delay, SHORT_NAP_S))
+                if precise and nap >= delay:
+                    nap = delay - PRECISE_WALL_S  # the last stretch blocks
+            await asyncio.sleep(nap)
 
     def wall_delay(self, modelled: float) -> float:
         """Wall seconds until `modelled` at the present rate (an estimate, for progress)."""

@@ -27,6 +27,7 @@ a sign of a host too slow for the rate, and does not slow the clock down.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -67,6 +68,11 @@ class DilationPolicy:
     cooldown_periods: int = 4  # after a decrease, periods before the next one
     frozen_ok: float = 0.01  # share of wall time holds may stand the clock still
 
+    @property
+    def growth_per_s(self) -> float:
+        """The most the rate rises per wall second (natural log): its largest factor per period."""
+        return math.log(max(self.increase, self.recover)) / self.period_s
+
     @classmethod
     def for_time_scale(cls, time_scale: float | None, frozen_share: float = 0.01) -> DilationPolicy:
         """`time_scale` is the fastest rate allowed; None is "auto". Either starts low (a
@@ -97,6 +103,9 @@ class Dilation:
             self.clock.set_rate(self.policy.ceiling)
         self.clock.set_ceiling(self.policy.ceiling)
         self.clock.set_rate(self.policy.start)
+        # The promise sleepers nap by: the rate rises at most by the policy's largest factor
+        # per period (netem.clock, `set_growth`; renewed at each decision).
+        self.clock.set_growth(self.policy.growth_per_s)
         self._wall = self.clock.monotonic()
         self._frozen = self.clock.frozen_wall_s
         self._last = {r.index: r for r in self.clock.slots()}
@@ -166,8 +175,7 @@ class Dilation:
             # Too few samples to tell (a slow clock hears few messages): back towards the
             # start, or a clock slowed by a loaded moment would stay slow for good.
             rate = min(policy.start, rate * policy.recover)
-        if rate != self.clock.rate:
-            self.clock.set_rate(rate)
+        rate = self.clock.set_rate(rate)  # set each period: the promise grows from here
         self._note(rate)
         return rate
 

@@ -4,13 +4,14 @@ dilation controller's decisions, on a fake wall clock where timing does not matt
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 
 import pytest
 
-from netem.clock import SharedClock
-from pddemu.runtime.clock import ModelledClock
+from netem.clock import ClockError, SharedClock
+from pddemu.runtime.clock import SHORT_NAP_S, ModelledClock
 from pddemu.runtime.dilation import AUTO_CEILING, AUTO_START, Dilation, DilationPolicy
 from tests.netem.test_clock import FakeWall
 
@@ -37,6 +38,86 @@ def test_sleep_until_follows_a_speed_up_while_sleeping(tmp_path: Path) -> None:
     assert 0.05 < wall < 0.2  # 50 ms at rate 1, then ~9.5 ms at rate 100
     assert late < 0.05 * 100  # modelled: at most a few wall ms late at rate 100
     assert clock.now() >= 1.0
+
+
+def _sleep_under_the_fastest_rise(
+    tmp_path: Path, naps: list[float], nap_at_present_rate: bool = False
+) -> tuple[float, float]:
+    """A sleeper on a fake wall clock (its naps recorded) for 2 modelled seconds, while a
+    controller raises the rate every wall millisecond as far as the promise allows. Returns
+    how late it woke (modelled s) and the rate at its end."""
+    tmp_path.mkdir(exist_ok=True)
+    wall = FakeWall()
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, monotonic=wall, ceiling=64.0)
+    policy = DilationPolicy(ceiling=64.0, start=1.0)
+    shared.set_growth(policy.growth_per_s)
+    clock = ModelledClock(shared, shared.claim("sleeper"))
+
+    async def fake_sleep(seconds: float) -> None:
+        naps.append(seconds)
+        while seconds > 0:
+            step = min(seconds, 0.001)
+            wall.advance(step)
+            seconds -= step
+            shared.set_rate(min(64.0, 1e9 * shared.rate))  # clamped to the promise
+
+    async def scenario() -> float:
+        real_sleep = asyncio.sleep
+        asyncio.sleep = fake_sleep  # type: ignore[assignment]
+        try:
+            if nap_at_present_rate:  # what ignoring the promise would do: one nap
+                target = clock.now() + 2.0
+                await fake_sleep(shared.wall_delay(target))
+                return clock.now() - target
+            return await clock.sleep_until(clock.now() + 2.0)
+        finally:
+            asyncio.sleep = real_sleep
+
+    late = asyncio.run(scenario())
+    print(f"naps {len(naps)}, late {late:.3g} s, rate {shared.rate:.3g}")
+    return late, shared.rate
+
+
+def test_a_sleeper_naps_long_under_a_promise_and_a_rise_never_makes_it_late(
+    tmp_path: Path,
+) -> None:
+    """Under the controller's promise on the rate's rise, a sleeper naps until its time at
+    that bound: a handful of naps for 2 modelled seconds (at 2 ms naps: hundreds), and the
+    fastest rise allowed makes it late by at most SHORT_NAP_S x the rise within one nap."""
+    naps: list[float] = []
+    late, rate = _sleep_under_the_fastest_rise(tmp_path, naps)
+    assert rate > 1.5  # the rate did rise, as fast as promised
+    assert len(naps) <= 25
+    growth = DilationPolicy(ceiling=64.0, start=1.0).growth_per_s
+    tolerance = SHORT_NAP_S * rate * (math.exp(growth * 2 * SHORT_NAP_S) - 1)
+    assert 0 <= late <= tolerance
+    # The same rise against one nap at the present rate: late by far more (what the test
+    # would catch in a sleeper ignoring the bound).
+    naps_ignoring: list[float] = []
+    late_ignoring, _ = _sleep_under_the_fastest_rise(
+        tmp_path / "ignoring", naps_ignoring, nap_at_present_rate=True
+    )
+    assert late_ignoring > 100 * tolerance
+
+
+def test_the_page_keeps_the_promise_on_the_rates_rise(tmp_path: Path) -> None:
+    wall = FakeWall()
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, monotonic=wall, ceiling=64.0)
+    assert shared.set_rate(8.0) == 8.0  # no promise yet: up to the ceiling
+    shared.set_growth(math.log(2.0))  # at most doubling per wall second
+    assert shared.fastest_rate() == pytest.approx(8.0)
+    wall.advance(1.0)
+    assert shared.set_rate(64.0) == pytest.approx(16.0)  # clamped: doubled in that second
+    assert shared.set_rate(4.0) == 4.0  # down at once
+    assert shared.fastest_rate() == pytest.approx(4.0)  # and the promise grows from there
+    with pytest.raises(ClockError, match="promise"):
+        shared.set_growth(math.log(3.0))  # a promise is never loosened
+    shared.set_growth(math.log(1.5))
+    wall.advance(1.0)
+    assert shared.fastest_rate() == pytest.approx(6.0)
+    # 1.5 modelled seconds away, the rate 4 but allowed 6 now and rising: a nap just under
+    # 1.5 / 6 (at 6 throughout: 0.25 s; at the promise's rise: 0.238 s), over 1.5 / 64
+    assert 0.23 < shared.earliest_wall_delay(shared.now() + 1.5) < 0.25
 
 
 def test_sleep_until_waits_behind_a_hold_and_wakes_at_its_release(tmp_path: Path) -> None:
