@@ -173,8 +173,8 @@ class ModelledClock:
                 continue
             else:
                 nap = max(self.source.earliest_wall_delay(modelled), min(delay, SHORT_NAP_S))
-                if precise and nap >= delay:
-                    nap = delay - PRECISE_WALL_S  # the last stretch blocks
+                if precise:  # the last stretch blocks, whatever the nap's bound
+                    nap = min(nap, delay - PRECISE_WALL_S)
             await asyncio.sleep(nap)
 
     def wall_delay(self, modelled: float) -> float:

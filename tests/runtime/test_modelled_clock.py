@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from netem.clock import ClockError, SharedClock
-from pddemu.runtime.clock import SHORT_NAP_S, ModelledClock
+from pddemu.runtime.clock import PRECISE_WALL_S, SHORT_NAP_S, ModelledClock
 from pddemu.runtime.dilation import AUTO_CEILING, AUTO_START, Dilation, DilationPolicy
 from tests.netem.test_clock import FakeWall
 
@@ -351,3 +351,37 @@ def test_a_dead_participants_hold_is_released(tmp_path: Path) -> None:
     assert dilation.release_dead() == ["ghost"]
     wall.advance(1.0)
     assert shared.now() == pytest.approx(1.0)
+
+
+def test_a_precise_sleep_blocks_its_last_stretch_under_a_promise(tmp_path: Path) -> None:
+    """With `precise`, the last asyncio nap ends PRECISE_WALL_S before the deadline at the
+    present rate even under a promise (whose safe nap lies just under the deadline), so the
+    loop's millisecond timers cannot make the replayer's requests leave late."""
+    wall = FakeWall()
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, monotonic=wall, ceiling=64.0)
+    shared.set_growth(DilationPolicy(ceiling=64.0, start=1.0).growth_per_s)
+    clock = ModelledClock(shared, shared.claim("replayer"))
+    naps: list[float] = []
+    blocked: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        naps.append(seconds)
+        wall.advance(seconds)
+
+    def fake_block(seconds: float) -> None:
+        blocked.append(seconds)
+        wall.advance(seconds)
+
+    async def scenario() -> float:
+        real_sleep, real_block = asyncio.sleep, time.sleep
+        asyncio.sleep, time.sleep = fake_sleep, fake_block  # type: ignore[assignment]
+        try:
+            return await clock.sleep_until(clock.now() + 0.005, precise=True)
+        finally:
+            asyncio.sleep, time.sleep = real_sleep, real_block  # type: ignore[assignment]
+
+    asyncio.run(scenario())
+    # One nap to PRECISE_WALL_S before the deadline, then the rest blocks (on the fake wall
+    # a rounding residue may add a poll after it: not the loop's timers, left unchecked).
+    assert naps and naps[0] == pytest.approx(0.005 - PRECISE_WALL_S, abs=1e-9)
+    assert blocked and blocked[0] == pytest.approx(PRECISE_WALL_S, abs=1e-9)
