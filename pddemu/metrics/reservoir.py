@@ -9,6 +9,7 @@ than `capacity` were appended: with n kept the q-th percentile's rank is off by
 sqrt(q (1 - q) / n) in standard deviation, i.e. at the default 65,536 the p99 lies within
 about ±0.08 percentile points (two standard deviations) of the true p99 and the p50 within
 ±0.4. Below the capacity the sample is every value, in order: nothing is estimated.
+Pooling several (`pooled`) weighs each by the values it saw, not by those it kept.
 """
 
 from __future__ import annotations
@@ -79,12 +80,21 @@ class Reservoir(list[float]):
 
     @classmethod
     def pooled(cls, parts: Iterable[Sequence[float]]) -> Reservoir:
-        """Several samples as one: their values together, their totals summed (percentiles of
-        the pool weigh each part's values as kept)."""
+        """Several samples as one uniform sample of all their values, with their totals summed.
+
+        A part sampled down keeps fewer of its values than it saw, so pooling kept values alike
+        would under-weigh it: each part contributes in proportion to what it saw, every part
+        thinned (from a fixed seed) to the smallest kept fraction among them. Parts that kept
+        every value are pooled whole, in order."""
+        parts = [part if isinstance(part, Reservoir) else cls.restored(part) for part in parts]
+        fraction = min((len(part) / part.seen for part in parts if part.seen), default=1.0)
+        thinning = random.Random(0)
         pool = cls.restored([])
         for part in parts:
-            part = part if isinstance(part, Reservoir) else cls.restored(part)
-            list.extend(pool, part)
+            kept = list(part)
+            if fraction < 1.0:
+                kept = thinning.sample(kept, min(len(kept), round(fraction * part.seen)))
+            list.extend(pool, kept)
             pool.seen += part.seen
             pool.total += part.total
             if part.largest is not None:

@@ -79,3 +79,21 @@ def test_the_clock_the_events_and_the_door_keep_bounded_samples() -> None:
     for i in range(1000):
         door._completed(SimpleNamespace(tpot_s=0.01 + (i % 2) * 0.01))
     assert len(door.tpots_s) == 100 and door.completed == 1000
+
+
+def test_pooled_percentiles_weigh_each_part_by_what_it_saw() -> None:
+    """One part sampled down from 200,000 values (2 % of them 10 ms, the rest 0.1 ms) pooled
+    with a whole part of 60,000 zeros: the pool's p99 is the true one (10 ms), not the 0.1 ms
+    that pooling the kept values alike gives."""
+    sampled = Reservoir(capacity=4096)
+    for index in range(200_000):
+        sampled.append(0.010 if index % 50 == 0 else 0.0001)
+    zeros = Reservoir([0.0] * 60_000)
+    pool = Reservoir.pooled([sampled, zeros])
+    assert pool.seen == 260_000
+    share_of_sampled = sum(1 for value in pool if value > 0) / len(pool)
+    assert share_of_sampled == pytest.approx(200_000 / 260_000, abs=0.02)
+    assert np.percentile(pool, 99) == pytest.approx(0.010)
+    assert pool.mean() == pytest.approx((4000 * 0.010 + 196_000 * 0.0001) / 260_000)
+    whole = Reservoir.pooled([Reservoir([1.0, 2.0]), Reservoir([3.0])])
+    assert list(whole) == [1.0, 2.0, 3.0]  # nothing sampled down: every value, in order
