@@ -121,6 +121,11 @@ class ShortCellError(RuntimeError):
 T = TypeVar("T")
 
 
+# Rounds in a row without a new handoff after which a short cell is given up (its slots fail
+# at the same points every time: a top-up cannot help)
+STALE_ROUNDS = 2
+
+
 def sample_cap(wanted: int) -> int:
     return CAP_FACTOR * wanted + CAP_EXTRA
 
@@ -138,18 +143,26 @@ def measure(
     """Each cell's measured handoffs by slot, at least `wanted` of them: `run_round` is asked
     which slots to send per cell and answers with the handoffs they gave, by slot (some give
     none). The first round sends every slot; rounds go on for the cells still short, each
-    sending the slots without a handoff. Raises ShortCellError, naming the cell, when a short
-    cell has sent its `sample_cap` samples."""
+    sending the slots without a handoff. A top-up re-sends the same slots at the same points,
+    so slots that fail every time can never make up the shortfall: raises ShortCellError,
+    naming the cell and those slots, when STALE_ROUNDS rounds in a row add no handoff to a
+    short cell, or when it has sent its `sample_cap` samples."""
     kept: dict[Cell, dict[int, T]] = {cell: {} for cell in cells}
     sent = dict.fromkeys(kept, 0)
+    fruitless = dict.fromkeys(kept, 0)  # rounds in a row that added no handoff to the cell
     cap, size = sample_cap(wanted), phase_slots(wanted)
     while short := [cell for cell, got in kept.items() if len(got) < wanted]:
-        stuck = [cell for cell in short if sent[cell] >= cap]
+        stuck = [cell for cell in short if sent[cell] >= cap or fruitless[cell] >= STALE_ROUNDS]
         if stuck:
             raise ShortCellError(
                 "; ".join(
                     f"cell {cell}: {len(kept[cell])} handoffs of {wanted} after {sent[cell]} "
-                    f"samples (the cap)"
+                    + (
+                        "samples (the cap)"
+                        if sent[cell] >= cap
+                        else f"samples; slots {_missing(kept[cell], size)} gave none in "
+                        f"{STALE_ROUNDS} rounds in a row"
+                    )
                     for cell in stuck
                 )
             )
@@ -160,8 +173,14 @@ def measure(
         got = run_round(asks)
         for cell, slots in asks.items():
             sent[cell] += len(slots)
+            before = len(kept[cell])
             kept[cell].update((slot, h) for slot, h in got.get(cell, {}).items() if slot in slots)
+            fruitless[cell] = fruitless[cell] + 1 if len(kept[cell]) == before else 0
     return kept
+
+
+def _missing(kept: dict[int, T], size: int) -> str:
+    return ", ".join(str(slot) for slot in range(size) if slot not in kept)
 
 
 @dataclass(frozen=True)
