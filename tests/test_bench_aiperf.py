@@ -38,7 +38,10 @@ def test_it_is_removed_when_aiperf_times_out(tmp_path: Path) -> None:
         f"open({str(names)!r}, 'w').write(tempfile.gettempdir())\n"
         "time.sleep(30)\n"
     )
+    ours = "pddemu-aiperf-*"
+    before = set(Path(tempfile.gettempdir()).glob(ours))
     with pytest.raises(subprocess.TimeoutExpired):
         run_aiperf([sys.executable, "-c", sleeps], timeout_s=2.0)
+    assert set(Path(tempfile.gettempdir()).glob(ours)) <= before  # its directory is gone
     if names.exists():  # the child got as far as saying where (a loaded host may not)
         assert not Path(names.read_text()).exists()

@@ -58,8 +58,9 @@ class DilationPolicy:
     min_samples: int = 3  # a kind's mean is judged from this many samples (or targets of lag)
     # ... averaging at most this share of the target. Lag that is a fixed wall cost (a hop
     # between processes) grows with the rate, so the rate settles where the mean reaches this
-    # share: at 0.5 a run settled at half the speed its target allows (x0.34 against x0.47 at
-    # 0.85, one A/B under the CPU lock, results alike; docs/architecture.md "Dilation").
+    # share: at 0.5 the fake-clock test (lag = hop x rate) settles at 2.12 of the 4 its
+    # target allows, at 0.85 at 3.74 (tests/runtime; a real run's speed-up spreads too widely
+    # run to run, x0.26-0.48, for one A/B to show it: docs/validation.md).
     calm_share: float = 0.85
     decrease: float = 0.8  # factor on trouble
     hard_decrease: float = 0.5  # factor when four times over the target, or mostly frozen

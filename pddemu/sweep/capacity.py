@@ -9,8 +9,11 @@ same experiment always starts at the same rates):
 
       rate = P instances / mean prefill seconds of a whole prompt
 
-  A prefix hit only shortens prefill, so P sustains at least this. Where the prompts share long
-  prefixes it lies far below P's capacity (2-5x on pdd-janfeb's sessions).
+  A prefix hit only shortens prefill, so P sustains at least this, provided the router
+  spreads the requests over the P instances evenly; a router that keeps sessions on one
+  instance (pdd-janfeb's quick runs put every request on P0) can load one instance beyond
+  its share, and the bound is then not a lower bound of the system's capacity. Where the
+  prompts share long prefixes it lies far below P's capacity (2-5x on pdd-janfeb's sessions).
 
 - the ideal-cache UPPER bound: each request prefills only the tokens its trace's block ids say
   no earlier request had (`expected_hit_tokens`: an infinite cache shared by every P instance,

@@ -91,8 +91,7 @@ def _fifo_busy_seconds(config, system: str, prompts: list[tuple[int, int]]) -> f
 def test_no_schedule_with_smaller_hits_beats_the_ideal_cache_bound(pad: bool) -> None:
     """Forced variations: random prompts and ideal hits, and real hits anywhere from none to
     the ideal one (a per-instance cache, eviction, a prefix not yet computed): P's modelled
-    busy time never falls below what the bound allows, and with no hit at all the bound is
-    far above the cold-start rate's prompts."""
+    busy time never falls below what the bound allows."""
     config = load_config(None, [f"prefill.pad_chunks={str(pad).lower()}"])
     instances = config.systems["pdd"]["P"]
     rng = random.Random(7)
