@@ -45,3 +45,19 @@ def test_it_is_removed_when_aiperf_times_out(tmp_path: Path) -> None:
     assert set(Path(tempfile.gettempdir()).glob(ours)) <= before  # its directory is gone
     if names.exists():  # the child got as far as saying where (a loaded host may not)
         assert not Path(names.read_text()).exists()
+
+
+def test_a_timeout_kills_the_children_it_started_too(tmp_path: Path) -> None:
+    """AIPerf starts service processes: a timeout must not leave them running."""
+    pid_file = tmp_path / "child.pid"
+    parent = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_aiperf([sys.executable, "-c", parent], timeout_s=5.0)
+    pid = int(pid_file.read_text())  # two Python start-ups fit in 5 s on a loaded host
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"

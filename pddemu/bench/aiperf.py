@@ -152,14 +152,44 @@ def run_aiperf(
     """Run AIPerf with a temporary directory of its own, removed after (also on failure): each
     run leaves an empty `aiperf_mmap_<benchmark id>` directory in its TMPDIR. A fresh directory
     in the system's, not one in the run's: AIPerf puts its ZeroMQ sockets there, and a socket's
-    path must fit in 107 bytes. Returns the finished run and the names it left there."""
+    path must fit in 107 bytes. AIPerf runs in a session of its own, so a timeout (or any
+    error) kills its service processes too, not only the one started. Returns the finished run
+    and the names it left there."""
     scratch = Path(tempfile.mkdtemp(prefix="pddemu-aiperf-"))
     env = {**os.environ, "TMPDIR": str(scratch), "AIPERF_DATASET_MMAP_BASE_PATH": str(scratch)}
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+        stdout, stderr = process.communicate(timeout=timeout_s)
+        done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
         return done, sorted(entry.name for entry in scratch.iterdir())
     finally:
+        if process.returncode is None or _group_alive(process.pid):
+            _kill_group(process)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL to AIPerf's whole session (its services outlive the main process otherwise)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
 
 
 def run_profile(workdir: Path, requests: int = REQUESTS) -> tuple[Profile, dict[str, Any]]:
