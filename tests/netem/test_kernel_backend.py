@@ -320,6 +320,7 @@ TC_ARGS = {
 
 
 HEADERS = 16 + 20  # struct nlmsghdr, struct tcmsg: the attributes follow
+RTM_NEWQDISC = 36  # the netlink message type of a qdisc request (linux/rtnetlink.h)
 
 
 def tc_handle(handle: int) -> str:
@@ -328,15 +329,25 @@ def tc_handle(handle: int) -> str:
 
 def tc_request(namespace: str, argv: list[str], dump: Path) -> bytes:
     """The netlink request `tc` sends for `argv`, whether or not this kernel can take it: the
-    bytes of its sendmsg as strace dumps them."""
-    subprocess.run(
+    bytes of its sendmsg carrying RTM_NEWQDISC, as strace dumps them (one dump per call: tc
+    may send other requests, e.g. to look the device up, by sendmsg too)."""
+    traced = subprocess.run(
         command_in(namespace, ["strace", "-qq", "-e", "trace=sendmsg", "-e", "write=all"])
         + ["-o", str(dump), "tc", *argv],
         capture_output=True,
+        text=True,
         check=False,
     )
-    rows = re.findall(r"^ \| [0-9a-f]{5}  ((?:[0-9a-f]{2} {1,2})+)", dump.read_text(), re.M)
-    return bytes.fromhex("".join(rows).replace(" ", ""))
+    if not dump.exists():
+        pytest.fail(f"strace could not trace tc {' '.join(argv)}: {traced.stderr.strip()}")
+    requests = []
+    for call in re.split(r"^(?! \| )", dump.read_text(), flags=re.M):
+        rows = re.findall(r"^ \| [0-9a-f]{5}  ((?:[0-9a-f]{2} {1,2})+)", call, re.M)
+        data = bytes.fromhex("".join(rows).replace(" ", ""))
+        if len(data) >= HEADERS and struct.unpack_from("=H", data, 4)[0] == RTM_NEWQDISC:
+            requests.append(data)
+    assert len(requests) == 1, f"tc sent {len(requests)} RTM_NEWQDISC requests for {argv}"
+    return requests[0]
 
 
 def attributes(data: bytes) -> list[tuple[int, bytes]]:
