@@ -111,6 +111,12 @@ def small_scenario(tmp_path: Path) -> Path:
 
 DETERMINED = ("requests", "tokens", "pipelines", "wan_bytes", "hit_rate", "cost_per_hour")
 TIMED = ("ttft_s.mean", "tpot_s.mean", "e2el_s.mean")
+# How far the two executors' timing may drift apart: these runs do not judge lag (max_lag
+# 1000; judged, this scenario's naive points are flagged not valid even on a quiet host, so
+# the sweep exits 4), so the host's load reaches their timing, Ray's own processes beside a
+# point included: one CI run read Ray's mean TTFT 14 % above the local run's (0.375 against
+# 0.329 s) with its points one at a time. Streams and the determined fields stay exact.
+TIMED_DRIFT = 0.25
 
 
 def field(entry: dict, name: str) -> float:
@@ -158,7 +164,7 @@ def test_local_and_ray_give_the_same_streams_and_summaries(
         )
         for point_id, entry in by_local.items():
             difference = abs(field(entry, name) - field(by_ray[point_id], name))
-            assert difference <= max(seed_spread, 0.1 * field(entry, name)), (name, values)
+            assert difference <= max(seed_spread, TIMED_DRIFT * field(entry, name)), (name, values)
     assert leftovers(local) == ([], []) and leftovers(ray) == ([], [])
 
 
