@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -53,7 +54,12 @@ def _sleep_under_the_fastest_rise(
     shared.set_growth(policy.growth_per_s)
     clock = ModelledClock(shared, shared.claim("sleeper"))
 
+    test_thread = threading.get_ident()
+    real_sleep = asyncio.sleep
+
     async def fake_sleep(seconds: float) -> None:
+        if threading.get_ident() != test_thread:  # another test's leftover loop: not ours
+            return await real_sleep(seconds)
         naps.append(seconds)
         while seconds > 0:
             step = min(seconds, 0.001)
@@ -62,7 +68,6 @@ def _sleep_under_the_fastest_rise(
             shared.set_rate(min(64.0, 1e9 * shared.rate))  # clamped to the promise
 
     async def scenario() -> float:
-        real_sleep = asyncio.sleep
         asyncio.sleep = fake_sleep  # type: ignore[assignment]
         try:
             if nap_at_present_rate:  # what ignoring the promise would do: one nap
@@ -364,16 +369,22 @@ def test_a_precise_sleep_blocks_its_last_stretch_under_a_promise(tmp_path: Path)
     naps: list[float] = []
     blocked: list[float] = []
 
+    test_thread = threading.get_ident()
+    real_sleep, real_block = asyncio.sleep, time.sleep
+
     async def fake_sleep(seconds: float) -> None:
+        if threading.get_ident() != test_thread:  # another test's leftover loop: not ours
+            return await real_sleep(seconds)
         naps.append(seconds)
         wall.advance(seconds)
 
     def fake_block(seconds: float) -> None:
+        if threading.get_ident() != test_thread:
+            return real_block(seconds)
         blocked.append(seconds)
         wall.advance(seconds)
 
     async def scenario() -> float:
-        real_sleep, real_block = asyncio.sleep, time.sleep
         asyncio.sleep, time.sleep = fake_sleep, fake_block  # type: ignore[assignment]
         try:
             return await clock.sleep_until(clock.now() + 0.005, precise=True)
