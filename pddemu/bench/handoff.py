@@ -102,6 +102,8 @@ MARGIN = 1.1  # samples sent per handoff still wanted (a few miss their phase's 
 CAP_FACTOR, CAP_EXTRA = 2, 5  # a cell sends at most CAP_FACTOR * N + CAP_EXTRA samples
 POLL_S = 0.2  # wall seconds between readings of the TCP counters
 STATS = ("mean", "p50", "p99", "max", "std")
+# Setup keys a cell records of its own (`measured`): a file merges cells measured at another N
+PER_CELL_SETUP = ("samples_per_cell", "slots_per_phase", "top_up")
 
 
 @dataclass(frozen=True)
@@ -345,8 +347,9 @@ def overlapping(kept: list[RequestRecord], records: list[RequestRecord]) -> int:
 
 def lag1_autocorrelation(rounds: list[list[float]]) -> dict[str, float | None]:
     """The lag-1 autocorrelation of a cell's MD-side latencies in arrival order, beside the
-    band it stays within in 95 % of cells if they are independent (+-1.96/sqrt(n)). Pairs are
-    taken within each round only: two rounds are two deployments, not one sequence."""
+    band it stays within in 95 % of cells if they are independent (+-1.96/sqrt(n)), and the
+    effective sample count. Pairs are taken within each round only: two rounds are two
+    deployments, not one sequence."""
     pairs = [(a, b) for latencies in rounds for a, b in itertools.pairwise(latencies)]
     n = sum(len(latencies) for latencies in rounds)
     r1 = None
@@ -354,7 +357,36 @@ def lag1_autocorrelation(rounds: list[list[float]]) -> dict[str, float | None]:
         x, y = np.asarray(pairs).T
         if x.std() > 0 and y.std() > 0:
             r1 = float(np.corrcoef(x, y)[0, 1])
-    return {"lag1_autocorrelation": r1, "band_95": 1.96 / math.sqrt(n) if n else None}
+    return {
+        "lag1_autocorrelation": r1,
+        "band_95": 1.96 / math.sqrt(n) if n else None,
+        "effective_samples": effective_samples(n, r1),
+    }
+
+
+def effective_samples(n: int, r1: float | None) -> float | None:
+    """n(1-r)/(1+r): how many independent samples a series of n with lag-1 autocorrelation r
+    is worth for its mean (an AR(1) series; the standard error of the mean grows by
+    sqrt(n / effective)). None when r is unknown or -1 (unbounded)."""
+    if r1 is None or n == 0 or r1 <= -1:
+        return None
+    return round(n * (1 - r1) / (1 + r1), 1)
+
+
+def code_version() -> dict[str, Any] | None:
+    """The commit of the pddemu checkout measuring (and whether its tracked files differ from
+    it), kept per cell: a file merges cells measured by different code. None outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit, dirty = (
+            subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True)
+            for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
+        )
+    except OSError:
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
 class TcpCounters:
@@ -551,6 +583,10 @@ def benchmark(
     offset = bulk_offset(seed)
     result["setup"]["bulk_offset_s"] = round(offset, 3)
     started, load_before = time.time(), os.getloadavg()
+    measured_by = {
+        **(code_version() or {"commit": None}),
+        **{key: result["setup"][key] for key in PER_CELL_SETUP},
+    }
 
     with tempfile.TemporaryDirectory() as scratch:
 
@@ -615,6 +651,7 @@ def benchmark(
                 "jitter_ms": cell.jitter_ms,
                 "qdisc": cell.qdisc,
                 "handoffs": len(records),
+                "measured": measured_by,
                 **totals,
                 "md_latency_ms": describe_ms([r.handoff_latency_s for r in records]),
                 "stall_ms": describe_ms([r.handoff_stall_s for r in records]),
@@ -654,11 +691,20 @@ def warmup_summary(rounds: list[list[RequestRecord]]) -> dict[str, Any]:
     }
 
 
+def wanted(cell: dict[str, Any], setup: dict[str, Any]) -> int:
+    """The N a cell was measured for (its own, in a file merged from runs at several N)."""
+    return cell.get("measured", {}).get("samples_per_cell", setup["samples_per_cell"])
+
+
 def judge(result: dict[str, Any]) -> None:
-    samples, eager = result["setup"]["samples_per_cell"], result["setup"]["eager_tokens"]
-    short = [c for c in result["cells"] if c["handoffs"] < samples]
+    setup = result["setup"]
+    ns = {wanted(c, setup) for c in result["cells"]} or {setup["samples_per_cell"]}
+    label = f"{ns.pop()}" if len(ns) == 1 else "each cell's N"
+    short = [c for c in result["cells"] if c["handoffs"] < wanted(c, setup)]
     result["targets"] = {
-        f"at least {samples} handoffs of exactly {eager} eager tokens per cell": not short,
+        f"at least {label} handoffs of exactly {setup['eager_tokens']} eager tokens per cell": (
+            not short
+        ),
         "no duplicate or missing token": all(
             c["duplicate_tokens"] == 0 and c["gap_tokens"] == 0 for c in result["cells"]
         ),
@@ -668,12 +714,19 @@ def judge(result: dict[str, Any]) -> None:
 
 def merged(result: dict[str, Any], earlier_path: Path) -> dict[str, Any]:
     """`result`'s cells with the other cells of an earlier run of the same setup in the file
-    (a grid measured in parts); a file of another setup is replaced."""
+    (a grid measured in parts, perhaps at another N: each cell says its own in `measured`); a
+    file of another setup is replaced."""
     try:
         earlier = json.loads(earlier_path.read_text())
     except (OSError, ValueError):
         return result
-    if not isinstance(earlier, dict) or earlier.get("setup") != result["setup"]:
+
+    def shared(setup: Any) -> Any:
+        if not isinstance(setup, dict):
+            return setup
+        return {k: v for k, v in setup.items() if k not in PER_CELL_SETUP}
+
+    if not isinstance(earlier, dict) or shared(earlier.get("setup")) != shared(result["setup"]):
         return result
 
     def key(cell: dict[str, Any]) -> tuple:
