@@ -21,6 +21,7 @@ from pddemu.bench.handoff import (
     ShortCellError,
     benchmark,
     bulk_offset,
+    effective_samples,
     handoffs,
     lag1_autocorrelation,
     measure,
@@ -138,6 +139,16 @@ def test_overlapping_handoffs_and_the_autocorrelation_are_reported() -> None:
     assert lag1_autocorrelation([rising, rising])["band_95"] == pytest.approx(1.96 / 8**0.5)
 
 
+def test_the_effective_sample_count_shrinks_with_positive_autocorrelation() -> None:
+    assert effective_samples(100, 0.0) == 100
+    assert effective_samples(100, 0.5) == pytest.approx(100 / 3, abs=0.1)
+    assert effective_samples(100, -0.2) == pytest.approx(150)
+    assert effective_samples(100, None) is None and effective_samples(100, -1.0) is None
+    both = lag1_autocorrelation([[0.1, 0.2, 0.4, 0.3, 0.5, 0.2, 0.6, 0.1]])
+    r = both["lag1_autocorrelation"]
+    assert both["effective_samples"] == pytest.approx(8 * (1 - r) / (1 + r), abs=0.05)
+
+
 def lossy_source(lose_every: int, sent: dict[Cell, int]):
     """A fake sample source: every `lose_every`-th sample of a cell gives no handoff (it missed
     its phase, or the relay handed over late); a handoff is its slot's number."""
@@ -203,8 +214,59 @@ def test_a_grid_measured_in_parts_is_merged_per_cell(tmp_path) -> None:
     assert [(c["qdisc"], c["handoffs"]) for c in combined["cells"]] == [("fifo", 5), ("prio", 3)]
     assert combined["wall_s"] == 3.0
     assert not combined["targets"]["at least 5 handoffs of exactly 100 eager tokens per cell"]
-    other = {"setup": {**setup, "samples_per_cell": 6}, "cells": [], "runs": []}
+    other = {"setup": {**setup, "eager_tokens": 50}, "cells": [], "runs": []}
     assert merged(other, out)["cells"] == []  # another setup's file is replaced, not merged
+
+
+def test_cells_measured_at_another_n_are_merged_and_each_judged_by_its_own(tmp_path) -> None:
+    """The grid is measured in parts; a part at N = 100 keeps the other parts' cells measured
+    at N = 30, each saying its own N (and commit) in `measured`, each judged by its own N."""
+
+    def cell(qdisc: str, handoffs: int, n: int) -> dict:
+        return {
+            "qdisc": qdisc,
+            "jitter_ms": 2.0,
+            "payload": "extend",
+            "handoffs": handoffs,
+            "measured": {"commit": "abc", "samples_per_cell": n, "slots_per_phase": None},
+            "duplicate_tokens": 0,
+            "gap_tokens": 0,
+        }
+
+    out = tmp_path / "handoff.json"
+    setup = {"samples_per_cell": 30, "eager_tokens": 100}
+    out.write_text(json.dumps({"setup": setup, "cells": [cell("prio", 31, 30)], "runs": []}))
+    fresh = {
+        "setup": {**setup, "samples_per_cell": 100, "slots_per_phase": 110},
+        "cells": [cell("fifo", 103, 100)],
+        "runs": [],
+    }
+    combined = merged(fresh, out)
+    assert [(c["qdisc"], c["measured"]["samples_per_cell"]) for c in combined["cells"]] == [
+        ("fifo", 100),
+        ("prio", 30),
+    ]
+    target = "at least each cell's N handoffs of exactly 100 eager tokens per cell"
+    assert combined["targets"][target]
+    fresh["cells"] = [cell("fifo", 99, 100)]  # short of its own N, though over the other's
+    assert not merged(fresh, out)["targets"][target]
+
+
+def fake_cell(phase, samples: list[RequestRecord], warm: list[RequestRecord]) -> dict:
+    """What `run_payload` reports of one phase, for a fake deployment whose handoffs have the
+    records given (each one's gap and stall set to its MD-side latency)."""
+    for r in warm + samples:
+        r.handoff_gap_s = r.handoff_stall_s = r.handoff_latency_s
+    return {
+        "records": samples,
+        "warmup_records": warm,
+        "warmup_sent": phase.warmup,
+        "bulk_requests": len(phase.bulk_s),
+        "samples_sent": phase.samples,
+        "duplicate_tokens": 0,
+        "gap_tokens": 0,
+        "overlapping_handoffs": 0,
+    }
 
 
 def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch) -> None:
@@ -230,18 +292,7 @@ def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch
             ]
             for i, r in enumerate(samples):
                 r.handoff_resumed_s = r.handoff_started_s + 0.05 + 0.01 * (i % 4)
-            for r in warm + samples:
-                r.handoff_gap_s = r.handoff_stall_s = r.handoff_latency_s
-            cells[phase.cell] = {
-                "records": samples,
-                "warmup_records": warm,
-                "warmup_sent": phase.warmup,
-                "bulk_requests": len(phase.bulk_s),
-                "samples_sent": phase.samples,
-                "duplicate_tokens": 0,
-                "gap_tokens": 0,
-                "overlapping_handoffs": 0,
-            }
+            cells[phase.cell] = fake_cell(phase, samples, warm)
         return cells, {"valid": True, "wall_s": 1.0}
 
     monkeypatch.setattr(bench_handoff, "run_payload", fake_run_payload)
@@ -294,17 +345,7 @@ def test_top_up_samples_meet_the_bulk_kv_of_their_slot(monkeypatch) -> None:
                 if first_round and any(0 <= at - b < 1.0 for b in phase.bulk_s):
                     continue  # no handoff: a top-up must send this slot again
                 samples.append(record(f"sample:{k}:{slot}", eager, at=at + 1.0))
-            for r in samples:
-                r.handoff_gap_s = r.handoff_stall_s = r.handoff_latency_s
-            cells[phase.cell] = {
-                "records": samples,
-                "warmup_records": [],
-                "bulk_requests": len(phase.bulk_s),
-                "samples_sent": phase.samples,
-                "duplicate_tokens": 0,
-                "gap_tokens": 0,
-                "overlapping_handoffs": 0,
-            }
+            cells[phase.cell] = fake_cell(phase, samples, [])
         return cells, {"valid": True, "wall_s": 1.0}
 
     monkeypatch.setattr(bench_handoff, "run_payload", fake_run_payload)
