@@ -319,7 +319,13 @@ def search(
             )
             for settings in grid_settings(grid)
             for system in systems
-            for first, lower in [_start(start, args.config, overrides, settings, system, seeds)]
+            for first, lower in [
+                within_rate_max(
+                    *_start(start, args.config, overrides, settings, system, seeds),
+                    derived=start in START_RATES,
+                    rate_max=args.rate_max,
+                )
+            ]
         ]
     except SearchError as error:
         raise ConfigError(str(error)) from None
@@ -377,6 +383,17 @@ def _start(
         raise ConfigError(f"--rate-start {start}: {error}") from None
     # equal bounds (no prompt shares a prefix) leave nothing to bracket: halve as usual
     return rounded(upper), rounded(lower) if lower < upper else None
+
+
+def within_rate_max(
+    first: float, lower: float | None, *, derived: bool, rate_max: float
+) -> tuple[float, float | None]:
+    """A start derived from the deployment never exceeds --rate-max: above it the search starts
+    at --rate-max, and a lower rate not below that start is dropped (a failing start then
+    halves). A start given as a number is the user's and is checked, not moved."""
+    if not derived or first <= rate_max:
+        return first, lower
+    return rate_max, lower if lower is not None and lower < rate_max else None
 
 
 def search_table(results: list[dict[str, Any]], target: float) -> str:

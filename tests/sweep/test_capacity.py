@@ -21,8 +21,9 @@ from pddemu.sweep.capacity import (
     start_bounds,
     start_rate,
 )
-from pddemu.sweep.cli import rate_start
+from pddemu.sweep.cli import _start, rate_start, within_rate_max
 from pddemu.sweep.experiment import read_experiment
+from pddemu.sweep.search import GoodputSearch
 
 
 def test_one_chunk_prompts_give_instances_times_a_full_steps_chunks_per_second() -> None:
@@ -148,3 +149,25 @@ def test_a_length_only_trace_has_no_upper_bound_and_says_so(tmp_path: Path) -> N
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,9000,20\n1.5,12000,30\n")
     with pytest.raises(ValueError, match=f"{PREFILL_BOUNDS} needs a trace with block ids"):
         start_bounds(None, [f"workload.trace={trace}", "workload.requests=2"], "pdd", [None])
+
+
+def test_a_derived_start_above_rate_max_starts_at_rate_max() -> None:
+    overrides = ["workload.requests=16"]
+    upper, lower = _start(PREFILL_BOUNDS, None, overrides, {}, "pdd", [None])
+    assert lower is not None and lower < upper
+    between = (lower + upper) / 2  # the cap between the bounds: the lower bound still follows
+    first, then = within_rate_max(upper, lower, derived=True, rate_max=between)
+    search = GoodputSearch(0.9, first, 0.01, between, lower=then)
+    assert search.next_rate() == pytest.approx(between, rel=1e-3) and then == lower
+    search.record(search.next_rate(), 0.5)
+    assert search.next_rate() == lower
+    below = lower / 2  # the cap below both: no lower rate left above the start
+    first, then = within_rate_max(upper, lower, derived=True, rate_max=below)
+    assert (first, then) == (below, None)
+    assert GoodputSearch(0.9, first, 0.01, below, lower=then).next_rate() == pytest.approx(
+        below, rel=1e-3
+    )
+    # a rate the user gave is not moved: the search refuses it in one line
+    assert within_rate_max(9.0, None, derived=False, rate_max=8.0) == (9.0, None)
+    with pytest.raises(ValueError, match="--rate-max"):
+        GoodputSearch(0.9, 9.0, 0.01, 8.0)
