@@ -396,20 +396,26 @@ def write_outputs(
     all_records = [record for run in runs.values() for record in run.records]
     write_requests_csv(out / "requests.csv", all_records)
     slo = SLO(config.slo.ttft_s, config.slo.tpot_s)
-    measured = {
-        system: after_warmup(run.records, config.workload.warmup_requests)
+    split = {
+        system: split_warmup(run.records, config.workload.warmup_requests)
         for system, run in runs.items()
     }
+    measured = {system: records for system, (_, records) in split.items()}
     summaries = {}
     for system, run in runs.items():
-        summaries[system] = summarize(
-            system,
-            measured[system],
+        arguments = (
             run.instances,
             slo,
             {**scale.describe(), "time_scale": _speedup(run)},
             link.rate_bps if system != "indc" else None,
             config.wan_cost_per_hour(system),
+        )
+        summaries[system] = summarize(system, measured[system], *arguments)
+        warm = split[system][0]
+        summaries[system]["warmup"] = (
+            {key: summarize(system, warm, *arguments)[key] for key in WARMUP_FIELDS}
+            if warm
+            else None
         )
         summaries[system].update(run.timing)
         summaries[system]["partial"] = bool(run.partial)
@@ -470,12 +476,29 @@ def write_outputs(
     return summaries, meta
 
 
-def after_warmup(records: list[RequestRecord], warmup: int) -> list[RequestRecord]:
-    """The measured requests: all but the first `warmup` to arrive (every request has a record,
-    whatever its end, so the first to arrive are the warm-up's)."""
+# a warm-up's own figures, kept apart from the measured ones (summary.json's `warmup`)
+WARMUP_FIELDS = (
+    "requests",
+    "pipelines",
+    "rld_token_share",
+    "tokens",
+    "hit_rate",
+    "wan_bytes",
+    "slo_attainment",
+    "ttft_s",
+    "duration_s",
+)
+
+
+def split_warmup(
+    records: list[RequestRecord], warmup: int
+) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """(the warm-up, the measured requests): the first `warmup` to arrive, and the rest (every
+    request has a record, whatever its end, so the first to arrive are the warm-up's)."""
     if warmup == 0:
-        return records
-    return sorted(records, key=lambda r: (r.arrival_s, r.request_id))[warmup:]
+        return [], records
+    ordered = sorted(records, key=lambda r: (r.arrival_s, r.request_id))
+    return ordered[:warmup], ordered[warmup:]
 
 
 def report(

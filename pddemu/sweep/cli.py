@@ -2,7 +2,7 @@
 maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric against a key.
 
     pddemu sweep --out DIR [--grid KEY=V1,V2,... ...] [--seeds N] [--system S[,S...]|all]
-                 [--requests N] [--trace T] [--config F] [--set KEY=VALUE ...]
+                 [--requests N] [--warmup N] [--trace T] [--config F] [--set KEY=VALUE ...]
                  [--executor local|ray] [--parallel K] [--ray-address ADDR]
                  [--cpus-per-point C] [--rootless]
                  [--search goodput [--slo-attainment 0.9] [--rate-min R] [--rate-max R]
@@ -82,6 +82,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--system", default="all", help="pdd, naive, indc, a comma-separated list, or all"
     )
     parser.add_argument("--requests", type=int, help="requests per point (workload.requests)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help="requests replayed first in every point and left out of its figures "
+        "(workload.warmup_requests; summary.json's `warmup` holds their own)",
+    )
     parser.add_argument("--trace", help="the workload (workload.trace): pdd-janfeb or a path")
     parser.add_argument("--executor", choices=("local", "ray"), default="local")
     parser.add_argument("--parallel", type=int, default=1, help="local: points at once (default 1)")
@@ -163,6 +169,10 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
         if args.requests < 1:
             raise ConfigError("--requests must be at least 1")
         overrides.append(f"workload.requests={args.requests}")
+    if args.warmup is not None:
+        if args.warmup < 0:
+            raise ConfigError("--warmup must be at least 0")
+        overrides.append(f"workload.warmup_requests={args.warmup}")
     if args.trace is not None:
         overrides.append(f"workload.trace={json.dumps(args.trace)}")
     return overrides
@@ -255,6 +265,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         "sets": overrides,
         "grid": grid,
         "seeds": args.seeds,
+        "warmup_requests": base.workload.warmup_requests,
         "systems": systems,
         "executor": args.executor,
         "rootless": args.rootless,

@@ -11,6 +11,7 @@ a `[quick]` table what its quick variant changes (fewer seeds, requests or value
     systems = ["pdd", "naive", "indc"]    # or "all"
     seeds = 3
     requests = 100
+    warmup = 20                           # as --warmup: replayed first, not counted
     set = ["workload.arrival_rate=0.5"]   # as --set
     grid = { "wan.rate" = ["1gbit", "10gbit", "100gbit"] }   # as --grid (values: TOML values)
     search = "goodput"                    # optional, with slo_attainment, rate_min, ...
@@ -46,6 +47,7 @@ KEYS: dict[str, tuple[str, type | tuple[type, ...], str]] = {
     "systems": ("system", (list, str), 'a list of systems or "all"'),
     "seeds": ("seeds", int, "an integer"),
     "requests": ("requests", int, "an integer"),
+    "warmup": ("warmup", int, "an integer"),
     "trace": ("trace", str, "a string"),
     "set": ("set", list, "a list of KEY=VALUE strings"),
     "grid": ("grid", dict, "a table of key = [values]"),

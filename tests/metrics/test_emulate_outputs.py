@@ -14,6 +14,7 @@ from pddemu.emulate import (
     DEFECT_EXIT,
     INTERRUPTED_EXIT,
     PARTIAL_EXIT,
+    WARMUP_FIELDS,
     SystemRun,
     report,
     workload_of,
@@ -113,3 +114,22 @@ def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figure
     assert summaries["pdd"]["requests"]["total"] == 3  # r3, r4, r5: r1 and r2 arrived first
     assert summaries["pdd"]["requests"]["failed"] == 1  # r4
     assert len((out / "requests.csv").read_text().splitlines()) == 1 + 5
+    # every figure is the measured requests' alone, the warm-up's own figures are kept apart
+    first_two, last_three = sorted(records, key=lambda r: r.arrival_s)[:2], records[2:]
+    assert {r.request_id for r in first_two} == {"r1", "r2"}
+    alone = {}
+    for name, subset in (("alone-measured", last_three), ("alone-warm", first_two)):
+        cold = load_config(None, [*synthetic, f"workload.requests={len(subset)}"])
+        (tmp_path / name).mkdir()
+        runs = {"pdd": SystemRun("pdd", subset, {}, sample_instances(), 0)}
+        alone[name] = write_outputs(cold, scale, wan_link(cold, scale), runs, [], tmp_path / name)
+    expected = alone["alone-measured"][0]["pdd"]
+    assert expected["warmup"] is None and summaries["pdd"]["warmup"] is not None
+    assert {k: v for k, v in summaries["pdd"].items() if k != "warmup"} == {
+        k: v for k, v in expected.items() if k != "warmup"
+    }
+    warm_alone = alone["alone-warm"][0]["pdd"]
+    assert summaries["pdd"]["warmup"] == {key: warm_alone[key] for key in WARMUP_FIELDS}
+    assert summaries["pdd"]["warmup"]["requests"]["total"] == 2
+    saved = json.loads((out / "summary.json").read_text())["systems"]["pdd"]["warmup"]
+    assert saved["requests"]["total"] == 2
