@@ -366,11 +366,17 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
     quick = bool(meta.get("quick"))
     # exit 4: the emulator fell behind the model by more than its bound (summary's `valid`)
     not_valid = sum(1 for e in finished if e["point"].get("exit_status") == 4)
+    warmup = meta.get("warmup_requests") or 0  # results from before warm-ups had none
     return (
         f"`pddemu sweep --experiment experiments/{name}.toml{' --quick' if quick else ''}` "
         f"({'quick variant' if quick else 'full'}), code at {commit}; {len(finished)} of "
         f"{len(entries)} points done, seeds {', '.join(map(str, seeds)) or '-'}; "
-        f"{wall / 60:.1f} min of emulation (the points' wall time, one at a time"
+        + (
+            f"{warmup} warm-up requests a point first, not counted; "
+            if warmup
+            else "no warm-up (every point from empty caches); "
+        )
+        + f"{wall / 60:.1f} min of emulation (the points' wall time, one at a time"
         + (f", {wall / len(finished):.0f} s a point" if finished else "")
         + ")"
         + (
@@ -393,11 +399,12 @@ def render(experiments: Path, results: Path) -> str:
         "runs the quick variants). Each experiment reproduces PDD's setup (hardware mix, load, "
         "hit rates, lengths; `docs/pdd.md`) scaled to one machine; nothing is tuned to the "
         "paper's figures. Every measured figure is the mean over the seeds with the lowest and "
-        "highest seed's value. A quick variant replays few requests per point, starting from "
-        "empty caches: its figures are dominated by the warm-up (every instance's first "
-        "requests miss, and cross-DC, whole prompts queue on the WAN until MD's cache holds "
-        "the shared prefixes), so they check the path and show the transient, not PDD's "
-        "steady state.",
+        "highest seed's value. A point without a warm-up (each experiment says) starts from "
+        "empty caches: with few requests its figures are dominated by the start-up (every "
+        "instance's first requests miss, and cross-DC, whole prompts queue on the WAN until "
+        "MD's cache holds the shared prefixes), so they check the path and show the transient, "
+        "not PDD's steady state; a warm-up replays requests first and counts only those after "
+        "them (`warmup` in the experiment file, `--warmup` in `pddemu sweep`).",
         "",
     ]
     for path in files:

@@ -86,9 +86,13 @@ def entry(system: str, seed: int, settings: dict[str, str], **summary: Any) -> d
     }
 
 
-def write_sweep(directory: Path, entries: list[dict[str, Any]], quick: bool = True) -> None:
+def write_sweep(
+    directory: Path, entries: list[dict[str, Any]], quick: bool = True, warmup: int | None = None
+) -> None:
     directory.mkdir(parents=True)
     meta = {"quick": quick, "code": {"commit": "0123456789abcdef", "dirty": False}}
+    if warmup is not None:  # results from before warm-ups do not say
+        meta["warmup_requests"] = warmup
     (directory / "sweep.json").write_text(json.dumps({"sweep": meta, "points": entries}))
 
 
@@ -126,7 +130,7 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     load[1]["point"]["exit_status"] = 4  # one point not valid (the emulator's lag)
     write_sweep(results / "demo" / "load", load)
     base = [entry("naive", s, {}, ttft_s={"mean": 2.0 * (s + 1), "p99": 10.0}) for s in (0, 1, 2)]
-    write_sweep(results / "demo" / "base", base)
+    write_sweep(results / "demo" / "base", base, warmup=5)
 
     text = render(experiment, results)
 
@@ -148,6 +152,9 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     assert "code at 0123456789" in text and "quick variant" in text
     assert "6.0 min of emulation" in text  # 12 points of 30 s in part load
     assert "30 s a point); 1 of the points not valid" in text
+    load_line, base_line = (line for line in text.splitlines() if line.startswith("- part "))
+    assert "no warm-up (every point from empty caches)" in load_line
+    assert "5 warm-up requests a point first, not counted" in base_line
 
 
 def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) -> None:
