@@ -22,6 +22,7 @@ from typing import Any
 
 from netem import nsutil
 from netem.nsexec import command_in
+from netem.procstat import process_cpu_s, steal_between, steal_s
 from netem.spec import LinkSpec, LossModel
 from netem.topology import LinkConfig, Network
 
@@ -178,22 +179,11 @@ def _network(
         yield net
 
 
-def steal_s(stat: str | None = None) -> list[float]:
-    """Seconds each CPU has been taken away by the hypervisor (`/proc/stat`'s steal column): in
-    a virtual machine no priority inside it keeps the shaper on time through a spell of steal,
-    so each row records how much there was while it ran."""
-    text = stat if stat is not None else Path("/proc/stat").read_text()
-    rows = [line.split() for line in text.splitlines() if re.match(r"cpu\d+ ", line)]
-    return [int(row[8]) / os.sysconf("SC_CLK_TCK") if len(row) > 8 else 0.0 for row in rows]
-
-
-def shaper_cpu_s(net: Network) -> float:
-    """CPU seconds the userspace shaper has used (0 for the kernel backend): at a share near 1
-    of a core it, not the shaping, bounds what iperf3 sees."""
-    if net.shaper is None:
-        return 0.0
-    fields = Path(f"/proc/{net.shaper.pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def shaper_cpu_s(net: Network) -> float | None:
+    """CPU seconds the userspace shaper has used; None for the kernel backend (no shaper
+    process: its work is the kernel's, not measured here). At a share near 1 of a core the
+    shaper, not the shaping, bounds what iperf3 sees."""
+    return None if net.shaper is None else process_cpu_s(net.shaper.pid)
 
 
 def bench_delay(quick: bool) -> dict[str, Any]:
@@ -221,7 +211,8 @@ def bench_rate(rate_bps: float, quick: bool) -> dict[str, Any]:
     ) as net:
         cpu, started = shaper_cpu_s(net), time.monotonic()
         report = iperf(net, seconds, "-O", "3", server_priority=True)
-        cpu_share = (shaper_cpu_s(net) - cpu) / (time.monotonic() - started)
+        cpu_after, wall = shaper_cpu_s(net), time.monotonic() - started
+    cpu_share = None if cpu is None or cpu_after is None else (cpu_after - cpu) / wall
     goodput = report["end"]["sum_received"]["bits_per_second"]
     return {
         "congestion": report["end"].get("sender_tcp_congestion"),
@@ -356,9 +347,7 @@ def main(out: str, quick: bool = False, only: tuple[str, ...] = ()) -> int:
         BACKENDS_USED.clear()
         stolen = steal_s()
         results[name] = step()
-        results[name]["host_steal_s"] = [
-            round(after - before, 2) for before, after in zip(stolen, steal_s(), strict=True)
-        ]
+        results[name]["host_steal_s"] = steal_between(stolen, steal_s())
         results[name]["backend"] = ",".join(sorted(BACKENDS_USED))
         results[name]["realtime_priority"] = results["machine"]["realtime_priority"]
         figures = {k: v for k, v in results[name].items() if k not in ("config", "tool")}

@@ -112,12 +112,14 @@ def cpu_summary(
     modelled_s: float,
     wall_s: float,
     cores: int | None = None,
+    host_steal_s: list[float] | None = None,
 ) -> dict[str, Any]:
     """The CPU the run's processes used over the replay (`used_s`, by name; `roles`: each
     instance's role) and the speed-up the host's cores allow at that CPU: modelled seconds x
     cores / CPU seconds of every process (roles, frontend, replayer, shaper), the fastest the
     run could go were its work the only bound. It is a ceiling, not a forecast: the speed-up
-    reached is bounded by the lag of each message too (docs/validation.md)."""
+    reached is bounded by the lag of each message too (docs/validation.md). `host_steal_s`:
+    the seconds the hypervisor took from each CPU over the replay (None: not read)."""
     cores = cores or len(os.sched_getaffinity(0))
     by_role = {"frontend": 0.0, "roles": 0.0}
     for name, seconds in used_s.items():
@@ -135,6 +137,7 @@ def cpu_summary(
         "cores": cores,
         "busy_share": total / (cores * wall_s) if wall_s > 0 else None,
         "ceiling_speedup": modelled_s * cores / total if total > 0 else None,
+        "host_steal_s": host_steal_s,
     }
 
 

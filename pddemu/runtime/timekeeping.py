@@ -14,10 +14,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from netem.clock import SharedClock
+from netem.procstat import process_cpu_s, steal_between, steal_s
 from netem.topology import Network, TopologyError
 from pddemu.config import Config
 from pddemu.metrics.timing import cpu_summary, timing_summary
@@ -70,6 +70,8 @@ class RunTiming:
         self.tpot_p50 = tpot_p50
         self._cpu_before: dict[int, tuple[str, float]] = {}
         self.cpu_s: dict[str, float] = {}  # each process's CPU seconds over the replay
+        self._steal_before: list[float] = []
+        self.host_steal_s: list[float] = []  # each CPU's steal over the replay
 
     async def __aenter__(self) -> ModelledClock:
         shared = SharedClock(self.page)
@@ -88,6 +90,7 @@ class RunTiming:
         self._controller = asyncio.ensure_future(self._control())
         self.marks["start"] = (time.monotonic(), self.clock.now())
         self._cpu_before = processes_cpu(shared, self._shaper_pid())
+        self._steal_before = steal_s()
         return self.clock
 
     async def __aexit__(self, *exc: object) -> None:
@@ -96,6 +99,7 @@ class RunTiming:
         self.cpu_s = cpu_difference(
             processes_cpu(self.dilation.clock, self._shaper_pid()), self._cpu_before
         )
+        self.host_steal_s = steal_between(self._steal_before, steal_s())
         if self._controller is not None:
             self._controller.cancel()
             try:
@@ -154,7 +158,13 @@ class RunTiming:
             tpot_p50,
             self.config.scale.max_lag,
             self.replayer_holds,
-            cpu_summary(self.cpu_s, _roles(instance_stats), modelled1 - modelled0, wall1 - wall0),
+            cpu_summary(
+                self.cpu_s,
+                _roles(instance_stats),
+                modelled1 - modelled0,
+                wall1 - wall0,
+                host_steal_s=self.host_steal_s,
+            ),
         )
 
 
@@ -172,17 +182,6 @@ def processes_cpu(page: SharedClock, shaper_pid: int | None) -> dict[int, tuple[
         if seconds is not None:
             readings[pid] = (name, seconds)
     return readings
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user and system, all threads) process `pid` has used, or None if it is
-    gone: fields 14 and 15 of /proc/<pid>/stat."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_difference(

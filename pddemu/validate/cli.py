@@ -61,6 +61,7 @@ def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
     hits = analytic.FULL_HITS if full else analytic.HITS
     outcomes = []
     walls = {}
+    steals = {}
     for system, pipeline, routing in analytic.PIPELINES:
         config = analytic.scenario(base, system, routing, max(sizes))
         probes = analytic.probes(config, system, pipeline, sizes, hits)
@@ -68,6 +69,7 @@ def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
         started = time.monotonic()
         run = _run(system, config, probes, out / "analytic" / f"{system}-{pipeline}")
         walls[f"{system} {pipeline}"] = time.monotonic() - started
+        steals[f"{system} {pipeline}"] = _steal(run)
         by_id = {r.request_id: r for r in run.records}
         idle = analytic.idleness(run.records)
         outcomes += [
@@ -80,6 +82,7 @@ def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
         **analytic.summarise(outcomes, analytic.TOLERANCE),
         "requests": [o.to_dict() for o in outcomes],
         "wall_s": walls,  # each pipeline's deployment, start to stop
+        "host_steal_s": steals,  # each pipeline's replay: seconds stolen from each CPU
     }
 
 
@@ -87,6 +90,7 @@ def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
     plan = FULL if full else QUICK
     runs: dict[tuple, tuple[dict[str, float | None], float | None]] = {}
     walls: dict[str, float] = {}
+    steals: dict[str, list[float] | None] = {}
 
     def measure(variant: invariance.Variant, seed: int) -> tuple[dict, float | None]:
         """The metrics and speed-up of one run (runs that configure the same are run once:
@@ -100,6 +104,7 @@ def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
             started = time.monotonic()
             run = _run("pdd", config, workload, out / "invariance" / tag)
             walls[tag] = time.monotonic() - started
+            steals[tag] = _steal(run)
             runs[key] = (invariance.metrics_of(run.records), run.timing["dilation"]["speedup"])
         return runs[key]
 
@@ -115,7 +120,14 @@ def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
         }
     results["passed"] = results["time"]["passed"] and results["tokens"]["passed"]
     results["wall_s"] = walls  # each run's deployment, start to stop
+    results["host_steal_s"] = steals  # each run's replay: seconds stolen from each CPU
     return results
+
+
+def _steal(run: Any) -> list[float] | None:
+    """The seconds the hypervisor took from each CPU during the run's replay: a run whose
+    timing missed may have lost its CPU to the host, not to the emulator."""
+    return run.timing.get("cpu", {}).get("host_steal_s")
 
 
 def _capped(workload: list[Any], cap: int | None, config: Config) -> list[Any]:

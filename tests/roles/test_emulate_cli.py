@@ -114,6 +114,7 @@ def test_a_small_run_writes_every_file(clean_start: None, tmp_path: Path) -> Non
     )
     assert "TTFT p99" in done.stdout and "speed-up the cores allow" in done.stdout
     assert pdd["cpu"]["ceiling_speedup"] > 0 and pdd["cpu"]["frontend_s"] > 0
+    assert len(pdd["cpu"]["host_steal_s"]) == os.cpu_count()
     assert wait_clean(out) == ([], [])
     assert pdd["output_tokens_total"] > 0 and pdd["output_throughput_tps"] > 0
     check_exports(out, tmp_path)
