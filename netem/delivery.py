@@ -46,6 +46,24 @@ class DeliveryRecord:
         if written - due > self.max_lateness_s[due_index]:
             self.max_lateness_s[due_index] = written - due
 
+    def count_released(self, released: list[tuple[bytes, float]], written: float) -> None:
+        """Each (packet, due time) of `released`, all written out at `written` (as `count`
+        for each)."""
+        if not released:
+            return
+        origin, width = self.origin, self.interval_s
+        written_index = math.floor((written - origin) / width)
+        due_bytes, lateness = self.due_bytes, self.max_lateness_s
+        total = 0
+        for packet, due in released:
+            size = len(packet)
+            total += size
+            due_index = math.floor((due - origin) / width)
+            due_bytes[due_index] += size
+            if written - due > lateness[due_index]:
+                lateness[due_index] = written - due
+        self.written_bytes[written_index] += total
+
     def to_dict(self) -> dict[str, Any]:
         """Dense lists from the first interval with traffic (`first`) to the last."""
         indices = [*self.due_bytes, *self.written_bytes]

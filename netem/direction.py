@@ -34,6 +34,10 @@ class Direction:
     def push(self, packet: bytes, now: float) -> None:
         self.gate.push(packet, now)
 
+    def push_many(self, packets: list[bytes], now: float) -> None:
+        """Packets that all arrived at `now`, in order (as `push` for each)."""
+        self.gate.push_many(packets, now)
+
     def next_time(self) -> float:
         return min(self.rate.next_time(), self.delay.next_time())
 

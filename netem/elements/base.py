@@ -21,6 +21,12 @@ class Element:
     def push(self, packet: bytes, at: float) -> None:
         raise NotImplementedError
 
+    def push_many(self, packets: list[bytes], at: float) -> None:
+        """Packets that all reach this stage at `at`, in order: the same as pushing each in
+        turn (a stage may take them in one call, to spare the shaper a call per packet)."""
+        for packet in packets:
+            self.push(packet, at)
+
     def release(self, now: float) -> None:
         """Hand due packets downstream. Filters hold nothing, so the default does nothing."""
 

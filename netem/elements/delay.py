@@ -63,12 +63,10 @@ class DelayLine(Element):
         self.fifo.append((release, packet))
 
     def next_time(self) -> float:
-        times = []
-        if self.fifo:
-            times.append(self.fifo[0][0])
-        if self.heap:
-            times.append(self.heap[0][0])
-        return min(times) if times else math.inf
+        first = self.fifo[0][0] if self.fifo else math.inf
+        if self.heap and self.heap[0][0] < first:
+            return self.heap[0][0]
+        return first
 
     def release(self, now: float) -> None:
         downstream = self.downstream

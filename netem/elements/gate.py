@@ -16,3 +16,10 @@ class Gate(Element):
             self.downstream.push(packet, at)  # type: ignore[union-attr]
         else:
             self.dropped += 1
+
+    def push_many(self, packets: list[bytes], at: float) -> None:
+        if self.up:
+            self.passed += len(packets)
+            self.downstream.push_many(packets, at)  # type: ignore[union-attr]
+        else:
+            self.dropped += len(packets)

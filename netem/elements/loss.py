@@ -46,3 +46,12 @@ class LossProcess(Element):
             return
         self.passed += 1
         self.downstream.push(packet, at)  # type: ignore[union-attr]
+
+    def push_many(self, packets: list[bytes], at: float) -> None:
+        if self._kind != "none":
+            # One at a time: the delay line's jitter draws from the same generator, and the
+            # draws must interleave as they would with one push per packet.
+            super().push_many(packets, at)
+            return
+        self.passed += len(packets)
+        self.downstream.push_many(packets, at)  # type: ignore[union-attr]

@@ -54,19 +54,41 @@ class RateQueue(Element):
         if self.sending is None:
             self._start(at)
 
+    def push_many(self, packets: list[bytes], at: float) -> None:
+        """As `push` for each packet in turn (the same releases, drops and order), with the
+        per-packet work inlined."""
+        if self.rate_bps is None:
+            self.passed += len(packets)
+            self.downstream.push_many(packets, at)  # type: ignore[union-attr]
+            return
+        qdisc = self.qdisc
+        enqueue = qdisc.enqueue
+        for packet in packets:
+            if self.sending is not None and self.next_time() <= at:
+                self.release(at)
+            enqueue(packet, at)
+            if qdisc.queued_bytes > self.max_queued_bytes:
+                self.max_queued_bytes = qdisc.queued_bytes
+            if self.sending is None:
+                self._start(at)
+
     def next_time(self) -> float:
         if self.sending is None or not self.rate_bps:
             return math.inf
         return self.progress_at + self.bits_left / self.rate_bps
 
     def release(self, now: float) -> None:
+        rate = self.rate_bps
+        if not rate:
+            return  # unlimited (nothing held) or stalled (nothing leaves)
+        push = self.downstream.push  # type: ignore[union-attr]
         while self.sending is not None:
-            finish = self.next_time()
+            finish = self.progress_at + self.bits_left / rate  # next_time(), inlined
             if finish > now:
                 return
             packet, self.sending = self.sending, None
             self.passed += 1
-            self.downstream.push(packet, finish)  # type: ignore[union-attr]
+            push(packet, finish)
             self._start(finish)
 
     def _start(self, now: float) -> None:

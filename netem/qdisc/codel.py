@@ -76,7 +76,8 @@ class CodelQueue(FlowQueue):
         if not self.packets:
             self.first_above = None
             return None, False
-        item = self._take()
+        item = self.packets.popleft()  # _take(), inlined: once a packet
+        self.bytes -= len(item[0])
         params = self.params
         if now - item[1] < params.target_s or self.bytes <= params.mtu:
             self.first_above = None

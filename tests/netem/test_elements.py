@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from netem.direction import Direction
 from netem.elements import DelayLine, Gate, LossProcess, RateQueue, Sink
 from netem.qdisc import Fifo
 from netem.spec import LinkSpec, LossModel
+from tests.netem.packets import AF21, flow
 
 
 def chain(*elements):
@@ -181,3 +183,50 @@ def test_a_cleared_delay_line_leaves_nothing_to_wait_behind() -> None:
     line.push(b"new", 1.0)
     line.release(1.02)
     assert sink.take() == [(b"new", pytest.approx(1.01))]
+
+
+@pytest.mark.parametrize("qdisc", ["fifo", "fq", "fq_codel", "prio:fq_codel"])
+@pytest.mark.parametrize("loss", ["0%", "3%", "gemodel:5%,30%"])
+@pytest.mark.parametrize("rate_bps", [None, 0.0, 2e6])
+def test_a_batch_of_arrivals_is_the_same_as_pushing_each(
+    qdisc: str, loss: str, rate_bps: float | None
+) -> None:
+    """The shaper hands each turn's packets to a direction in one call (`push_many`); the
+    chain must release the same packets at the same times, drop the same ones and count the
+    same as one `push` per packet, whatever the discipline, loss, limit and rate (and across a
+    live rate change and the link going down and up)."""
+    spec = LinkSpec(
+        rate_bps=rate_bps,
+        delay_s=0.005,
+        jitter_s=0.001,
+        loss=LossModel.parse(loss),
+        qdisc=qdisc,
+        limit_bytes=12_000,
+    )
+    one, batched = Direction(spec, seed=7), Direction(spec, seed=7)
+    draw = random.Random(3)
+    out_one: list[tuple[bytes, float]] = []
+    out_batched: list[tuple[bytes, float]] = []
+    now = 0.0
+    for turn in range(400):
+        now += draw.choice([0.0, 1e-6, 2e-4, 3e-3, 0.02])
+        packets = [
+            flow(draw.randrange(4), draw.choice([64, 600, 1500]), dscp=draw.choice([0, AF21]))
+            for _ in range(draw.choice([0, 1, 2, 7, 30]))
+        ]
+        for packet in packets:
+            one.push(packet, now)
+        batched.push_many(packets, now)
+        if turn == 150:
+            changed = replace(spec, rate_bps=None if rate_bps else 1e6)
+            for direction in (one, batched):
+                direction.apply(changed, now)
+        if turn in (250, 260):
+            for direction in (one, batched):
+                direction.set_up(turn == 260)
+        release_at = now + draw.choice([0.0, 1e-3])
+        out_one += one.release(release_at)
+        out_batched += batched.release(release_at)
+        assert one.next_time() == batched.next_time()
+    assert out_batched == out_one and len(out_one) > 100
+    assert batched.counters() == one.counters()
