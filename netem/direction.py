@@ -39,7 +39,18 @@ class Direction:
         self.gate.push_many(packets, now)
 
     def next_time(self) -> float:
+        """When the chain next moves a packet (the bottleneck's next finish or the delay
+        line's next exit): `release` before then changes nothing."""
         return min(self.rate.next_time(), self.delay.next_time())
+
+    def next_exit(self) -> float:
+        """The earliest time a packet can leave the direction: the delay line's head, or the
+        packet on the wire's finish plus the least delay it can draw. The shaper wakes for
+        this, not for each end of serialization: `release` works those out, at their exact
+        times, whenever it runs, so nothing that leaves is due before this."""
+        on_wire = self.rate.next_time() + self.delay.least_delay_s
+        in_flight = self.delay.next_time()
+        return on_wire if on_wire < in_flight else in_flight
 
     def release(self, now: float) -> list[tuple[bytes, float]]:
         """Move due packets through the chain; return what leaves, with exit times."""

@@ -143,7 +143,7 @@ class Shaper:
         while True:
             next_time = math.inf
             for direction in directions:
-                due = direction.next_time()
+                due = direction.next_exit()
                 if due < next_time:
                     next_time = due
             if self.cursor is not None:

@@ -32,6 +32,15 @@ def jitter_sampler(dist: str, sigma: float, rng: random.Random) -> Callable[[], 
     return lambda: table[int(rng.random() * size)] * sigma
 
 
+def lowest_jitter(dist: str, sigma: float) -> float:
+    """The lowest value `jitter_sampler(dist, sigma, ...)` can draw."""
+    if sigma == 0:
+        return 0.0
+    if dist == "uniform":
+        return -math.sqrt(3.0) * sigma
+    return min(unit_table(dist)) * sigma
+
+
 class DelayLine(Element):
     def __init__(
         self, delay_s: float, jitter_s: float, dist: str, reorder: bool, rng: random.Random
@@ -50,6 +59,7 @@ class DelayLine(Element):
         self.dist = dist
         self.reorder = reorder
         self._jitter = jitter_sampler(dist, jitter_s, self.rng)
+        self.least_delay_s = max(0.0, delay_s + lowest_jitter(dist, jitter_s))
 
     def push(self, packet: bytes, at: float) -> None:
         delay = self.delay_s + self._jitter()

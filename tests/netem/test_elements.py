@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import replace
@@ -230,3 +231,54 @@ def test_a_batch_of_arrivals_is_the_same_as_pushing_each(
         assert one.next_time() == batched.next_time()
     assert out_batched == out_one and len(out_one) > 100
     assert batched.counters() == one.counters()
+
+
+@pytest.mark.parametrize(
+    ("delay_s", "jitter_s", "dist", "reorder"),
+    [
+        (0.020, 0.0, "uniform", False),
+        (0.0, 0.0, "uniform", False),
+        (0.005, 0.002, "uniform", True),
+        (0.005, 0.003, "pareto", False),
+        (0.001, 0.002, "normal", False),
+    ],
+)
+def test_waking_only_at_next_exit_releases_every_packet_at_its_exit_time(
+    delay_s: float, jitter_s: float, dist: str, reorder: bool
+) -> None:
+    """The shaper sleeps until a direction's `next_exit`, not until each end of
+    serialization: pumped only then (and at arrivals), every packet still leaves exactly at
+    its exit time (never late) and the packets and times are those of a pump every 10 us."""
+    spec = LinkSpec(
+        rate_bps=4e6,
+        delay_s=delay_s,
+        jitter_s=jitter_s,
+        jitter_dist=dist,
+        reorder=reorder,
+        qdisc="fq_codel",
+        limit_bytes=30_000,
+    )
+    draw = random.Random(5)
+    arrivals, at = [], 0.0
+    for _ in range(300):
+        at += draw.choice([0.0, 1e-4, 2e-3, 0.03])
+        arrivals.append((at, flow(draw.randrange(3), draw.choice([64, 1500]))))
+    woken, fine = Direction(spec, seed=1), Direction(spec, seed=1)
+    out_woken: list[tuple[bytes, float]] = []
+    pending = list(arrivals)
+    while pending or woken.next_exit() < math.inf:
+        now = min(pending[0][0] if pending else math.inf, woken.next_exit())
+        released = woken.release(now)
+        assert all(exit_time == now for _, exit_time in released)  # none late
+        out_woken += released
+        while pending and pending[0][0] == now:
+            woken.push(pending.pop(0)[1], now)
+    out_fine: list[tuple[bytes, float]] = []
+    grid = [step * 1e-5 for step in range(int(arrivals[-1][0] / 1e-5) + 20_000)]
+    for now in sorted({*grid, *(t for t, _ in arrivals)}):  # every 10 us and every arrival
+        out_fine += fine.release(now)
+        while arrivals and arrivals[0][0] == now:
+            fine.push(arrivals.pop(0)[1], now)
+    assert len(out_woken) > 150
+    assert [p for p, _ in out_woken] == [p for p, _ in out_fine]
+    assert [t for _, t in out_woken] == [t for _, t in out_fine]
