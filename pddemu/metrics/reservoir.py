@@ -2,7 +2,8 @@
 
 `Reservoir` is a list (it serialises, iterates and feeds numpy as one) that keeps a uniform
 random sample of at most `capacity` of the values appended to it (Vitter's algorithm R, from a
-fixed seed so that a run's sample is reproducible), and besides the sample the exact count,
+fixed seed so that a run's sample is reproducible: the reservoir's name, or the order it was made
+in, so that reservoirs fed in step do not keep the same slots), and besides the sample the exact count,
 sum and largest value of everything appended (`totals`). Means, maxima and counts computed
 from `totals` are exact; percentiles computed from the sample are estimates once more values
 than `capacity` were appended: with n kept the q-th percentile's rank is off by
@@ -14,19 +15,27 @@ Pooling several (`pooled`) weighs each by the values it saw, not by those it kep
 
 from __future__ import annotations
 
+import itertools
 import random
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import SupportsIndex
 
 # Values kept per sample: every value of the reference run's (at most 18,032 of one kind of lag
 # on one participant), about 2 MB of floats; a long serve keeps a uniform sample of this many.
 RESERVOIR_CAPACITY = 65_536
+_unnamed = itertools.count(1)  # the seeds of reservoirs made without a name, in order
 
 
 class Reservoir(list[float]):
     """At most `capacity` values, a uniform sample of those appended, plus exact totals."""
 
-    def __init__(self, values: Iterable[float] = (), capacity: int = RESERVOIR_CAPACITY) -> None:
+    def __init__(
+        self,
+        values: Iterable[float] = (),
+        capacity: int = RESERVOIR_CAPACITY,
+        seed: int | str | None = None,
+    ) -> None:
         super().__init__()
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
@@ -34,7 +43,7 @@ class Reservoir(list[float]):
         self.seen = 0  # values appended, kept or not
         self.total = 0.0
         self.largest: float | None = None
-        self._random = random.Random(0)
+        self._random = random.Random(_seed(seed))
         self.extend(values)
 
     def append(self, value: float) -> None:  # type: ignore[override]
@@ -114,6 +123,17 @@ class Reservoir(list[float]):
     def totals(self) -> list[float | int | None]:
         """[count, sum, max] of every value appended (JSON: a list, read back by `restored`)."""
         return [self.seen, self.total, self.largest]
+
+
+def _seed(seed: int | str | None) -> int:
+    """A reservoir's own random stream: two fed in step (each kind of lag, appended together)
+    from one seed would keep and replace the same slots. A name gives a seed that does not
+    depend on what else the process made; without one, the order of making does."""
+    if seed is None:
+        return next(_unnamed)
+    if isinstance(seed, str):
+        return zlib.crc32(seed.encode())
+    return seed
 
 
 def _rebuilt(

@@ -79,7 +79,8 @@ class Instance:
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
-        self.lag_samples_s = Reservoir()  # a bounded sample, exact totals (serve has no end)
+        # a bounded sample, exact totals (serve has no end)
+        self.lag_samples_s = Reservoir(seed="step lag")
         # Each request's share of the step lag: the lateness of the steps it was in, summed
         # (leg ids, requests with none left out): what its recorded times can carry of it.
         self.carried_lag_s = CarriedLag()  # the most recent legs' only: serve runs without end

@@ -98,7 +98,9 @@ class ModelledClock:
         self.source = source
         self.slot = slot
         # each kind's samples: a bounded sample with exact totals (a serve runs without end)
-        self.lags: dict[str, Reservoir] = {kind: Reservoir() for kind in LAG_KINDS}
+        self.lags: dict[str, Reservoir] = {
+            kind: Reservoir(seed=f"lag:{kind}") for kind in LAG_KINDS
+        }
         self._holding = False
         self.name = ""  # the participant's, when it has a slot
         self._instant_slot: int | None = None
@@ -253,7 +255,7 @@ class ModelledClock:
         controller's kinds also go to the participant's slot."""
         lag = lag if lag > 0 else 0.0
         if kind not in self.lags:
-            self.lags[kind] = Reservoir()
+            self.lags[kind] = Reservoir(seed=f"lag:{kind}")
         self.lags[kind].append(lag)
         if (
             kind in CONTROLLED_KINDS

@@ -38,7 +38,7 @@ def test_above_it_a_uniform_sample_of_fixed_size_with_exact_totals() -> None:
     for copied in (pickle.loads(pickle.dumps(kept)), copy.deepcopy(kept)):
         assert copied == kept and copied.totals() == kept.totals()
         assert copied.capacity == 500
-    late = Reservoir(capacity=10)
+    late = Reservoir(capacity=10, seed=0)
     late.extend([0.0] * 1000 + [1.0] * 1000)  # the later half is sampled as the earlier
     assert 2 <= sum(late) <= 8
 
@@ -75,10 +75,31 @@ def test_the_clock_the_events_and_the_door_keep_bounded_samples() -> None:
     assert len(log._open) == 3
 
     door = OpenAIFrontDoor.__new__(OpenAIFrontDoor)
-    door.tpots_s, door.completed = Reservoir(capacity=100), 0
+    door.tpots_s, door.ttfts_s, door.completed = Reservoir(capacity=100), Reservoir(), 0
     for i in range(1000):
-        door._completed(SimpleNamespace(tpot_s=0.01 + (i % 2) * 0.01))
+        door._completed(SimpleNamespace(tpot_s=0.01 + (i % 2) * 0.01, ttft_s=0.1 + i * 1e-4))
     assert len(door.tpots_s) == 100 and door.completed == 1000
+    assert door.ttfts_s.seen == 1000
+
+
+def test_reservoirs_fed_in_step_keep_different_samples() -> None:
+    """Each kind of lag is appended together: from one seed they would keep the same slots (the
+    same appends' values). Each draws from its own name's seed, or, unnamed, its order of making;
+    the same name keeps the same sample (a run's sample is reproducible)."""
+    named = [Reservoir(capacity=50, seed=f"lag:{kind}") for kind in ("handler", "step", "step")]
+    unnamed = [Reservoir(capacity=50) for _ in range(2)]
+    for index in range(5000):
+        for reservoir in named + unnamed:
+            reservoir.append(float(index))
+    handler, step, step_again = named
+    assert step == step_again
+    assert len(set(handler) & set(step)) < 25 and len(set(unnamed[0]) & set(unnamed[1])) < 25
+    clock = ModelledClock.fixed(0.0, 1.0)
+    for lag in range(1000):
+        for kind in ("handler", "step"):
+            clock.lags[kind].capacity = 50
+            clock.count_lag(kind, lag * 1e-3)
+    assert clock.lags["handler"] != clock.lags["step"]
 
 
 def test_pooled_percentiles_weigh_each_part_by_what_it_saw() -> None:
