@@ -27,6 +27,7 @@ import numpy as np
 
 from pddemu.metrics.distribution import describe, percentile
 from pddemu.metrics.reservoir import Reservoir
+from pddemu.metrics.tcp_totals import PATHS, TcpTotals
 from pddemu.runtime.clock import LAG_KINDS
 
 
@@ -99,7 +100,12 @@ def timing_summary(
         "dilation": dict(dilation),
         "cpu": dict(cpu or {}),
         "tcp": tcp_summary(
-            [t for stats in instance_stats.values() for t in stats.get("kv_transfers_tcp", [])]
+            [
+                TcpTotals.from_dict(stats["kv_transfers_tcp_totals"])
+                if "kv_transfers_tcp_totals" in stats
+                else TcpTotals.of(stats.get("kv_transfers_tcp", []))
+                for stats in instance_stats.values()
+            ]
         ),
         "valid": reason is None,
         "invalid_reason": reason,
@@ -149,23 +155,22 @@ def _hold_totals(holds: list[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def tcp_summary(transfers: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """TCP_INFO of the KV transfers, summed per path: across the WAN (to MD) and within DC A
-    (to RLD, or the in-DC baseline's D). Minimum RTTs in modelled seconds; delivery rates in
-    genuine bits per modelled second, the unit of `scale.wan_rate_emulated_bps`."""
+def tcp_summary(senders: list[TcpTotals]) -> dict[str, Any]:
+    """TCP_INFO of the KV transfers, summed per path over the senders: across the WAN (to MD)
+    and within DC A (to RLD, or the in-DC baseline's D). Minimum RTTs in modelled seconds;
+    delivery rates in genuine bits per modelled second, the unit of
+    `scale.wan_rate_emulated_bps` (means, maxima and counts exact; percentiles from samples)."""
     out = {}
-    for path, wan in (("wan", True), ("intra", False)):
-        chosen = [t for t in transfers if t["wan"] == wan]
+    for path in PATHS:
+        counters = [sender.counters[path] for sender in senders]
         out[path] = {
-            "transfers": len(chosen),
-            "retransmits": sum(t["retransmits"] for t in chosen),
-            "rto_events": sum(t["rto_events"] for t in chosen),
-            "transfers_with_retransmits": sum(1 for t in chosen if t["retransmits"]),
-            "min_rtt_s": describe([t["min_rtt_s"] for t in chosen if t["min_rtt_s"]]),
-            "delivery_rate_bps": describe(
-                [8 * t["delivery_rate_Bps"] for t in chosen if t["delivery_rate_Bps"]]
-            ),
+            name: sum(c[name] for c in counters)
+            for name in ("transfers", "retransmits", "rto_events", "transfers_with_retransmits")
         }
+        out[path]["min_rtt_s"] = described(Reservoir.pooled(s.min_rtt_s[path] for s in senders))
+        out[path]["delivery_rate_bps"] = described(
+            Reservoir.pooled(s.delivery_rate_bps[path] for s in senders)
+        )
     return out
 
 

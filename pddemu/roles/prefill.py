@@ -322,5 +322,6 @@ class PrefillInstance(Instance):
             "prefill_tokens": self.prefill_tokens,
             "transfers_cut": self.transfers_cut,
             "cache_tokens": self.store.size_tokens,
-            "kv_transfers_tcp": self.tcp.transfers,
+            "kv_transfers_tcp": list(self.tcp.transfers),  # the latest KEPT_TRANSFERS
+            "kv_transfers_tcp_totals": self.tcp.totals.as_dict(),
         }

@@ -8,11 +8,12 @@ connection is `kv_begin`, KV chunks, `kv_end`; closing the connection mid-way ca
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netem.tcp import tcp_info, transfer_counters
+from pddemu.metrics.tcp_totals import TcpTotals
 from pddemu.runtime.channel import Channel
 
 
@@ -56,18 +57,24 @@ class Progress:
             await self._changed.wait_for(lambda: self.tokens > tokens or self.finished)
 
 
+KEPT_TRANSFERS = 4096  # per-transfer rows a sender keeps (the latest), for a reader of /stats
+
+
 class TcpLedger:
     """TCP_INFO counters (`netem.tcp`) of every KV transfer a sender made.
 
     A transfer is charged with what its connection did from the end of the previous transfer
     on it (or its opening) to its own end, when its last frame was handed to the kernel: the
     retransmissions of a transfer's tail, after that, count for the next one on the
-    connection. Times are turned into modelled time at the clock's rate when read.
+    connection. Times are turned into modelled time at the clock's rate when read. A serve
+    makes transfers without end: the summary is kept as sums and bounded samples (`totals`),
+    the rows of the latest `KEPT_TRANSFERS` transfers only.
     """
 
     def __init__(self, rate: Callable[[], float]) -> None:
         self.rate = rate
-        self.transfers: list[dict[str, Any]] = []
+        self.transfers: deque[dict[str, Any]] = deque(maxlen=KEPT_TRANSFERS)
+        self.totals = TcpTotals()
         self._last: dict[int, dict[str, Any]] = {}  # by id of the connection's socket
 
     def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:
@@ -82,13 +89,13 @@ class TcpLedger:
         self._last[id(sock)] = info
         rate = self.rate()
         rtt, delivery = counters["min_rtt_us"], counters["delivery_rate_Bps"]
-        self.transfers.append(
-            {
-                "wan": wan,
-                "bytes": genuine_bytes,
-                "retransmits": counters["retransmits"] or 0,
-                "rto_events": counters["rto_events"] or 0,
-                "min_rtt_s": rtt * 1e-6 * rate if rtt else None,  # modelled
-                "delivery_rate_Bps": delivery / rate if delivery else None,  # per modelled s
-            }
-        )
+        transfer = {
+            "wan": wan,
+            "bytes": genuine_bytes,
+            "retransmits": counters["retransmits"] or 0,
+            "rto_events": counters["rto_events"] or 0,
+            "min_rtt_s": rtt * 1e-6 * rate if rtt else None,  # modelled
+            "delivery_rate_Bps": delivery / rate if delivery else None,  # per modelled s
+        }
+        self.transfers.append(transfer)
+        self.totals.add(transfer)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import socket
+from types import SimpleNamespace
+
 import pytest
 
+import pddemu.roles.transfer as transfer
 from pddemu.metrics.timing import histogram_percentile, invalid_reason, timing_summary
 
 DILATION = {"min": 0.1, "mean": 0.125, "max": 0.2, "speedup": 8.0, "timeline": []}
@@ -81,3 +86,26 @@ def test_tcp_counters_are_summed_per_path() -> None:
     assert wan["transfers_with_retransmits"] == 1
     assert wan["min_rtt_s"]["p50"] == pytest.approx(0.0405)
     assert wan["delivery_rate_bps"]["count"] == 1 and intra["delivery_rate_bps"]["p50"] == 1.6e7
+
+
+def test_a_sender_keeps_its_tcp_summary_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serve transfers KV without end: the sender keeps the latest rows only, and the summary
+    (as /stats sends it) counts every transfer."""
+    monkeypatch.setattr(transfer, "KEPT_TRANSFERS", 10)
+    ledger = transfer.TcpLedger(lambda: 1.0)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as sock:
+            channel = SimpleNamespace(writer=SimpleNamespace(get_extra_info=lambda _: sock))
+            for index in range(300):
+                ledger.charge(channel, index % 3 != 0, 1000)
+    assert len(ledger.transfers) == 10
+    stats = {
+        "P0": {
+            "kv_transfers_tcp": list(ledger.transfers),
+            "kv_transfers_tcp_totals": json.loads(json.dumps(ledger.totals.as_dict())),
+        }
+    }
+    tcp = timing_summary(stats, {}, None, DILATION, 0.03, 0.05)["tcp"]
+    assert (tcp["wan"]["transfers"], tcp["intra"]["transfers"]) == (200, 100)
+    assert tcp["wan"]["min_rtt_s"]["count"] == 200 and tcp["wan"]["min_rtt_s"]["p50"] > 0
+    assert ledger.totals.counters["wan"]["bytes"] == 200_000
