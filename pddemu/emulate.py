@@ -71,6 +71,7 @@ from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
+from pddemu.runtime.events import EVENT_CAPACITY
 from pddemu.runtime.timekeeping import TYPICAL_CONTEXT, RunTiming
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
@@ -100,6 +101,8 @@ class SystemRun:
     wan_transfers: list[Any] = field(default_factory=list)  # KV transfers MD received
     cross_traffic: dict[str, Any] | None = None  # what other tenants got on the WAN meanwhile
     timing: dict[str, Any] = field(default_factory=dict)  # lag, dilation, validity
+    events_dropped: dict[str, int] = field(default_factory=dict)  # instance -> timeline events
+    # it dropped (oldest first, past its bound): the WAN figure and exports miss them
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -210,6 +213,7 @@ async def run_system(
     run.instances = instance_reports(config, deployment, stats)
     run.router = next((report for report in stats.values() if report.get("role") == "FE"), {})
     run.wan_transfers = wan_transfers(stats)
+    run.events_dropped = dropped_events(stats)
     if "end" in timing.marks:
         run.timing = timing.report(stats, completed_tpot_p50(result))
     for reason in run.partial:
@@ -256,6 +260,27 @@ def wan_transfers(stats: dict[str, Any]) -> list[Any]:
         for event in report.get("events", [])
         if event["kind"] == "kv_transfer"
     ]
+
+
+def dropped_events(stats: dict[str, Any]) -> dict[str, int]:
+    """The instances whose timeline dropped events (each keeps its latest `EVENT_CAPACITY`)."""
+    return {
+        name: report["events_dropped"]
+        for name, report in stats.items()
+        if report.get("events_dropped")
+    }
+
+
+def dropped_events_warning(system: str, dropped: dict[str, int]) -> str | None:
+    """One line saying which timelines are incomplete, or None when none is."""
+    if not dropped:
+        return None
+    counts = ", ".join(f"{name} {count:,}" for name, count in sorted(dropped.items()))
+    return (
+        f"pddemu: the {system} run's timelines dropped their oldest events ({counts}; each "
+        f"instance keeps its latest {EVENT_CAPACITY:,}): the WAN figure and `pddemu export "
+        f"--format perfetto` miss them (summary.json: events_dropped); the records are whole"
+    )
 
 
 def lost_instances(deployment: Deployment, replay_start_s: float) -> list[str]:
@@ -420,6 +445,7 @@ def write_outputs(
         summaries[system].update(run.timing)
         summaries[system]["partial"] = bool(run.partial)
         summaries[system]["partial_reasons"] = run.partial
+        summaries[system]["events_dropped"] = run.events_dropped
         summaries[system]["instance_events"] = [
             {**e.to_dict(), "at_s": e.at_s - run.replay_start_s} for e in run.events
         ]
@@ -530,6 +556,10 @@ def report(
     }
     for system, reason in invalid.items():
         print(f"pddemu: the {system} run is not valid: {reason}", file=sys.stderr)
+    for system, run in runs.items():
+        warning = dropped_events_warning(system, run.events_dropped)
+        if warning:
+            print(warning, file=sys.stderr)
     if mismatches or protocol_errors:
         return DEFECT_EXIT
     if meta["partial"]:

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from metrics_samples import sample_instances, sample_records
 
 from pddemu.config import load_config
@@ -16,6 +17,7 @@ from pddemu.emulate import (
     PARTIAL_EXIT,
     WARMUP_FIELDS,
     SystemRun,
+    dropped_events,
     report,
     workload_of,
     write_outputs,
@@ -93,6 +95,22 @@ def test_a_clean_run_is_not_partial(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
     assert summary["partial"] is False and summary["systems"]["pdd"]["partial_reasons"] == []
     assert "Partial run" not in (tmp_path / "clean" / "report.md").read_text()
+
+
+def test_a_timeline_that_dropped_events_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past its bound an instance's timeline drops its oldest events (the WAN figure reads MD's
+    kv_transfer events): summary.json and the run's output say so; the exit status is unchanged."""
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    stats = {"MD0": {"events_dropped": 1234}, "P0": {"events_dropped": 0}, "FE0": {}}
+    assert dropped_events(stats) == {"MD0": 1234}
+    assert write(records, tmp_path / "dropped", events_dropped=dropped_events(stats)) == 0
+    summary = json.loads((tmp_path / "dropped" / "summary.json").read_text())
+    assert summary["systems"]["pdd"]["events_dropped"] == {"MD0": 1234}
+    assert "timelines dropped their oldest events (MD0 1,234;" in capsys.readouterr().err
+    write(records, tmp_path / "whole")
+    assert "dropped" not in capsys.readouterr().err
 
 
 def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figures(
