@@ -85,7 +85,8 @@ class OpenAIFrontDoor:
         self.timing = WriteTiming()  # every streamed chunk's write against its token's time
         self.completed = 0  # requests served here to their end
         # theirs: the scale of the lag bound serve judges by (a bounded sample: serve has no end)
-        self.tpots_s = Reservoir()
+        self.tpots_s = Reservoir(seed="door:tpot")
+        self.ttfts_s = Reservoir(seed="door:ttft")  # the records' TTFTs, beside a client's
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -116,12 +117,17 @@ class OpenAIFrontDoor:
 
     def stats(self) -> dict[str, Any]:
         tpot = percentile(self.tpots_s, 50) if self.tpots_s else None
-        return {**self.timing.as_dict(), "completed": self.completed, "tpot_p50_s": tpot}
+        ttft = {
+            f"ttft_p{q}_s": percentile(self.ttfts_s, q) if self.ttfts_s else None for q in (50, 90)
+        }
+        return {**self.timing.as_dict(), "completed": self.completed, "tpot_p50_s": tpot, **ttft}
 
     def _completed(self, record: Any) -> None:
         self.completed += 1
         if record.tpot_s:
             self.tpots_s.append(record.tpot_s)
+        if record.ttft_s is not None:
+            self.ttfts_s.append(record.ttft_s)
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         received = time.monotonic()
