@@ -10,8 +10,22 @@ OUT ?= runs/latest
 AIPERF_VERSION := 0.13.0
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
+# vLLM's benchmark client (`vllm bench serve`), in a venv of its own. vLLM's own requirements
+# would pull a CUDA torch of several GB: vLLM is installed without them, with the CPU torch the
+# project uses and only the modules its CLI imports (with vLLM's version bounds); xgrammar and
+# llguidance without theirs (their triton is not needed to benchmark a server).
+VLLM_VERSION := 0.33.0
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+VLLM_CLIENT_DEPS := torch==2.13.0 numpy packaging regex pyyaml tqdm psutil cachetools \
+  'huggingface_hub>=1.31.0' 'transformers>=5.16.1,<5.21.0' 'pydantic>=2.12.0' \
+  'requests>=2.33.0' 'aiohttp>=3.14.4' 'openai>=2.25.0' openai-harmony 'pyzmq>=25.0.0' \
+  urllib3 cbor2 msgspec cloudpickle 'pillow>=13.0.0' pybase64 uvloop py-cpuinfo \
+  'fastapi>=0.133.0,<0.137.0' uvicorn 'prometheus_client>=0.18.0' partial-json-parser \
+  watchfiles 'orjson>=3.11.6' einops 'apache-tvm-ffi==0.1.11'
 
-.PHONY: install aiperf emulate test bench bench-netem bench-faults lint docs reproduce clean
+.PHONY: install aiperf vllm-client emulate test bench bench-netem bench-faults bench-vllm lint \
+  docs reproduce clean
 
 install: $(STAMP)
 
@@ -21,6 +35,17 @@ $(AIPERF_STAMP):
 	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
 	$(AIPERF_VENV)/bin/python -m pip install -q aiperf==$(AIPERF_VERSION)
 	touch $(AIPERF_STAMP)
+
+vllm-client: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	echo torch==2.13.0 > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/constraints.txt $(VLLM_CLIENT_DEPS)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) xgrammar==0.2.8 \
+	  'llguidance>=1.7.0,<1.8.0'
+	$(VLLM_VENV)/bin/vllm bench serve --help > /dev/null
+	touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml scripts/install-system-deps
 	./scripts/install-system-deps
@@ -40,8 +65,12 @@ $(RAY_STAMP): $(STAMP)
 test: install aiperf $(RAY_STAMP)
 	$(BIN)/python -m pytest
 
-bench: install aiperf
+bench: install aiperf vllm-client
 	$(BIN)/python -m pddemu.bench --out bench/results
+
+# vLLM's `vllm bench serve` against `pddemu serve` (bench/results/vllm_serve.json)
+bench-vllm: install vllm-client
+	$(BIN)/python -m pddemu.bench --only vllm_serve --out bench/results
 
 bench-faults: install
 	$(BIN)/python -m pddemu.bench --only faults --out bench/results
@@ -71,4 +100,4 @@ docs: install  # the pages generated from code
 	$(BIN)/pddemu config docs --out docs/config.md
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(AIPERF_VENV) $(VLLM_VENV) *.egg-info .pytest_cache
