@@ -114,6 +114,20 @@ def _partial_lines(meta: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _dropped_events_lines(summaries: Mapping[str, Summary]) -> list[str]:
+    """Timelines past their bound dropped their oldest events: the figures drawn from them (the
+    WAN's) miss those; the records and the table do not."""
+    lines = [
+        f"- {system}: {name} dropped {count:,}"
+        for system, summary in summaries.items()
+        for name, count in sorted(summary.get("events_dropped", {}).items())
+    ]
+    if not lines:
+        return []
+    head = "**Incomplete timelines**: the WAN figure misses these instances' oldest events."
+    return [head, "", *lines, ""]
+
+
 def _timeline_lines(summaries: Mapping[str, Summary]) -> list[str]:
     """Every fault of each replay and its effect (modelled seconds from its start): link
     events, what happened to instances, the router's view and its failovers."""
@@ -160,7 +174,8 @@ def write_report(
     """Write out_dir/report.md; `plots` maps a figure's title to its PNG (which must exist)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# pddemu run report", "", *_partial_lines(meta), "## Run", "", *_meta_lines(meta), ""]
+    lines = ["# pddemu run report", "", *_partial_lines(meta), *_dropped_events_lines(summaries)]
+    lines += ["## Run", "", *_meta_lines(meta), ""]
     lines += ["## Results", "", format_markdown_table(summaries).rstrip("\n"), ""]
     lines += _slo_lines(summaries)
     lines += [

@@ -110,6 +110,7 @@ def test_a_timeline_that_dropped_events_is_told(
     summary = json.loads((tmp_path / "dropped" / "summary.json").read_text())
     assert summary["systems"]["pdd"]["events_dropped"] == {"MD0": 1234}
     assert "timelines dropped their oldest events (MD0 1,234;" in capsys.readouterr().err
+    assert "- pdd: MD0 dropped 1,234" in (tmp_path / "dropped" / "report.md").read_text()
     assert dropped_events_warning("pdd", {}) is None  # nothing said of a whole timeline
 
 
