@@ -98,7 +98,8 @@ def small_scenario(tmp_path: Path) -> Path:
     trace = write_trace(
         tmp_path / "trace.jsonl",
         [
-            (4096, 128, list(range(8))),
+            (2048, 64, list(range(4))),  # the warm-up of the sweeps run with --warmup 1
+            (4096, 128, list(range(8))),  # shares the warm-up's 4 blocks
             (6144, 128, list(range(12))),  # shares the first's 8 blocks
             (4096, 96, list(range(100, 108))),
         ],
@@ -130,7 +131,7 @@ def field(entry: dict, name: str) -> float:
 def test_local_and_ray_give_the_same_streams_and_summaries(
     small_scenario: Path, tmp_path: Path
 ) -> None:
-    # the first request is a warm-up: the second meets the first's 8 blocks in the caches
+    # the first request is a warm-up: the next two meet its blocks and each other's in the caches
     common = ["--config", str(small_scenario), "--system", "naive", "--seeds", "2", "--warmup", "1"]
     # every CPU per point: Ray runs its points one at a time, as the local executor does, so
     # the two compare like with like (with 1 CPU each, Ray ran both points at once on 2 cores
@@ -158,11 +159,12 @@ def test_local_and_ray_give_the_same_streams_and_summaries(
         assert entry["seed"] == other["seed"] and entry["token_mismatches"] == 0
         streams = [d / "points" / point_id / "outputs-naive.json" for d in (local, ray)]
         assert json.loads(streams[0].read_text()) == json.loads(streams[1].read_text())
-        assert len(json.loads(streams[0].read_text())) == 3  # the warm-up's stream too
+        assert len(json.loads(streams[0].read_text())) == 4  # the warm-up's stream too
         # the warm-up is kept apart; the measured requests met the caches it left
-        assert entry["warmup"]["requests"]["total"] == 1 and entry["requests"]["total"] == 2
+        assert entry["warmup"]["requests"]["total"] == 1 and entry["requests"]["total"] == 3
         assert entry["warmup"]["hit_rate"]["p_side_mean"] == 0
-        assert entry["hit_rate"]["p_side_mean"] == pytest.approx(4096 / 6144 / 2)
+        hits = (2048 / 4096 + 4096 / 6144 + 0) / 3
+        assert entry["hit_rate"]["p_side_mean"] == pytest.approx(hits)
         for name in DETERMINED:
             assert entry[name] == other[name], name
     for name in TIMED:
