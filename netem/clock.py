@@ -25,6 +25,10 @@ Slots: each participant claims one (by name, with its pid), posts its holds ther
 its lag there (how late, in modelled seconds, it did what was scheduled): monotonic counters
 written only by their owner, which the rate's controller reads as differences.
 
+History: every anchor written is also kept in a ring on the page (the write's number is half
+the seqlock's count), so a reader can say what modelled time it was at a past wall time
+(`modelled_at`), holds and rate changes between then and now included.
+
 The page is a small file on a tmpfs (a netem run's directory under /run), mapped by every
 participant; the userspace shaper follows it when given its path, so packets are timed in
 modelled time and a dilation slows the network exactly like everything else.
@@ -43,11 +47,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-MAGIC = b"NMCLOCK1"
-PAGE_BYTES = 8192
+MAGIC = b"NMCLOCK2"
+SLOTS_END = 8192
 HEADER_BYTES = 256
 SLOT_BYTES = 128
-MAX_SLOTS = (PAGE_BYTES - HEADER_BYTES) // SLOT_BYTES
+MAX_SLOTS = (SLOTS_END - HEADER_BYTES) // SLOT_BYTES
+# After the slots, the anchors' history: a ring of the last HISTORY_ANCHORS anchors written
+# (each write's wall, modelled, rate, hold), so a past wall time can be told in modelled time
+# as the clock read then (`modelled_at`): a packet's receive time, read by its process later.
+HISTORY_AT = SLOTS_END
+HISTORY_ANCHORS = 4096  # about 2 s of anchors at a busy run's ~2,000 writes per wall second
+PAGE_BYTES = HISTORY_AT + HISTORY_ANCHORS * 32
 NAME_BYTES = 32
 TORN_CHECK_SPINS = 1 << 14  # a reader that saw a write under way this often looks for its writer
 
@@ -171,6 +181,7 @@ class SharedClock:
         _BINDING.pack_into(page, BINDING_AT, math.inf)
         _CEILING.pack_into(page, CEILING_AT, max(rate, ceiling))
         _PROMISE.pack_into(page, PROMISE_AT, math.inf, rate, monotonic())
+        _ANCHOR.pack_into(page, _history_at(0), *_ANCHOR.unpack_from(page, ANCHOR_AT))
         for index in range(MAX_SLOTS):
             _SLOT_HOLD.pack_into(page, _slot_at(index) + SLOT_HOLD_AT, math.inf, 0.0)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -227,6 +238,28 @@ class SharedClock:
     @property
     def rate(self) -> float:
         return self.anchor().rate
+
+    def modelled_at(self, wall: float) -> float | None:
+        """Modelled time at a past monotonic time `wall`, as the clock read then (the anchor
+        that held at `wall`, from the history); None if that anchor has left the ring (or
+        `wall` is before the page)."""
+        page = self._page
+        while True:
+            seq = _SEQ.unpack_from(page, SEQ_AT)[0]
+            newest = seq // 2  # the newest whole entry (a write under way makes the next)
+            found = None
+            index = newest
+            while index >= 0 and index > newest - HISTORY_ANCHORS:
+                entry = Anchor(*_ANCHOR.unpack_from(page, _history_at(index)))
+                if entry.wall <= wall:
+                    found = entry
+                    break
+                index -= 1
+            top = (_SEQ.unpack_from(page, SEQ_AT)[0] + 1) // 2  # the entry written last, or now
+            if index + HISTORY_ANCHORS > top:  # nothing it read was overwritten meanwhile
+                return None if found is None else found.at(wall)
+            if found is None:
+                return None  # older than the ring, which moved on as it read
 
     def wall_delay(self, modelled: float) -> float:
         """Wall seconds until modelled time reaches `modelled` if the rate stays as it is and
@@ -314,6 +347,7 @@ class SharedClock:
         seq = _SEQ.unpack_from(page, SEQ_AT)[0]
         _SEQ.pack_into(page, SEQ_AT, seq + 1)
         _ANCHOR.pack_into(page, ANCHOR_AT, wall, modelled, rate, hold)
+        _ANCHOR.pack_into(page, _history_at(seq // 2 + 1), wall, modelled, rate, hold)
         if promise is not None:
             _PROMISE.pack_into(page, PROMISE_AT, *promise)
         _SEQ.pack_into(page, SEQ_AT, seq + 2)
@@ -417,7 +451,10 @@ class SharedClock:
         page = self._page
         seq = _SEQ.unpack_from(page, SEQ_AT)[0]
         torn = bool(seq & 1)
-        if torn:
+        if torn:  # its history entry too holds what the anchor holds, until the rewrite below
+            _ANCHOR.pack_into(
+                page, _history_at(seq // 2 + 1), *_ANCHOR.unpack_from(page, ANCHOR_AT)
+            )
             _SEQ.pack_into(page, SEQ_AT, seq + 1)
         anchor = Anchor(*_ANCHOR.unpack_from(page, ANCHOR_AT))
         earliest = self._earliest_hold()
@@ -526,6 +563,10 @@ class SharedClock:
         (worst,) = _SLOT_LAG_MAX.unpack_from(self._page, slot + SLOT_LAG_MAX_AT)
         if lag > worst:
             _SLOT_LAG_MAX.pack_into(self._page, slot + SLOT_LAG_MAX_AT, lag)
+
+
+def _history_at(entry: int) -> int:
+    return HISTORY_AT + (entry % HISTORY_ANCHORS) * _ANCHOR.size
 
 
 def _slot_at(index: int) -> int:

@@ -3,7 +3,7 @@ whether its results can be trusted (summary.json's `lag`, `dilation`, `holds`, `
 
 Lag is how late, in modelled seconds, the emulator did something whose modelled time it knew
 (`pddemu.runtime.clock.LAG_KINDS`): a step whose end passed before its genuine work was done,
-a message handled after it arrived (on a path without modelled time), a token delivered by the
+a message handled after it arrived (on a path without modelled time), a token read by the
 frontend after it arrived, a request sent after its arrival time, a packet the shaper let go
 after its exit time. Kinds ending in `_wan` are bounds (a message across the WAN, whose
 modelled queueing its receiver cannot know) and are reported, not judged; so is `report`

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -59,6 +59,9 @@ STALL_ENV = "PDDEMU_STALL"
 
 class Instance:
     role = "?"
+    # Whether its connections are read with kernel-dated reads (`pddemu.runtime.dated_reads`),
+    # on a shared clock: each control message then says when it reached the host (`received`).
+    dated_reads = False
 
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
@@ -108,10 +111,18 @@ class Instance:
 
     # -- life cycle ---------------------------------------------------------------------
 
+    @property
+    def reads_dated(self) -> bool:
+        return self.dated_reads and self.clock.shared
+
     async def run(self) -> None:
-        server = await asyncio.start_server(
-            self._accept, self.spec.me.addr, self.spec.me.data_port, limit=1 << 22
-        )
+        server: asyncio.Server | DatedServer
+        if self.reads_dated:
+            server = DatedServer(self.spec.me.addr, self.spec.me.data_port, self._accept_dated)
+        else:
+            server = await asyncio.start_server(
+                self._accept, self.spec.me.addr, self.spec.me.data_port, limit=1 << 22
+            )
         app = web.Application(client_max_size=MAX_HTTP_BODY_BYTES, middlewares=[self._authenticate])
         app.router.add_get("/health", self._health)
         app.router.add_get("/stats", self._stats)
@@ -263,7 +274,15 @@ class Instance:
     # -- data plane -----------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        channel = Channel(reader, writer, peer="?", purpose="?")
+        await self._accept_channel(Channel(reader, writer, peer="?", purpose="?"))
+
+    async def _accept_dated(self, sock: socket.socket) -> None:
+        channel = Channel.dated(sock, peer="?", purpose="?")
+        channel.modelled_at = self.clock.modelled_at
+        await self._accept_channel(channel)
+
+    async def _accept_channel(self, channel: Channel) -> None:
+        reader = channel.reader
         try:  # the hello is read alone, under caps sized for it: nothing else before it is proven
             hello = await asyncio.wait_for(read_message(reader, HELLO_LIMITS), HELLO_TIMEOUT_S)
             if not isinstance(hello, Control) or hello.kind != HELLO or "attach" in hello.body:
@@ -336,8 +355,10 @@ class Instance:
     async def open(self, name: str, purpose: str) -> Channel:
         address = self.address(name)
         channel = await Channel.connect(
-            address.addr, address.data_port, self.name, name, purpose, self.secret
+            address.addr, address.data_port, self.name, name, purpose, self.secret, self.reads_dated
         )
+        if self.reads_dated:
+            channel.modelled_at = self.clock.modelled_at
         if purpose != "heartbeat":  # when a heartbeat is handled changes nothing modelled
             channel.stamp = self.clock.now
         return channel
@@ -439,14 +460,17 @@ class Instance:
     def arrival(self, message: Envelope, ready: float | None = None) -> float:
         """When a message reached this instance, in modelled time: on a path without modelled
         time, when its sender had it ready (`ready`, else its send time), so neither end's
-        delay in handling it shows in what is done with it; otherwise now. Without a shared
-        clock (real time, `pddemu serve`) it is now: nothing can slow time down for the delay,
-        and a client on the wall clock sees it."""
+        delay in handling it shows in what is done with it; otherwise, on a dated connection,
+        when the kernel received it (its reader's lateness does not show either); else now.
+        Without a shared clock (real time, `pddemu serve`) it is now: nothing can slow time
+        down for the delay, and a client on the wall clock sees it."""
         sent = message.body.get("t")
         peer = message.channel.peer if message.channel is not None else "?"
         if sent is not None and self.clock.shared and self.transit.get(peer, (0.0, False))[1]:
             at = float(sent) if ready is None else min(float(ready), float(sent))
             return max(at, self.resumed_at)  # a frozen instance takes it when it resumes
+        if message.received is not None and self.clock.shared:  # dated by the kernel
+            return max(message.received, self.resumed_at)
         return self.clock.now()
 
     def lag_kind(self, kind: str) -> str:
@@ -458,6 +482,32 @@ class Instance:
 
     def channel_closed(self, channel: Channel) -> None:
         """A peer's connection ended (subclasses forget what was in flight on it)."""
+
+
+class DatedServer:
+    """A listening socket whose connections are handed over unread (as sockets), for
+    kernel-dated reads: a transport would read them first, and drop the receive times."""
+
+    def __init__(
+        self, addr: str, port: int, accepted: Callable[[socket.socket], Awaitable[None]]
+    ) -> None:
+        self._listener = socket.create_server((addr, port), backlog=128)
+        self._listener.setblocking(False)
+        self._accepted = accepted
+        self._connections: set[asyncio.Task] = set()
+        self._task = asyncio.ensure_future(self._serve())
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(self._listener)
+            task = asyncio.ensure_future(self._accepted(sock))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    def close(self) -> None:
+        self._task.cancel()
+        self._listener.close()
 
 
 def stalls_of(spec: str, name: str) -> dict[str, tuple[float, bool]]:

@@ -138,6 +138,7 @@ class Flight:
 
 class Frontend(Instance):
     role = "FE"
+    dated_reads = True  # MD's tokens take the time they reached the host, not their reading
 
     def __init__(self, spec: InstanceSpec) -> None:
         super().__init__(spec)
@@ -163,6 +164,7 @@ class Frontend(Instance):
         self.liveness = Liveness(list(self.load), faults.suspect_after_s, faults.down_after_s)
         self.liveness_changes: list[Change] = []
         self.predictor = OutputLengthPredictor()
+        self.inexact_dates = 0
 
     def request_token_limit(self) -> int:
         """Modelled tokens (prompt and output) one request may have: what the smallest instance
@@ -778,7 +780,10 @@ class Frontend(Instance):
         """Release what other instances hold for a request that is over: a failed one
         everywhere; one the relay finished before MD took over, on MD, its WAN transfer cut off
         mid-way if still under way (the anomaly filter; what reached MD stays in its DRC).
-        A completed request's delivered length teaches the output length predictor."""
+        A completed request's delivered length teaches the output length predictor.
+
+        They leave when this frontend gets round to them: its lateness in reading the last
+        token moves them (the cut's bytes), which `delivery` judges."""
         rid = flight.leg
         for name in flight.loaded:
             self.load[name] -= 1
@@ -843,9 +848,9 @@ class Frontend(Instance):
 
     async def on_heartbeat(self, message: Envelope) -> None:
         """Heard (as every message is, in `heard_from`). From a peer on a path without
-        modelled time it also says how late this frontend reads its messages (`delivery`):
-        its lateness on the tokens it dates on reading (across the WAN), measured all through
-        the run, whatever the system (a baseline without a relay has no other such message)."""
+        modelled time it also says how late this frontend reads its messages (`delivery`),
+        all through the run, whatever the system (a baseline without a relay has no other such
+        message): its lateness in what it does in response to a token (settle's cut)."""
         at = message.body.get("at")
         if at is not None and message.channel is not None and self.exact(message.channel.peer):
             self.count_message_lag("heartbeat", message.channel.peer, float(at))
@@ -972,6 +977,9 @@ class Frontend(Instance):
             flight.record.token_mismatch = True
         # Delivery latency to the frontend: none on a path without modelled time (the relay,
         # a baseline's decode), the measured one across the WAN (its queueing is modelled).
+        peer = message.channel.peer if message.channel is not None else ""
+        if message.received is not None and not message.exact and not self.exact(peer):
+            self.inexact_dates += 1
         shift = self.arrival(message) - float(body["sent"])
         for offset, time in enumerate(body["times"]):
             position = first + offset
@@ -1012,6 +1020,8 @@ class Frontend(Instance):
             flight.stream.put_nowait({"index": index, "id": flight.ids[index], "time": time})
 
     def lag_kind(self, kind: str) -> str:
+        """Tokens and heartbeats: `delivery`, this frontend's lateness in reading, judged: the
+        kernel dates MD's tokens, but settle's cut still leaves when it gets round to it."""
         if kind in ("tokens", "heartbeat"):
             return "delivery"
         return REPORT_KIND if kind in REPORTS else "handler"
@@ -1020,6 +1030,9 @@ class Frontend(Instance):
         return {
             **super().stats(),
             "in_flight": len(self.flights),
+            # MD's token messages whose kernel date a later segment may have pushed back
+            # (bytes waited behind them when read): late by at most this frontend's lateness
+            "inexact_dates": self.inexact_dates,
             "wan_correction": self.wan.correction,
             "liveness": [asdict(change) for change in self.liveness_changes],
             "failovers": self.failover_log,

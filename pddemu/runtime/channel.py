@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pddemu.runtime.auth import RunSecret
+from pddemu.runtime.dated_reads import DatedReader, SocketWriter
 from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size, read_message
 from pddemu.wire.errors import BadControl, EndOfStream, WireError
 
@@ -55,6 +56,11 @@ class Envelope:
     body: dict[str, Any]
     attachments: list[Message] = field(default_factory=list)
     channel: Channel | None = None
+    # Modelled time the message had wholly reached this host (the kernel's receive time), on a
+    # dated connection (`Channel.dated`); None otherwise. `exact`: nothing waited behind it
+    # when it was read, so no later segment merged into its (whose time it would then carry).
+    received: float | None = None
+    exact: bool = False
 
     def token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -90,6 +96,16 @@ class Channel:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.purpose = purpose
+        # On a dated connection (`dated`): a monotonic time then -> modelled time then, which
+        # tells each control message's kernel receive time as its `received`.
+        self.modelled_at: Callable[[float], float | None] | None = None
+
+    @classmethod
+    def dated(cls, sock: socket.socket, peer: str, purpose: str) -> Channel:
+        """A channel on a connected socket, read with kernel-dated reads
+        (`pddemu.runtime.dated_reads`); the owner sets `modelled_at`."""
+        sock.setblocking(False)
+        return cls(DatedReader(sock), SocketWriter(sock), peer, purpose)  # type: ignore[arg-type]
 
     @property
     def purpose(self) -> str:
@@ -105,8 +121,16 @@ class Channel:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, me: str, peer: str, purpose: str, secret: RunSecret
+        cls,
+        host: str,
+        port: int,
+        me: str,
+        peer: str,
+        purpose: str,
+        secret: RunSecret,
+        dated: bool = False,
     ) -> Channel:
+        """`dated`: read with kernel-dated reads (the owner sets `modelled_at`)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
@@ -115,8 +139,11 @@ class Channel:
         except BaseException:
             sock.close()
             raise
-        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
-        channel = cls(reader, writer, peer, purpose)
+        if dated:
+            channel = cls.dated(sock, peer, purpose)
+        else:
+            reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
+            channel = cls(reader, writer, peer, purpose)
         await channel.send(Control(HELLO, secret.hello(me, peer, purpose)))
         return channel
 
@@ -146,6 +173,11 @@ class Channel:
         message = await read_message(self.reader)
         if not isinstance(message, Control):
             return message
+        received = None
+        wall = getattr(self.reader, "received_wall", None)
+        if wall is not None and self.modelled_at is not None:
+            received = self.modelled_at(wall)
+        exact = received is not None and bool(getattr(self.reader, "exact", False))
         count = message.body.get("attach", 0)
         if (
             isinstance(count, bool)
@@ -164,7 +196,7 @@ class Channel:
                     f"{message.kind}: attachments exceed {MAX_ATTACHED_BYTES >> 20} MiB"
                 )
             attachments.append(attachment)
-        return Envelope(message.kind, message.body, attachments, self)
+        return Envelope(message.kind, message.body, attachments, self, received, exact)
 
     async def serve(self, handle: Callable[[Envelope | Message, Channel], Awaitable[None]]) -> None:
         """Read until the peer closes, handing every message to `handle` in order."""
@@ -182,6 +214,8 @@ class Channel:
             self.close()
 
     def close(self) -> None:
+        if isinstance(self.reader, DatedReader):
+            self.reader.close()
         if not self.writer.is_closing():
             self.writer.close()
 

@@ -45,7 +45,8 @@ HOLD_POLL_S = 0.005  # a sleeper whose time is due but behind a hold looks again
 PRECISE_WALL_S = 0.002  # a precise sleep blocks for at most this much of its end
 # Lag of what the emulator knows the exact modelled time of: a step's end, a message's arrival
 # on a path without modelled time (within a host, the unshaped intra-DC path), a token's at the
-# frontend, a request's arrival, a packet's exit from the shaper.
+# frontend (its lateness in reading, which still reaches what it does in response: settle's
+# cut), a request's arrival, a packet's exit from the shaper.
 LAG_KINDS = ("step", "handler", "delivery", "send", "release")
 # Of those, the events the controller watches: a message handled or a request sent late. (A
 # step's lag is the holds' business: a step that would end before its work stands the clock
@@ -85,6 +86,9 @@ class FixedRate:
         return max(0.0, self._anchor.wall_at(modelled) - self.monotonic())
 
     earliest_wall_delay = wall_delay
+
+    def modelled_at(self, wall: float) -> float:
+        return self._anchor.at(wall)
 
     @property
     def rate(self) -> float:
@@ -178,6 +182,11 @@ class ModelledClock:
                 if precise:  # the last stretch blocks, whatever the nap's bound
                     nap = min(nap, delay - PRECISE_WALL_S)
             await asyncio.sleep(nap)
+
+    def modelled_at(self, wall: float) -> float | None:
+        """Modelled time at a past monotonic time `wall`, as the clock read then (holds and
+        rate changes since included); None if too long ago for the page to tell."""
+        return self.source.modelled_at(wall)
 
     def wall_delay(self, modelled: float) -> float:
         """Wall seconds until `modelled` at the present rate (an estimate, for progress)."""

@@ -259,3 +259,38 @@ def test_many_readers_in_other_processes_see_one_monotonic_time(page: Path) -> N
         assert reads > 1000
         assert backwards == 0
         assert bound <= clock.now() + 1e-6
+
+
+def test_a_past_wall_time_reads_as_the_clock_read_then(page: Path, wall: FakeWall) -> None:
+    """The anchors' history tells a past wall time in modelled time as readers saw it then,
+    whatever rate changes and holds came since (the current anchor alone would extrapolate
+    back at today's rate, through the hold)."""
+    clock = SharedClock.create(page, rate=2.0, ceiling=8.0, monotonic=wall)
+    slot = clock.claim("P0")
+    seen = []  # (wall, what now() read then)
+    for step in range(40):
+        seen.append((wall.t, clock.now()))
+        wall.advance(0.013)
+        if step % 7 == 3:
+            clock.set_rate(1.0 + (step % 5))
+        if step % 11 == 5:
+            clock.hold(slot, clock.now() + 0.004)  # time stands at it for a while
+        if step % 11 == 9:
+            clock.release(slot)
+    for at, modelled in seen:
+        assert clock.modelled_at(at) == pytest.approx(modelled, abs=1e-9)
+    assert clock.modelled_at(seen[0][0] - 1.0) is None  # before the page
+
+
+def test_a_wall_time_older_than_the_history_is_not_told(page: Path, wall: FakeWall) -> None:
+    from netem.clock import HISTORY_ANCHORS
+
+    clock = SharedClock.create(page, rate=1.0, ceiling=4.0, monotonic=wall)
+    then = wall.t + 0.0005
+    wall.advance(0.001)
+    assert clock.modelled_at(then) == pytest.approx(0.0005)
+    for i in range(HISTORY_ANCHORS):
+        wall.advance(0.001)
+        clock.set_rate(1.0 + (i % 2))
+    assert clock.modelled_at(then) is None
+    assert clock.modelled_at(wall.t) == pytest.approx(clock.now())

@@ -1,0 +1,186 @@
+"""Reads dated by the kernel: each frame a process reads carries the time its last byte reached
+the host (the socket's software receive timestamp, SO_TIMESTAMPNS), not the time the process got
+round to reading it, so the reader's own wake-up, its interpreter lock and its other work do not
+show in when the message arrived.
+
+A connection's transport (uvloop's) reads the socket itself, from its first moment, and drops
+the kernel's ancillary data, so a dated connection has none: `DatedReader` pulls what
+`read_message` asks for with non-blocking recvmsg calls, each asking for no more than the part
+still missing, and `SocketWriter` writes the same socket. TCP reports
+the receive time of the last segment a recvmsg copied from, so the read that completes a frame
+reports the segment that held the frame's last byte: when the frame had wholly arrived.
+
+But the kernel merges a segment into the one before it while both wait unread (TCP's receive
+coalescing), and the merged one takes the later time. So a date is exact only when nothing
+was waiting behind it when it was read (`exact`): a reader that comes late to several frames
+dates them late (by no more than its own lateness), and says so.
+
+The timestamp is CLOCK_REALTIME; it is moved to CLOCK_MONOTONIC (the clock page's wall) by the
+two clocks' offset when read, and to modelled time by the anchor that held then
+(`SharedClock.modelled_at`).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import fcntl
+import socket
+import struct
+import termios
+import time
+
+SO_TIMESTAMPNS = 35  # Linux's (socket.h); Python's socket module does not name it
+SCM_TIMESTAMPNS = SO_TIMESTAMPNS
+_TIMESPEC = struct.Struct("=qq")  # tv_sec, tv_nsec (64-bit Linux)
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+def dated(sock: socket.socket) -> None:
+    """Ask the kernel to date what `sock` receives (software receive timestamps)."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+
+class DatedReader:
+    """The part of asyncio.StreamReader that `pddemu.wire.read_message` uses (`readexactly`),
+    read from a non-blocking socket with recvmsg; `received_wall` is the monotonic time the
+    last part read had wholly reached the host (None if it came without a timestamp), and
+    `exact` whether nothing was waiting behind it then (else it may carry a later time)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        dated(sock)
+        self._buffer = bytearray()
+        self._eof = False
+        self._closed = False
+        self._waiter: asyncio.Future | None = None
+        self.received_wall: float | None = None
+        self.exact = False
+
+    async def readexactly(self, n: int) -> bytes:
+        if n == 0:
+            return b""
+        stamp: float | None = None
+        while len(self._buffer) < n:
+            if self._eof or self._closed:
+                partial = bytes(self._buffer)
+                self._buffer.clear()
+                raise asyncio.IncompleteReadError(partial, n)
+            try:
+                data, ancillary, _flags, _ = self._sock.recvmsg(
+                    n - len(self._buffer), _ANCILLARY_BYTES
+                )
+            except (BlockingIOError, InterruptedError):
+                await self._readable()
+                continue
+            if not data:
+                self._eof = True
+                continue
+            self._buffer += data
+            stamp = _monotonic_of(ancillary)
+        out = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        self.received_wall = stamp
+        self.exact = stamp is not None and not self._buffer and _unread(self._sock) == 0
+        return out
+
+    async def _readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+
+        def ready() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        loop.add_reader(self._sock.fileno(), ready)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if not self._closed:
+                loop.remove_reader(self._sock.fileno())
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._buffer
+
+    def close(self) -> None:
+        """Stop reading: a read waiting for data ends as at the peer's close."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._waiter is not None:
+            if self._sock.fileno() >= 0:
+                self._waiter.get_loop().remove_reader(self._sock.fileno())
+            if not self._waiter.done():
+                self._waiter.set_result(None)
+
+
+class SocketWriter:
+    """The part of asyncio.StreamWriter a `Channel` uses, writing the socket a `DatedReader`
+    reads (a transport would read it too). What is written before `drain` goes out whole even
+    if the drain is cancelled, so a cancelled sender never leaves half a frame on the wire."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending: list[bytes | memoryview] = []
+        self._flush: asyncio.Future | None = None
+        self._closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return  # as a closing transport does: dropped
+        self._pending.append(data if isinstance(data, bytes | memoryview) else bytes(data))
+
+    async def drain(self) -> None:
+        if self._closing:
+            raise ConnectionResetError("the connection is closed")
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.ensure_future(self._send())
+        await asyncio.shield(self._flush)
+
+    async def _send(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await loop.sock_sendall(self._sock, self._pending.pop(0))
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._flush is not None and not self._flush.done():
+            self._flush.cancel()
+        self._sock.close()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self._sock if name == "socket" else default
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes received and not yet read (SIOCINQ)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
+    return count[0]
+
+
+def _monotonic_of(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    """The receive timestamp among recvmsg's ancillary data, as CLOCK_MONOTONIC seconds."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+            return seconds + nanoseconds * 1e-9 - realtime_offset()
+    return None
+
+
+def realtime_offset(tries: int = 3) -> float:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC now: the realtime clock read between two monotonic
+    readings, of `tries` the closest pair (a preemption between them would skew one)."""
+    best = (float("inf"), 0.0)
+    for _ in range(tries):
+        before = time.monotonic()
+        real = time.time()
+        after = time.monotonic()
+        best = min(best, (after - before, real - (before + after) / 2))
+    return best[1]

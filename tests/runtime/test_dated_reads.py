@@ -1,0 +1,85 @@
+"""Kernel-dated reads (pddemu.runtime.dated_reads): a reader that comes late dates each frame
+by when it reached the host, not by when it was read."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import uvloop
+
+from pddemu.runtime.channel import Channel
+from pddemu.wire import Control
+
+GAP_S = 0.3  # wall seconds between the sender's frames
+
+
+async def _connected() -> tuple[socket.socket, socket.socket]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    sender = socket.create_connection(listener.getsockname())
+    accepted, _ = await asyncio.get_running_loop().sock_accept(listener)
+    listener.close()
+    return sender, accepted
+
+
+async def _three_frames(late: bool) -> tuple[list[float], list[tuple[float | None, bool]], float]:
+    """Three frames GAP_S apart, read as each comes or (`late`) only after the last."""
+    sender, accepted = await _connected()
+    receiver = Channel.dated(accepted, peer="sender", purpose="control")
+    receiver.modelled_at = lambda wall: wall  # modelled time = wall time, to compare
+    writer = Channel.dated(sender, peer="receiver", purpose="control")
+    sent, dates = [], []
+    for i in range(3):
+        if i:
+            await asyncio.sleep(GAP_S)
+        sent.append(time.monotonic())
+        await writer.control("tick", {"i": i})
+        if not late:
+            envelope = await receiver.receive()
+            dates.append((envelope.received, envelope.exact))  # type: ignore[union-attr]
+    await asyncio.sleep(GAP_S)
+    read_from = time.monotonic()
+    while len(dates) < 3:
+        envelope = await receiver.receive()
+        dates.append((envelope.received, envelope.exact))  # type: ignore[union-attr]
+    writer.close()
+    receiver.close()
+    return sent, dates, read_from
+
+
+def test_a_reader_dates_each_frame_by_its_arrival_and_says_when_it_cannot() -> None:
+    """Read as they come, each frame is dated exactly, between its send and the next one's.
+    Read late, all three waiting, the first two may carry a later segment's time (the kernel
+    merges waiting segments): they are marked not exact; the last is exact again."""
+    sent, dates, read_from = uvloop.run(_three_frames(late=False))
+    seen = (sent, dates, read_from)
+    for i, (at, exact) in enumerate(dates):
+        assert exact and at is not None, seen
+        assert sent[i] - 0.005 <= at < (sent[i + 1] if i + 1 < len(sent) else read_from), seen
+    sent, dates, read_from = uvloop.run(_three_frames(late=True))
+    seen = (sent, dates, read_from)
+    assert [exact for _, exact in dates] == [False, False, True], seen
+    last = dates[-1][0]
+    assert last is not None and sent[-1] - 0.005 <= last < read_from, seen
+    for at, _ in dates:
+        assert at is not None and at < read_from, seen  # never the late reading's own time
+
+
+def test_a_dated_connection_ends_cleanly_when_its_peer_closes() -> None:
+    async def scenario() -> str:
+        right, left = await _connected()
+        reader = Channel.dated(left, peer="right", purpose="control")
+        writer = Channel.dated(right, peer="left", purpose="control")
+        await writer.send(Control("bye", {}))
+        writer.close()
+        seen = []
+
+        async def handle(item, _channel) -> None:  # type: ignore[no-untyped-def]
+            seen.append(item.kind)
+
+        await reader.serve(handle)
+        return ",".join(seen) + "|" + reader.broken
+
+    assert uvloop.run(scenario()) == "bye|"
