@@ -30,9 +30,14 @@ async def crash(_fe: Frontend, _flight: Flight) -> None:
     raise RuntimeError("P0 went away")
 
 
-async def with_front_door(play: Play, client: Callable[[str], Awaitable[Any]]) -> Any:
-    """Serve the front door on an ephemeral loopback port, flights played by `play`."""
+async def with_front_door(
+    play: Play, client: Callable[[str], Awaitable[Any]], serve: ServeConfig | None = None
+) -> Any:
+    """Serve the front door on an ephemeral loopback port, flights played by `play` (`serve`:
+    another `[serve]` section)."""
     fe = frontend()
+    if serve is not None:
+        fe.config = fe.config.model_copy(update={"serve": serve})
     fe.run_flight = lambda flight: play(fe, flight)
     app = web.Application()
     fe.add_routes(app)
@@ -242,3 +247,31 @@ def test_token_id_prompts_are_taken_as_they_are() -> None:
     reply, status, body = asyncio.run(with_front_door(answer, client))
     assert reply.usage.prompt_tokens == 4  # no BOS added to ids the client chose
     assert status == 400 and body["error"]["param"] == "prompt"
+
+
+def test_the_prompt_cap_is_the_serve_config_key() -> None:
+    """`[serve] max_prompt_tokens` moves the cap both ways: a prompt over the default is taken
+    under a larger cap, one over a smaller cap refused (the count includes the BOS)."""
+
+    async def client(url: str) -> list[Any]:
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused")
+        outcomes = []
+        for prompt in ("x" * 39, "x" * 40):
+            try:
+                reply = await api.completions.create(model="pddemu", prompt=prompt, max_tokens=2)
+                outcomes.append(reply.usage.prompt_tokens)
+            except openai.BadRequestError as refused:
+                outcomes.append(refused.body["code"])
+        return outcomes
+
+    small = asyncio.run(with_front_door(answer, client, ServeConfig(max_prompt_tokens=40)))
+    assert small == [40, "context_length_exceeded"]
+    default = ServeConfig().max_prompt_tokens
+    large = ServeConfig(max_prompt_tokens=default + 100)
+
+    async def over_default(url: str) -> int:
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused")
+        reply = await api.completions.create(model="pddemu", prompt="x" * default, max_tokens=2)
+        return reply.usage.prompt_tokens
+
+    assert asyncio.run(with_front_door(answer, over_default, large)) == default + 1
