@@ -247,19 +247,30 @@ class SharedClock:
         while True:
             seq = _SEQ.unpack_from(page, SEQ_AT)[0]
             newest = seq // 2  # the newest whole entry (a write under way makes the next)
+            low = max(0, newest - HISTORY_ANCHORS + 1)  # the oldest entry still in the ring
+            lowest_read = newest + 1
             found = None
-            index = newest
-            while index >= 0 and index > newest - HISTORY_ANCHORS:
-                entry = Anchor(*_ANCHOR.unpack_from(page, _history_at(index)))
+            # The entries' walls rise with their index (written in order under the writer
+            # lock): a binary search for the last one at or before `wall`, a reading or a few
+            # dozen whatever the ring holds.
+            high = newest
+            while low <= high:
+                middle = (low + high) // 2
+                entry = self._history_entry(middle)
+                lowest_read = min(lowest_read, middle)
                 if entry.wall <= wall:
                     found = entry
-                    break
-                index -= 1
+                    low = middle + 1
+                else:
+                    high = middle - 1
             top = (_SEQ.unpack_from(page, SEQ_AT)[0] + 1) // 2  # the entry written last, or now
-            if index + HISTORY_ANCHORS > top:  # nothing it read was overwritten meanwhile
+            if lowest_read + HISTORY_ANCHORS > top:  # nothing it read was overwritten meanwhile
                 return None if found is None else found.at(wall)
             if found is None:
                 return None  # older than the ring, which moved on as it read
+
+    def _history_entry(self, index: int) -> Anchor:
+        return Anchor(*_ANCHOR.unpack_from(self._page, _history_at(index)))
 
     def wall_delay(self, modelled: float) -> float:
         """Wall seconds until modelled time reaches `modelled` if the rate stays as it is and

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from netem.clock import MAX_SLOTS, ClockError, SharedClock
+from netem.clock import MAX_SLOTS, Anchor, ClockError, SharedClock
 
 
 class FakeWall:
@@ -294,3 +294,51 @@ def test_a_wall_time_older_than_the_history_is_not_told(page: Path, wall: FakeWa
         clock.set_rate(1.0 + (i % 2))
     assert clock.modelled_at(then) is None
     assert clock.modelled_at(wall.t) == pytest.approx(clock.now())
+
+
+def _linear_modelled_at(clock: SharedClock, wall: float) -> float | None:
+    """The reference: every entry of the ring, newest first, to the first at or before `wall`."""
+    from netem.clock import _SEQ, HISTORY_ANCHORS, SEQ_AT
+
+    newest = _SEQ.unpack_from(clock._page, SEQ_AT)[0] // 2
+    for index in range(newest, max(-1, newest - HISTORY_ANCHORS), -1):
+        entry = clock._history_entry(index)
+        if entry.wall <= wall:
+            return entry.at(wall)
+    return None
+
+
+def test_a_past_wall_time_is_found_in_a_few_readings_of_a_full_ring(
+    page: Path, wall: FakeWall, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past wall times are told as a scan of the whole ring would tell them, after it wrapped,
+    reading about log2(ring) entries each, however far back they are."""
+    from netem.clock import HISTORY_ANCHORS
+
+    clock = SharedClock.create(page, rate=1.0, ceiling=8.0, monotonic=wall)
+    start = wall.t
+    rng = random.Random(5)
+    for i in range(HISTORY_ANCHORS + HISTORY_ANCHORS // 3):  # wraps the ring
+        wall.advance(rng.choice((0.0, 0.0004, 0.001, 0.003)))  # equal walls too
+        clock.set_rate(1.0 + (i % 7))
+    end = wall.t
+    read = 0
+    entry = clock._history_entry
+
+    def counted(index: int) -> Anchor:
+        nonlocal read
+        read += 1
+        return entry(index)
+
+    monkeypatch.setattr(clock, "_history_entry", counted)
+    queries = [start - 1.0, start, end, end + 0.5] + [rng.uniform(start, end) for _ in range(300)]
+    told = 0
+    for at in queries:
+        read = 0
+        got = clock.modelled_at(at)
+        assert read <= math.ceil(math.log2(HISTORY_ANCHORS)) + 1
+        monkeypatch.setattr(clock, "_history_entry", entry)
+        assert got == _linear_modelled_at(clock, at)
+        monkeypatch.setattr(clock, "_history_entry", counted)
+        told += got is not None
+    assert 0 < told < len(queries)  # both inside the ring and older than it
