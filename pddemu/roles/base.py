@@ -470,7 +470,14 @@ class Instance:
             at = float(sent) if ready is None else min(float(ready), float(sent))
             return max(at, self.resumed_at)  # a frozen instance takes it when it resumes
         if message.received is not None and self.clock.shared:  # dated by the kernel
-            return max(message.received, self.resumed_at)
+            # The shaper releases packets a little early and the kernel's date is converted
+            # with an error: keep it between the least transit after sending and now.
+            now = self.clock.now()
+            earliest = -math.inf
+            if sent is not None:
+                earliest = float(sent) + self.transit.get(peer, (0.0, False))[0]
+            received = min(max(message.received, earliest), now)
+            return max(received, self.resumed_at)
         return self.clock.now()
 
     def lag_kind(self, kind: str) -> str:

@@ -1,0 +1,50 @@
+"""A kernel receive date is kept between the least transit after sending and now."""
+
+from __future__ import annotations
+
+from pddemu.roles.base import Instance
+from pddemu.runtime.channel import Envelope
+
+
+class _Clock:
+    shared = True
+
+    def __init__(self, now: float) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now
+
+
+class _Channel:
+    peer = "P0"
+
+
+def _instance(now: float, least_transit: float) -> Instance:
+    instance = Instance.__new__(Instance)  # only what `arrival` reads
+    instance.clock = _Clock(now)  # type: ignore[assignment]
+    instance.transit = {"P0": (least_transit, False)}
+    instance.resumed_at = 0.0
+    return instance
+
+
+def _dated(sent: float | None, received: float) -> Envelope:
+    body = {} if sent is None else {"t": sent}
+    return Envelope("x", body, channel=_Channel(), received=received)  # type: ignore[arg-type]
+
+
+def test_a_date_before_the_least_transit_is_raised_to_it() -> None:
+    instance = _instance(now=10.0, least_transit=0.05)
+    assert instance.arrival(_dated(sent=5.0, received=5.01)) == 5.05
+
+
+def test_a_date_after_now_is_lowered_to_now() -> None:
+    instance = _instance(now=10.0, least_transit=0.05)
+    assert instance.arrival(_dated(sent=5.0, received=10.3)) == 10.0
+
+
+def test_a_date_in_range_is_kept_and_without_a_send_time_only_now_bounds_it() -> None:
+    instance = _instance(now=10.0, least_transit=0.05)
+    assert instance.arrival(_dated(sent=5.0, received=7.5)) == 7.5
+    assert instance.arrival(_dated(sent=None, received=1.0)) == 1.0
+    assert instance.arrival(_dated(sent=None, received=11.0)) == 10.0
