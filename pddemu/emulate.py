@@ -513,6 +513,9 @@ WARMUP_FIELDS = (
     "slo_attainment",
     "ttft_s",
     "duration_s",
+    "token_mismatches",
+    "delivery",
+    "failover",
 )
 
 
@@ -533,8 +536,10 @@ def report(
     """Print the table and what was written; the exit status says how the run went."""
     print(format_table(summaries))
     print(f"\nwrote {out / 'summary.json'}, {out / 'requests.csv'}, {out / 'report.md'} in {out}/")
-    failed = sum(s["requests"]["failed"] for s in summaries.values())
-    mismatches = sum(s["token_mismatches"] for s in summaries.values())
+    # the warm-up's are counted too: a wrong token or a failure is a defect wherever it falls
+    every = [*summaries.values(), *(s["warmup"] for s in summaries.values() if s.get("warmup"))]
+    failed = sum(s["requests"]["failed"] for s in every)
+    mismatches = sum(s["token_mismatches"] for s in every)
     protocol_errors = sum(run.protocol_errors for run in runs.values())
     if failed or mismatches:
         print(

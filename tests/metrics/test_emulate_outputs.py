@@ -152,3 +152,27 @@ def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figure
     assert summaries["pdd"]["warmup"]["requests"]["total"] == 2
     saved = json.loads((out / "summary.json").read_text())["systems"]["pdd"]["warmup"]
     assert saved["requests"]["total"] == 2
+
+
+def test_a_warmup_token_mismatch_is_a_defect_and_kept_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong token or a failure among the warm-up is no less a defect: the exit status and
+    the run's output count it, summary.json's `warmup` holds it with its delivery record."""
+    config = load_config(
+        None, ['workload.trace="synthetic"', "workload.requests=3", "workload.warmup_requests=2"]
+    )
+    records = [replace(r, token_mismatch=r.request_id == "r1") for r in sample_records()]
+    records[1] = replace(records[1], state="failed", failure_reason="timeout")  # r2
+    scale = scale_model(config)
+    runs = {"pdd": SystemRun("pdd", records, {}, sample_instances(), 0)}
+    out = tmp_path / "warm-mismatch"
+    out.mkdir()
+    summaries, meta = write_outputs(config, scale, wan_link(config, scale), runs, [], out)
+    assert summaries["pdd"]["token_mismatches"] == 0  # the measured r3, r4, r5 are right
+    assert report(summaries, meta, runs, out) == DEFECT_EXIT
+    assert "2 failed requests (0 of them" in capsys.readouterr().err  # warm-up r2, measured r4
+    warmup = json.loads((out / "summary.json").read_text())["systems"]["pdd"]["warmup"]
+    assert warmup["token_mismatches"] == 1
+    assert warmup["delivery"] == summaries["pdd"]["warmup"]["delivery"]
+    assert "failover" in warmup
