@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -71,11 +71,15 @@ from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
+from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.runtime.events import EVENT_CAPACITY
 from pddemu.runtime.timekeeping import TYPICAL_CONTEXT, RunTiming
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
 from pddemu.workload.synthetic import SyntheticShape
+
+if TYPE_CHECKING:
+    from pddemu.metrics.plots import WanUse
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
@@ -254,6 +258,7 @@ def wan_transfers(stats: dict[str, Any]) -> list[Any]:
             event["end_s"],
             int(event.get("genuine_bytes") or 0),
             [tuple(chunk) for chunk in event.get("chunks", [])],
+            str(event["rid"]).split(LEG_SEPARATOR, 1)[0],  # a later leg's is its request's
         )
         for report in stats.values()
         if report.get("role") == "MD"
@@ -416,7 +421,7 @@ def write_outputs(
     out: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """summary.json and requests.csv first (the results), then the plots and report.md."""
-    from pddemu.metrics.plots import WanUse, write_plots
+    from pddemu.metrics.plots import write_plots
 
     all_records = [record for run in runs.values() for record in run.records]
     write_requests_csv(out / "requests.csv", all_records)
@@ -487,19 +492,33 @@ def write_outputs(
         "faults": config.faults.schedule,
     }
     write_summary_json(out / "summary.json", summaries, meta)
-    crossing = {system: run for system, run in runs.items() if system != "indc"}
-    wan = WanUse(
-        {system: run.wan_transfers for system, run in crossing.items()},
-        {
-            system: min((r.arrival_s for r in run.records), default=0.0)
-            for system, run in crossing.items()
-        },
-        config.wan.rate_bps,
-        scale.byte_scale,
-    )
+    wan = measured_wan_use(runs, measured, config.wan.rate_bps, scale.byte_scale)
     plots = write_plots(out, measured, config.slo.ttft_s, wan)
     write_report(out, summaries, meta, plots)
     return summaries, meta
+
+
+def measured_wan_use(
+    runs: dict[str, SystemRun],
+    measured: dict[str, list[RequestRecord]],
+    rate_bps: float | None,
+    byte_scale: float,
+) -> WanUse:
+    """The WAN figure's input: the transfers of the measured requests alone, timed from the
+    first measured arrival (a warm-up is in no figure)."""
+    from pddemu.metrics.plots import WanUse
+
+    crossing = [system for system in runs if system != "indc"]
+    ids = {system: {r.request_id for r in measured[system]} for system in crossing}
+    return WanUse(
+        {
+            system: [t for t in runs[system].wan_transfers if t.request_id in ids[system]]
+            for system in crossing
+        },
+        {system: min((r.arrival_s for r in measured[system]), default=0.0) for system in crossing},
+        rate_bps,
+        byte_scale,
+    )
 
 
 # a warm-up's own figures, kept apart from the measured ones (summary.json's `warmup`)

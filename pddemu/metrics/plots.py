@@ -47,12 +47,14 @@ PLOT_FILES = {
 @dataclass(frozen=True)
 class WanTransfer:
     """One KV transfer across the WAN as its receiver saw it: its first and last byte and each
-    chunk's arrival (modelled seconds, genuine bytes)."""
+    chunk's arrival (modelled seconds, genuine bytes), and the request it was for (a warm-up's
+    are left out of the figure)."""
 
     start_s: float
     end_s: float
     genuine_bytes: int
     chunks: Sequence[tuple[float, int]] = ()
+    request_id: str = ""
 
 
 @dataclass(frozen=True)

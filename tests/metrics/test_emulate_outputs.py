@@ -19,7 +19,10 @@ from pddemu.emulate import (
     SystemRun,
     dropped_events,
     dropped_events_warning,
+    measured_wan_use,
     report,
+    split_warmup,
+    wan_transfers,
     workload_of,
     write_outputs,
 )
@@ -176,3 +179,21 @@ def test_a_warmup_token_mismatch_is_a_defect_and_kept_in_the_summary(
     assert warmup["token_mismatches"] == 1
     assert warmup["delivery"] == summaries["pdd"]["warmup"]["delivery"]
     assert "failover" in warmup
+
+
+def test_the_wan_figure_draws_the_measured_requests_transfers_alone() -> None:
+    """A warm-up's KV transfers are in no figure: the WAN figure keeps the measured requests'
+    (a later leg's too) and times them from the first measured arrival."""
+    kv = {"kind": "kv_transfer", "start_s": 0.0, "end_s": 1.0, "genuine_bytes": 10}
+    stats = {
+        "MD0": {"role": "MD", "events": [{**kv, "rid": "r1"}, {**kv, "rid": "r3~1"}]},
+        "P0": {"role": "P", "events": [{**kv, "rid": "r4"}]},
+    }
+    transfers = wan_transfers(stats)
+    assert [t.request_id for t in transfers] == ["r1", "r3"]
+    records = [replace(r, token_mismatch=False) for r in sample_records()]
+    runs = {"pdd": SystemRun("pdd", records, {}, wan_transfers=transfers)}
+    _, measured = split_warmup(records, 2)  # r1 and r2 are the warm-up
+    wan = measured_wan_use(runs, {"pdd": measured}, 8e6, 1.0)
+    assert [t.request_id for t in wan.transfers["pdd"]] == ["r3"]
+    assert wan.origins == {"pdd": 2.0}  # r3's arrival, not r1's
