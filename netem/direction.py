@@ -18,13 +18,20 @@ from netem.spec import LinkSpec
 
 class Direction:
     def __init__(self, spec: LinkSpec, seed: int) -> None:
-        rng = random.Random(seed)
+        # Loss draws at arrival, jitter at the end of serialization: separate streams, so
+        # the order in which the shaper happens to run them does not change the draws.
         self.gate = Gate()
-        self.loss = LossProcess(spec.loss, rng)
+        self.loss = LossProcess(spec.loss, random.Random(f"{seed}:loss"))
         self.rate = RateQueue(
             spec.rate_bps, make_qdisc(spec.qdisc, spec.queue_limit_bytes, spec.mtu)
         )
-        self.delay = DelayLine(spec.delay_s, spec.jitter_s, spec.jitter_dist, spec.reorder, rng)
+        self.delay = DelayLine(
+            spec.delay_s,
+            spec.jitter_s,
+            spec.jitter_dist,
+            spec.reorder,
+            random.Random(f"{seed}:jitter"),
+        )
         self.sink = Sink()
         self.chain: list[Element] = [self.gate, self.loss, self.rate, self.delay, self.sink]
         for upstream, downstream in zip(self.chain, self.chain[1:], strict=False):

@@ -233,28 +233,35 @@ def test_a_batch_of_arrivals_is_the_same_as_pushing_each(
     assert batched.counters() == one.counters()
 
 
+@pytest.mark.parametrize("push_first", [False, True])
 @pytest.mark.parametrize(
-    ("delay_s", "jitter_s", "dist", "reorder"),
+    ("delay_s", "jitter_s", "dist", "reorder", "loss"),
     [
-        (0.020, 0.0, "uniform", False),
-        (0.0, 0.0, "uniform", False),
-        (0.005, 0.002, "uniform", True),
-        (0.005, 0.003, "pareto", False),
-        (0.001, 0.002, "normal", False),
+        (0.020, 0.0, "uniform", False, 0.0),
+        (0.0, 0.0, "uniform", False, 0.0),
+        (0.005, 0.002, "uniform", True, 0.0),
+        (0.005, 0.003, "pareto", False, 0.0),
+        (0.001, 0.002, "normal", False, 0.0),
+        (0.005, 0.002, "uniform", True, 0.1),
+        (0.001, 0.002, "normal", False, 0.1),
     ],
 )
 def test_waking_only_at_next_exit_releases_every_packet_at_its_exit_time(
-    delay_s: float, jitter_s: float, dist: str, reorder: bool
+    delay_s: float, jitter_s: float, dist: str, reorder: bool, loss: float, push_first: bool
 ) -> None:
     """The shaper sleeps until a direction's `next_exit`, not until each end of
     serialization: pumped only then (and at arrivals), every packet still leaves exactly at
-    its exit time (never late) and the packets and times are those of a pump every 10 us."""
+    its exit time (never late) and the packets and times are those of a pump every 10 us,
+    with loss too and whether arrivals are pushed before the release (as `Shaper.turn` does)
+    or after: loss and jitter draw from their own streams, so when the pump runs does not
+    change which packet draws what."""
     spec = LinkSpec(
         rate_bps=4e6,
         delay_s=delay_s,
         jitter_s=jitter_s,
         jitter_dist=dist,
         reorder=reorder,
+        loss=LossModel("bernoulli", p=loss) if loss else LossModel(),
         qdisc="fq_codel",
         limit_bytes=30_000,
     )
@@ -268,11 +275,14 @@ def test_waking_only_at_next_exit_releases_every_packet_at_its_exit_time(
     pending = list(arrivals)
     while pending or woken.next_exit() < math.inf:
         now = min(pending[0][0] if pending else math.inf, woken.next_exit())
-        released = woken.release(now)
-        assert all(exit_time == now for _, exit_time in released)  # none late
-        out_woken += released
+        if not push_first:
+            released = woken.release(now)
         while pending and pending[0][0] == now:
             woken.push(pending.pop(0)[1], now)
+        if push_first:
+            released = woken.release(now)
+        assert all(exit_time == now for _, exit_time in released)  # none late
+        out_woken += released
     out_fine: list[tuple[bytes, float]] = []
     grid = [step * 1e-5 for step in range(int(arrivals[-1][0] / 1e-5) + 20_000)]
     for now in sorted({*grid, *(t for t, _ in arrivals)}):  # every 10 us and every arrival
