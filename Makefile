@@ -65,7 +65,9 @@ $(RAY_STAMP): $(STAMP)
 test: install aiperf $(RAY_STAMP)
 	$(BIN)/python -m pytest
 
-bench: install aiperf vllm-client
+# Not vllm-client: a failed vLLM install must not stop the other benchmarks (vllm_serve then
+# reports its venv missing); `make bench-vllm` installs it.
+bench: install aiperf
 	$(BIN)/python -m pddemu.bench --out bench/results
 
 # vLLM's `vllm bench serve` against `pddemu serve` (bench/results/vllm_serve.json)

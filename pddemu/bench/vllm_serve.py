@@ -19,6 +19,7 @@ one streams tokens and then fails; vLLM must count each as failed.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from pddemu.bench.aiperf import load_average
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = ROOT / ".venv-vllm"
 REQUESTS, CONCURRENCY, ISL, OSL = 16, 4, 300, 48
+STOP_TIMEOUT_S = 60.0  # wall seconds serve has to stop after SIGINT
 
 
 def vllm_command(
@@ -67,28 +69,54 @@ def run_bench(
     serve's last line."""
     vllm = VLLM_VENV / "bin" / "vllm"
     if not vllm.exists():
-        raise FileNotFoundError(f"{vllm} is missing: `make vllm-client` installs it")
+        raise FileNotFoundError(
+            f"{vllm} is missing: `make bench-vllm` (or `make vllm-client`) installs it"
+        )
     serve_command = [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0"]
     serve_command += ["--run-dir", str(workdir / "run")]
     if config is not None:
         serve_command += ["--config", str(config)]
-    serve = subprocess.Popen(
-        serve_command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    log = workdir / "serve.stderr"  # a file: a pipe nobody reads while vLLM runs could fill
+    with log.open("w") as stderr:
+        serve = subprocess.Popen(
+            serve_command,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,  # its group is killed if it does not stop
+        )
     try:
         line = serve.stdout.readline()
         if not line:
-            raise RuntimeError(f"pddemu serve did not start: {serve.stderr.read()[-2000:]}")
+            raise RuntimeError(f"pddemu serve did not start: {log.read_text()[-2000:]}")
         ready = json.loads(line)
         command = vllm_command(vllm, ready, workdir, requests, output_len)
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=workdir)
         if done.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed: {(done.stdout + done.stderr)[-2000:]}")
     finally:
-        serve.send_signal(signal.SIGINT)
-        out, _ = serve.communicate(timeout=60)
+        out = stop_serve(serve, log)
     stopped = json.loads(out.splitlines()[-1]) if out.strip() else {}
     return json.loads((workdir / "vllm.json").read_text()), stopped
+
+
+def stop_serve(serve: subprocess.Popen[str], log: Path, timeout_s: float = STOP_TIMEOUT_S) -> str:
+    """SIGINT to serve, then its stdout; one that has not stopped within `timeout_s` is killed
+    with its whole process group (its instances) and waited for, and that is an error."""
+    serve.send_signal(signal.SIGINT)
+    try:
+        out, _ = serve.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(serve.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        serve.communicate()
+        raise RuntimeError(
+            f"pddemu serve did not stop within {timeout_s:g} s of SIGINT and was killed: "
+            f"{log.read_text()[-2000:]}"
+        ) from None
+    return out
 
 
 def output_lengths(result: dict[str, Any]) -> dict[str, Any]:
