@@ -117,8 +117,10 @@ TIMED = ("ttft_s.mean", "tpot_s.mean", "e2el_s.mean")
 # the sweep exits 4: by FE0's `delivery` lag, the frontend's own read delay, mean 0.51 ms
 # against a bound of 0.32 ms, 5 % of the 6.4 ms TPOT p50, the clock slowed 54-63 times for
 # "lag FE0"; step and release lag, 0.26-0.35 ms, lie near the bound too; one unlocked run
-# at load 7; with kernel-dated frontend reads, which judge delivery no more, the clock ran
-# x1.75 and MD0's mean step lag, 0.55-0.61 ms, flagged both points instead, load 4), so the
+# at load 7; in an unlocked trial of kernel-dated frontend reads with delivery lag reported
+# only, the clock ran x1.75 and MD0's mean step lag, 0.55-0.61 ms, flagged both points
+# instead, load 4; as landed (c2dc276) delivery stays judged: settle's cut still leaves when
+# the frontend gets round to it), so the
 # host's load reaches their timing, Ray's own processes beside a
 # point included: one CI run read Ray's mean TTFT 14 % above the local run's (0.375 against
 # 0.329 s) with its points one at a time. Streams and the determined fields stay exact.
