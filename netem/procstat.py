@@ -29,7 +29,10 @@ def steal_s(stat: str | None = None) -> list[float]:
     return [int(row[8]) / os.sysconf("SC_CLK_TCK") if len(row) > 8 else 0.0 for row in rows]
 
 
-def steal_between(before: list[float], after: list[float]) -> list[float]:
+def steal_between(before: list[float], after: list[float]) -> list[float] | None:
     """Each CPU's steal seconds between two readings of `steal_s`, rounded to 10 ms (the
-    counters' tick)."""
+    counters' tick); None if the host's CPUs came or went in between (a CPU brought online
+    mid-run has no reading before it): the figure is unknown, the run's results are not."""
+    if len(before) != len(after):
+        return None
     return [round(b - a, 2) for a, b in zip(before, after, strict=True)]

@@ -25,6 +25,9 @@ def test_steal_time_is_read_per_cpu_from_proc_stat() -> None:
     assert steal_s(stat) == [76068 / ticks, 74949 / ticks]
     assert len(steal_s()) == os.cpu_count()
     assert steal_between([1.0, 2.0], [1.5, 2.004]) == [0.5, 0.0]
+    # a CPU brought online or taken off between the readings: unknown, not an error
+    assert steal_between([1.0, 2.0], [1.5, 2.0, 0.3]) is None
+    assert steal_between([1.0, 2.0], [1.5]) is None
 
 
 def test_process_cpu_is_read_from_proc_and_gone_processes_read_none() -> None:
