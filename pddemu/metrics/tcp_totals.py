@@ -22,10 +22,13 @@ class TcpTotals:
     """Per path: counters summed, min RTT (modelled s) and delivery rate (bits per modelled s)
     sampled."""
 
-    def __init__(self) -> None:
+    def __init__(self, sender: str = "") -> None:
+        """`sender`: its name, in the samples' seeds (senders' samples are pooled)."""
         self.counters = {path: dict.fromkeys(COUNTERS, 0) for path in PATHS}
-        self.min_rtt_s = {path: Reservoir(seed=f"tcp:{path}:min_rtt") for path in PATHS}
-        self.delivery_rate_bps = {path: Reservoir(seed=f"tcp:{path}:rate") for path in PATHS}
+        self.min_rtt_s = {path: Reservoir(seed=f"tcp:{sender}:{path}:min_rtt") for path in PATHS}
+        self.delivery_rate_bps = {
+            path: Reservoir(seed=f"tcp:{sender}:{path}:rate") for path in PATHS
+        }
 
     def add(self, transfer: Mapping[str, Any]) -> None:
         """One transfer's row (`TcpLedger`'s: wan, bytes, retransmits, rto_events, min_rtt_s,

@@ -83,7 +83,7 @@ class Instance:
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
         # a bounded sample, exact totals (serve has no end)
-        self.lag_samples_s = Reservoir(seed="step lag")
+        self.lag_samples_s = Reservoir(seed=f"step lag:{self.name}")  # its own slots
         # Each request's share of the step lag: the lateness of the steps it was in, summed
         # (leg ids, requests with none left out): what its recorded times can carry of it.
         self.carried_lag_s = CarriedLag()  # the most recent legs' only: serve runs without end

@@ -69,7 +69,7 @@ class PrefillInstance(Instance):
         self.queue: deque[PrefillJob] = deque()
         self.work = asyncio.Event()
         self.pool = TransferPool(self.open)
-        self.tcp = TcpLedger(lambda: self.clock.rate)
+        self.tcp = TcpLedger(lambda: self.clock.rate, self.name)
         self.prefill_tokens = 0
         self.transfers_cut = 0  # sends that ended unfinished (cut, cancelled, receiver lost)
         self.last_end = -math.inf

@@ -71,10 +71,10 @@ class TcpLedger:
     the rows of the latest `KEPT_TRANSFERS` transfers only.
     """
 
-    def __init__(self, rate: Callable[[], float]) -> None:
+    def __init__(self, rate: Callable[[], float], sender: str = "") -> None:
         self.rate = rate
         self.transfers: deque[dict[str, Any]] = deque(maxlen=KEPT_TRANSFERS)
-        self.totals = TcpTotals()
+        self.totals = TcpTotals(sender)
         self._last: dict[int, dict[str, Any]] = {}  # by id of the connection's socket
 
     def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:

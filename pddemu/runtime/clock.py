@@ -98,15 +98,16 @@ class FixedRate:
 class ModelledClock:
     """Modelled time for one participant: now(), sleep_until(), holds and its lag book."""
 
-    def __init__(self, source: SharedClock | FixedRate, slot: int | None = None) -> None:
+    def __init__(
+        self, source: SharedClock | FixedRate, slot: int | None = None, name: str = ""
+    ) -> None:
         self.source = source
         self.slot = slot
-        # each kind's samples: a bounded sample with exact totals (a serve runs without end)
-        self.lags: dict[str, Reservoir] = {
-            kind: Reservoir(seed=f"lag:{kind}") for kind in LAG_KINDS
-        }
+        self.name = name  # the participant's, when it has a slot
+        # each kind's samples: a bounded sample with exact totals (a serve runs without end),
+        # seeded by participant and kind so that participants fed in step keep other slots
+        self.lags: dict[str, Reservoir] = {kind: self._reservoir(kind) for kind in LAG_KINDS}
         self._holding = False
-        self.name = ""  # the participant's, when it has a slot
         self._instant_slot: int | None = None
         self._instant_holders = 0
 
@@ -126,9 +127,7 @@ class ModelledClock:
     def attach(cls, page: str | Path, name: str) -> ModelledClock:
         """Read the run's clock page as participant `name` (which gets a slot of its own)."""
         shared = SharedClock(page)
-        clock = cls(shared, shared.claim(name))
-        clock.name = name
-        return clock
+        return cls(shared, shared.claim(name), name)
 
     def close(self) -> None:
         """Give the slot back (releasing any hold) and unmap the page."""
@@ -259,12 +258,15 @@ class ModelledClock:
 
     # -- lag --------------------------------------------------------------------------------
 
+    def _reservoir(self, kind: str) -> Reservoir:
+        return Reservoir(seed=f"lag:{self.name}:{kind}")
+
     def count_lag(self, kind: str, lag: float) -> float:
         """Record one lag sample (modelled seconds; negative counts as 0); returns it. The
         controller's kinds also go to the participant's slot."""
         lag = lag if lag > 0 else 0.0
         if kind not in self.lags:
-            self.lags[kind] = Reservoir(seed=f"lag:{kind}")
+            self.lags[kind] = self._reservoir(kind)
         self.lags[kind].append(lag)
         if (
             kind in CONTROLLED_KINDS

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from pddemu.metrics.reservoir import Reservoir
+from pddemu.metrics.tcp_totals import TcpTotals
 from pddemu.metrics.timing import timing_summary
 from pddemu.roles.openai_api import OpenAIFrontDoor
-from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.clock import FixedRate, ModelledClock
 from pddemu.runtime.events import EventLog
 
 
@@ -100,6 +101,38 @@ def test_reservoirs_fed_in_step_keep_different_samples() -> None:
             clock.lags[kind].capacity = 50
             clock.count_lag(kind, lag * 1e-3)
     assert clock.lags["handler"] != clock.lags["step"]
+
+
+def test_participants_fed_in_step_keep_different_samples_of_one_kind() -> None:
+    """Every participant and every sender counts the same kinds, often in step (a step's lag
+    on each decode instance, a transfer's RTT on each prefill), and the summaries pool them:
+    from one seed per kind they would keep the same slots. The participant's or sender's name
+    is in the seed."""
+    clocks = [ModelledClock(FixedRate(0.0, 1.0), name=name) for name in ("D0", "D1", "D1")]
+    senders = [TcpTotals(name) for name in ("P0", "P1")]
+    for clock in clocks:
+        clock.lags["step"].capacity = 50
+    for sender in senders:
+        sender.min_rtt_s["wan"].capacity = sender.delivery_rate_bps["wan"].capacity = 50
+    for index in range(5000):
+        for clock in clocks:
+            clock.count_lag("step", index * 1e-3)
+        for sender in senders:
+            sender.add(
+                {
+                    "wan": True,
+                    "bytes": 1,
+                    "retransmits": 0,
+                    "rto_events": 0,
+                    "min_rtt_s": 1.0 + index,
+                    "delivery_rate_Bps": 1.0 + index,
+                }
+            )
+    d0, d1, d1_again = (set(clock.lags["step"]) for clock in clocks)
+    assert len(d0 & d1) < 25 and d1 == d1_again
+    p0, p1 = senders
+    assert len(set(p0.min_rtt_s["wan"]) & set(p1.min_rtt_s["wan"])) < 25
+    assert len(set(p0.delivery_rate_bps["wan"]) & set(p1.delivery_rate_bps["wan"])) < 25
 
 
 def test_pooled_percentiles_weigh_each_part_by_what_it_saw() -> None:
