@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -397,6 +397,7 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
         file=sys.stderr,
     )
     runs: dict[str, SystemRun] = {}
+    warmup_ids = frozenset(r.request_id for r in workload[: config.workload.warmup_requests])
     tokens = ReferenceCheck(config, workload)
     with network_for(config, scale, seed=config.workload.seed) as network:
         for system in systems:
@@ -406,7 +407,7 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
             tokens.check(run)
             runs[system] = run
             not_run = [s for s in systems if s not in runs]
-            summaries, meta = write_outputs(config, scale, link, runs, not_run, out)
+            summaries, meta = write_outputs(config, scale, link, runs, not_run, out, warmup_ids)
             if run.interrupted:
                 break
     return report(summaries, meta, runs, out)
@@ -419,17 +420,16 @@ def write_outputs(
     runs: dict[str, SystemRun],
     not_run: list[str],
     out: Path,
+    warmup_ids: Collection[str],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """summary.json and requests.csv first (the results), then the plots and report.md."""
+    """summary.json and requests.csv first (the results), then the plots and report.md;
+    `warmup_ids` are the warm-up's requests (the workload's first `warmup_requests`)."""
     from pddemu.metrics.plots import write_plots
 
     all_records = [record for run in runs.values() for record in run.records]
     write_requests_csv(out / "requests.csv", all_records)
     slo = SLO(config.slo.ttft_s, config.slo.tpot_s)
-    split = {
-        system: split_warmup(run.records, config.workload.warmup_requests)
-        for system, run in runs.items()
-    }
+    split = {system: split_warmup(run.records, warmup_ids) for system, run in runs.items()}
     measured = {system: records for system, (_, records) in split.items()}
     summaries = {}
     for system, run in runs.items():
@@ -539,14 +539,13 @@ WARMUP_FIELDS = (
 
 
 def split_warmup(
-    records: list[RequestRecord], warmup: int
+    records: list[RequestRecord], warmup_ids: Collection[str]
 ) -> tuple[list[RequestRecord], list[RequestRecord]]:
-    """(the warm-up, the measured requests): the first `warmup` to arrive, and the rest (every
-    request has a record, whatever its end, so the first to arrive are the warm-up's)."""
-    if warmup == 0:
-        return [], records
-    ordered = sorted(records, key=lambda r: (r.arrival_s, r.request_id))
-    return ordered[:warmup], ordered[warmup:]
+    """(the warm-up, the measured requests): those of `warmup_ids` (the workload's first
+    requests, in its own order: equal arrival times and ids such as r10 and r2 leave no
+    doubt), and the rest, each in the records' order."""
+    warm = [r for r in records if r.request_id in warmup_ids]
+    return warm, [r for r in records if r.request_id not in warmup_ids]
 
 
 def report(

@@ -42,7 +42,7 @@ def write(
     out.mkdir()
     runs = {"pdd": run}
     summaries, meta = write_outputs(
-        config, scale, wan_link(config, scale), runs, not_run or [], out
+        config, scale, wan_link(config, scale), runs, not_run or [], out, ()
     )
     return report(summaries, meta, runs, out)
 
@@ -120,8 +120,8 @@ def test_a_timeline_that_dropped_events_is_told(
 def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figures(
     tmp_path: Path,
 ) -> None:
-    """The first W requests to arrive are the warm-up (records in any order): replayed on top of
-    the measured ones, in requests.csv, in no figure of summary.json."""
+    """The workload's first W requests are the warm-up (records in any order): replayed on top
+    of the measured ones, in requests.csv, in no figure of summary.json."""
     synthetic = ['workload.trace="synthetic"']
     warm = load_config(None, [*synthetic, "workload.requests=3", "workload.warmup_requests=2"])
     five = workload_of(load_config(None, [*synthetic, "workload.requests=5"]))
@@ -131,9 +131,9 @@ def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figure
     runs = {"pdd": SystemRun("pdd", records[::-1], {}, sample_instances(), 0)}
     out = tmp_path / "warm"
     out.mkdir()
-    summaries, meta = write_outputs(warm, scale, wan_link(warm, scale), runs, [], out)
+    summaries, meta = write_outputs(warm, scale, wan_link(warm, scale), runs, [], out, {"r1", "r2"})
     assert meta["warmup_requests"] == 2
-    assert summaries["pdd"]["requests"]["total"] == 3  # r3, r4, r5: r1 and r2 arrived first
+    assert summaries["pdd"]["requests"]["total"] == 3  # r3, r4, r5: r1 and r2 are the warm-up
     assert summaries["pdd"]["requests"]["failed"] == 1  # r4
     assert len((out / "requests.csv").read_text().splitlines()) == 1 + 5
     # every figure is the measured requests' alone, the warm-up's own figures are kept apart
@@ -144,7 +144,9 @@ def test_warmup_requests_are_replayed_kept_in_the_csv_and_left_out_of_the_figure
         cold = load_config(None, [*synthetic, f"workload.requests={len(subset)}"])
         (tmp_path / name).mkdir()
         runs = {"pdd": SystemRun("pdd", subset, {}, sample_instances(), 0)}
-        alone[name] = write_outputs(cold, scale, wan_link(cold, scale), runs, [], tmp_path / name)
+        alone[name] = write_outputs(
+            cold, scale, wan_link(cold, scale), runs, [], tmp_path / name, ()
+        )
     expected = alone["alone-measured"][0]["pdd"]
     assert expected["warmup"] is None and summaries["pdd"]["warmup"] is not None
     assert {k: v for k, v in summaries["pdd"].items() if k != "warmup"} == {
@@ -171,7 +173,9 @@ def test_a_warmup_token_mismatch_is_a_defect_and_kept_in_the_summary(
     runs = {"pdd": SystemRun("pdd", records, {}, sample_instances(), 0)}
     out = tmp_path / "warm-mismatch"
     out.mkdir()
-    summaries, meta = write_outputs(config, scale, wan_link(config, scale), runs, [], out)
+    summaries, meta = write_outputs(
+        config, scale, wan_link(config, scale), runs, [], out, {"r1", "r2"}
+    )
     assert summaries["pdd"]["token_mismatches"] == 0  # the measured r3, r4, r5 are right
     assert report(summaries, meta, runs, out) == DEFECT_EXIT
     assert "2 failed requests (0 of them" in capsys.readouterr().err  # warm-up r2, measured r4
@@ -193,7 +197,21 @@ def test_the_wan_figure_draws_the_measured_requests_transfers_alone() -> None:
     assert [t.request_id for t in transfers] == ["r1", "r3"]
     records = [replace(r, token_mismatch=False) for r in sample_records()]
     runs = {"pdd": SystemRun("pdd", records, {}, wan_transfers=transfers)}
-    _, measured = split_warmup(records, 2)  # r1 and r2 are the warm-up
+    _, measured = split_warmup(records, {"r1", "r2"})
     wan = measured_wan_use(runs, {"pdd": measured}, 8e6, 1.0)
     assert [t.request_id for t in wan.transfers["pdd"]] == ["r3"]
     assert wan.origins == {"pdd": 2.0}  # r3's arrival, not r1's
+
+
+def test_the_warmup_is_the_workloads_first_requests_in_its_own_order() -> None:
+    """Not the first by (arrival, id): with equal arrival times "r10" sorts before "r2", and the
+    ids need not sort at all; the workload's own order names the warm-up."""
+    records = [
+        replace(r, request_id=name, arrival_s=0.0)
+        for r, name in zip(sample_records(), ["r10", "r2", "r1", "b", "a"], strict=True)
+    ]
+    workload_order = ["r1", "r2", "r10", "a", "b"]
+    warm, measured = split_warmup(records, set(workload_order[:2]))
+    assert [r.request_id for r in warm] == ["r2", "r1"]
+    assert [r.request_id for r in measured] == ["r10", "b", "a"]
+    assert split_warmup(records, ()) == ([], records)
