@@ -90,6 +90,12 @@ def timing_summary(
                 }
                 for name, lags in sorted(participants.items())
             },
+            # kernel dates a later segment may have pushed back (the frontend's), and dates
+            # older than the clock's anchor history, read as the reading time instead
+            **{
+                count: sum(int(stats.get(count, 0)) for stats in instance_stats.values())
+                for count in ("inexact_dates", "dates_past_history")
+            },
         },
         "holds": {
             **_hold_totals(holds),

@@ -89,6 +89,7 @@ class Instance:
         self.carried_lag_s = CarriedLag()  # the most recent legs' only: serve runs without end
         self.stalls = stalls_of(os.environ.get(STALL_ENV, ""), self.name)
         self.resumed_at = -math.inf  # modelled time the last pause fault ended (SIGCONT)
+        self.dates_past_history = 0  # kernel dates older than the clock's anchor history
         self.steps = 0
         self.busy_s = 0.0
         self.events = EventLog()  # spans for timelines (pddemu export --format perfetto)
@@ -266,6 +267,7 @@ class Instance:
             "errors": self.errors,
             "refused": self.refused,
             "broken_channels": self.broken_channels,
+            "dates_past_history": self.dates_past_history,
             "cpu_s": time.process_time(),  # genuine CPU this process used: what the emulation costs
             "events": list(self.events.events),
             "events_dropped": self.events.dropped,
@@ -278,7 +280,7 @@ class Instance:
 
     async def _accept_dated(self, sock: socket.socket) -> None:
         channel = Channel.dated(sock, peer="?", purpose="?")
-        channel.modelled_at = self.clock.modelled_at
+        channel.modelled_at = self.modelled_at
         await self._accept_channel(channel)
 
     async def _accept_channel(self, channel: Channel) -> None:
@@ -358,7 +360,7 @@ class Instance:
             address.addr, address.data_port, self.name, name, purpose, self.secret, self.reads_dated
         )
         if self.reads_dated:
-            channel.modelled_at = self.clock.modelled_at
+            channel.modelled_at = self.modelled_at
         if purpose != "heartbeat":  # when a heartbeat is handled changes nothing modelled
             channel.stamp = self.clock.now
         return channel
@@ -456,6 +458,14 @@ class Instance:
         return self.clock.count_lag(
             lag_kind if exact else f"{lag_kind}_wan", self.clock.now() - due
         )
+
+    def modelled_at(self, wall: float) -> float | None:
+        """A kernel receive date in modelled time (a dated channel's); None, counted, when
+        it is older than the clock's anchor history (the message is then taken as read now)."""
+        modelled = self.clock.modelled_at(wall)
+        if modelled is None:
+            self.dates_past_history += 1
+        return modelled
 
     def arrival(self, message: Envelope, ready: float | None = None) -> float:
         """When a message reached this instance, in modelled time: on a path without modelled

@@ -53,6 +53,18 @@ def test_the_mean_lag_of_known_times_judges_the_run_and_bounds_are_only_reported
     assert late["lag"]["mean_by_kind"]["handler"] == pytest.approx(0.002)
 
 
+def test_the_dates_taken_inexactly_or_as_the_reading_time_are_counted() -> None:
+    """The frontend's inexact kernel dates and every reader's dates older than the clock's
+    anchor history (read as now) are summed into the lag section."""
+    instances = {
+        "FE0": {**stats(delivery=[0.0]), "inexact_dates": 3, "dates_past_history": 2},
+        "MD0": {**stats(step=[0.0]), "dates_past_history": 1},
+        "P0": stats(step=[0.0]),  # from before the counts: none
+    }
+    lag = timing_summary(instances, {}, None, DILATION, 0.03, 0.05)["lag"]
+    assert (lag["inexact_dates"], lag["dates_past_history"]) == (3, 3)
+
+
 def test_the_shapers_release_lag_counts_too() -> None:
     histogram = {
         "bucket_edges_s": [0.0, 0.001, 0.01],

@@ -48,3 +48,20 @@ def test_a_date_in_range_is_kept_and_without_a_send_time_only_now_bounds_it() ->
     assert instance.arrival(_dated(sent=5.0, received=7.5)) == 7.5
     assert instance.arrival(_dated(sent=None, received=1.0)) == 1.0
     assert instance.arrival(_dated(sent=None, received=11.0)) == 10.0
+
+
+class _ForgetfulClock(_Clock):
+    """A clock whose anchor history reaches back to wall time 100 only."""
+
+    def modelled_at(self, wall: float) -> float | None:
+        return None if wall < 100.0 else wall
+
+
+def test_a_date_older_than_the_clocks_history_is_counted() -> None:
+    instance = _instance(now=10.0, least_transit=0.0)
+    instance.clock = _ForgetfulClock(10.0)  # type: ignore[assignment]
+    instance.dates_past_history = 0
+    assert instance.modelled_at(150.0) == 150.0
+    assert instance.modelled_at(50.0) is None
+    assert instance.modelled_at(99.0) is None
+    assert instance.dates_past_history == 2
