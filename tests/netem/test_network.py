@@ -92,16 +92,31 @@ def test_live_delay_and_rate_change_without_restart(run_name: str, tools: None) 
     assert fast > 35e6 and 7e6 < slow <= SLOW_BOUND
 
 
-def test_rate_change_while_a_transfer_runs(run_name: str, tools: None) -> None:
+def _received_across_a_rate_change(run_name: str) -> list[float]:
+    """iperf3's per-second receive rate over 5 s on a 40 Mbit/s link set to 5 Mbit/s at 2 s."""
     with measured_network(run_name, LinkSpec(rate_bps=40e6, delay_s=0.005)) as net:
         timer = threading.Timer(2.0, lambda: net.set_link(rate_bps=5e6))
         timer.start()
         report = measure(net, 5, "--get-server-output")
         timer.join()
-    received = [i["sum"]["bits_per_second"] for i in report["server_output_json"]["intervals"]]
+    return [i["sum"]["bits_per_second"] for i in report["server_output_json"]["intervals"]]
+
+
+def _follows_the_change(received: list[float]) -> bool:
     # iperf3 counts bytes when its server reads them, which may lag a busy interval: the two
     # full intervals after the change, together
-    assert received[0] > 30e6 and (received[3] + received[4]) / 2 < 5.5e6
+    return received[0] > 30e6 and (received[3] + received[4]) / 2 < 5.5e6
+
+
+def test_rate_change_while_a_transfer_runs(run_name: str, tools: None) -> None:
+    received = _received_across_a_rate_change(run_name)
+    if not _follows_the_change(received):
+        # One CI run's first second read 27.6 Mbit/s of 40 (iperf3 on a VM that loses CPU to
+        # its hypervisor; a locked run of this code read 22.2 and 24.2 within minutes of passing
+        # runs): measured
+        # once more. A link that ignores the change misses both times.
+        received = _received_across_a_rate_change(run_name)
+    assert _follows_the_change(received), received
 
 
 def test_link_down_then_up(run_name: str, tools: None) -> None:
