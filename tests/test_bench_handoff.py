@@ -178,6 +178,54 @@ def test_every_cell_gets_at_least_n_handoffs_however_many_samples_miss(lose_ever
     assert all(sent[cell] <= sample_cap(40) for cell in sent)
 
 
+def test_the_slots_per_phase_are_n_plus_a_tenth_rounded_up_exactly() -> None:
+    """ceil(100 x 1.1) in floats is 111 (1.1 is 1.100000000000000088...): 110 exactly."""
+    assert [phase_slots(n) for n in (1, 10, 30, 31, 100, 1000)] == [2, 11, 33, 35, 110, 1100]
+
+
+def test_each_deployment_records_the_host_load_before_and_after_it(monkeypatch) -> None:
+    """One job's runs are merged with earlier jobs' runs: the load is kept per deployment
+    (a job-wide figure kept only the newest job's), with the cells it ran."""
+    import contextlib
+    import types
+
+    import pddemu.emulate
+    import pddemu.emulated_network
+
+    loads = iter([(3.25, 0, 0), (0.5, 0, 0)])
+    monkeypatch.setattr(bench_handoff.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(
+        pddemu.emulated_network, "network_for", lambda *a, **k: contextlib.nullcontext()
+    )
+
+    class NoCounters:
+        error = None
+
+        def __init__(self, network) -> None: ...
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_) -> None: ...
+
+        def between(self, start: float, end: float) -> int:
+            return 0
+
+    monkeypatch.setattr(bench_handoff, "TcpCounters", NoCounters)
+
+    async def no_system(system, config, network, requests, out):
+        return types.SimpleNamespace(records=[], replay_start_s=0.0, timing={}, partial=[])
+
+    monkeypatch.setattr(pddemu.emulate, "run_system", no_system)
+    plan = phases([(PRIO_10, (0, 1)), (FIFO_2, (0,))], size=2, bulk_offset_s=1.0)
+    _, cost = bench_handoff.run_payload(load_config(), plan, 100, 0, None)
+    assert cost["host_load"] == {"before": 3.25, "after": 0.5}
+    assert cost["grid"] == [
+        {"qdisc": "prio", "jitter_ms": 10.0},
+        {"qdisc": "fifo", "jitter_ms": 2.0},
+    ]
+
+
 def test_a_cell_that_cannot_get_its_handoffs_is_named() -> None:
     def run_round(asks: dict[Cell, tuple[int, ...]]) -> dict[Cell, dict[int, int]]:
         return {
@@ -209,10 +257,17 @@ def test_a_grid_measured_in_parts_is_merged_per_cell(tmp_path) -> None:
         "runs": [{"wall_s": 2.0}],
     }
     out.write_text(json.dumps(earlier))
-    fresh = {"setup": setup, "cells": [cell("fifo", 2.0, "extend", 5)], "runs": [{"wall_s": 1.0}]}
+    fresh = {
+        "setup": setup,
+        "cells": [{**cell("fifo", 2.0, "extend", 5), "runs": [0]}],
+        "runs": [{"wall_s": 1.0, "host_load": {"before": 0.5, "after": 0.25}}],
+    }
     combined = merged(fresh, out)
     assert [(c["qdisc"], c["handoffs"]) for c in combined["cells"]] == [("fifo", 5), ("prio", 3)]
     assert combined["wall_s"] == 3.0
+    # the fresh cell points at its own deployment, after the earlier ones, and its load
+    assert combined["cells"][0]["runs"] == [1]
+    assert combined["runs"][1]["host_load"] == {"before": 0.5, "after": 0.25}
     assert not combined["targets"]["at least 5 handoffs of exactly 100 eager tokens per cell"]
     other = {"setup": {**setup, "eager_tokens": 50}, "cells": [], "runs": []}
     assert merged(other, out)["cells"] == []  # another setup's file is replaced, not merged
@@ -371,6 +426,8 @@ def test_top_up_samples_meet_the_bulk_kv_of_their_slot(monkeypatch) -> None:
     assert top_up[0].slots == tuple(lost)
     for cell in result["cells"]:
         assert cell["handoffs"] == phase_slots(30) >= 30  # one handoff per slot, none twice
+        # its deployments: the first round's and the top-up's of its payload
+        assert cell["runs"] == ([0, 2] if cell["payload"] == "extend" else [1, 3])
         assert [len(one) for one in cell["md_latency_ms_by_round"]] == [
             phase_slots(30) - len(lost),
             len(lost),

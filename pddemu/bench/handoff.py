@@ -47,7 +47,9 @@ counters, /proc/net/snmp, read as the run's clock passes); and what says whether
 are independent: the lag-1 autocorrelation of the MD-side latency in arrival order beside its
 95 % band under independence (+-1.96/sqrt(n)), and how many handoffs overlapped another
 sample's handoff. Per deployment (`runs`): its wall time, the replay's modelled length and
-speed-up, so setup and sampling cost can be told apart. The figures are reported beside the
+speed-up, so setup and sampling cost can be told apart, the cells it ran and the host's
+1-minute load average before and after it; each cell lists the deployments (indices into
+`runs`) that measured it, so its figures can be traced to the load they ran under. The figures are reported beside the
 paper's, not fitted to them: docs/validation.md compares them.
 """
 
@@ -65,6 +67,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -98,7 +101,9 @@ OVERRIDES = [
     "policy.handoff_mode=one-shot",
     "policy.anomaly_filter=false",
 ]
-MARGIN = 1.1  # samples sent per handoff still wanted (a few miss their phase's window)
+# Samples sent per handoff still wanted (a few miss their phase's window); exact, as
+# ceil(100 x 1.1) in floats is 111
+MARGIN = Fraction(11, 10)
 CAP_FACTOR, CAP_EXTRA = 2, 5  # a cell sends at most CAP_FACTOR * N + CAP_EXTRA samples
 POLL_S = 0.2  # wall seconds between readings of the TCP counters
 STATS = ("mean", "p50", "p99", "max", "std")
@@ -480,7 +485,7 @@ def run_payload(
     from pddemu.emulate import run_system
     from pddemu.emulated_network import network_for, scale_model
 
-    started = time.time()
+    started, load_before = time.time(), os.getloadavg()[0]
     requests = workload(config, plan, eager, seed)
     with (
         network_for(config, scale_model(config), seed=seed) as network,
@@ -517,9 +522,11 @@ def run_payload(
     cost = {
         "payload": plan[0].cell.payload,
         "cells": len(plan),
+        "grid": [{"qdisc": p.cell.qdisc, "jitter_ms": p.cell.jitter_ms} for p in plan],
         "samples": sum(p.samples for p in plan),
         "bulk": sum(1 for r in requests if r.request_id.startswith("bulk:")),
         "wall_s": round(time.time() - started, 1),
+        "host_load": {"before": load_before, "after": os.getloadavg()[0]},
         "replay_modelled_s": round(max(finished) - origin, 1) if finished else None,
         "speedup": (run.timing.get("dilation") or {}).get("speedup"),
         "slowed_by": dict(
@@ -579,10 +586,11 @@ def benchmark(
     extra: dict[Cell, dict[str, Any]] = {}
     warmups: dict[Cell, list[list[RequestRecord]]] = {}  # per cell, one list per round
     round_of: dict[int, int] = {}  # id(record) -> the round (deployments) that measured it
+    runs_of: dict[Cell, list[int]] = {}  # the deployments (indices into `runs`) of each cell
     rounds_run = 0
     offset = bulk_offset(seed)
     result["setup"]["bulk_offset_s"] = round(offset, 3)
-    started, load_before = time.time(), os.getloadavg()
+    started = time.time()
     measured_by = {
         **(code_version() or {"commit": None}),
         **{key: result["setup"][key] for key in PER_CELL_SETUP},
@@ -624,6 +632,7 @@ def benchmark(
                 cells, cost = run_payload(config, plan, eager, seed + len(result["runs"]), where)
                 result["runs"].append(cost)
                 for cell, measured in cells.items():
+                    runs_of.setdefault(cell, []).append(len(result["runs"]) - 1)
                     got[cell] = {slot_of(r): r for r in measured.pop("records")}
                     warmups.setdefault(cell, []).append(measured.pop("warmup_records"))
                     for record in got[cell].values():
@@ -652,6 +661,7 @@ def benchmark(
                 "qdisc": cell.qdisc,
                 "handoffs": len(records),
                 "measured": measured_by,
+                "runs": runs_of[cell],
                 **totals,
                 "md_latency_ms": describe_ms([r.handoff_latency_s for r in records]),
                 "stall_ms": describe_ms([r.handoff_stall_s for r in records]),
@@ -674,7 +684,6 @@ def benchmark(
             }
         )
     result["wall_s"] = round(time.time() - started, 1)
-    result["host_load"] = {"before": load_before[0], "after": os.getloadavg()[0]}
     judge(result)
     return result
 
@@ -733,7 +742,11 @@ def merged(result: dict[str, Any], earlier_path: Path) -> dict[str, Any]:
         return (cell["payload"], cell["qdisc"], cell["jitter_ms"])
 
     fresh = {key(c) for c in result["cells"]}
-    cells = [c for c in earlier.get("cells", []) if key(c) not in fresh] + result["cells"]
+    before = len(earlier.get("runs", []))  # the fresh runs follow the earlier ones
+    cells = [c for c in earlier.get("cells", []) if key(c) not in fresh] + [
+        {**c, "runs": [i + before for i in c["runs"]]} if "runs" in c else c
+        for c in result["cells"]
+    ]
     order = {
         (p, q, j): i
         for i, (p, q, j) in enumerate(
