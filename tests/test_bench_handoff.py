@@ -185,7 +185,8 @@ def test_the_slots_per_phase_are_n_plus_a_tenth_rounded_up_exactly() -> None:
 
 def test_each_deployment_records_the_host_load_before_and_after_it(monkeypatch) -> None:
     """One job's runs are merged with earlier jobs' runs: the load is kept per deployment
-    (a job-wide figure kept only the newest job's), with the cells it ran."""
+    (a job-wide figure kept only the newest job's), with the cells it ran and, when it was
+    over the lag bound, why."""
     import contextlib
     import types
 
@@ -214,12 +215,19 @@ def test_each_deployment_records_the_host_load_before_and_after_it(monkeypatch) 
     monkeypatch.setattr(bench_handoff, "TcpCounters", NoCounters)
 
     async def no_system(system, config, network, requests, out):
-        return types.SimpleNamespace(records=[], replay_start_s=0.0, timing={}, partial=[])
+        timing = {
+            "valid": False,
+            "invalid_reason": "mean handler lag 9.00 ms is over its bound 3.50 ms",
+            "lag": {"mean_by_kind": {"handler": 0.009}},
+        }
+        return types.SimpleNamespace(records=[], replay_start_s=0.0, timing=timing, partial=[])
 
     monkeypatch.setattr(pddemu.emulate, "run_system", no_system)
     plan = phases([(PRIO_10, (0, 1)), (FIFO_2, (0,))], size=2, bulk_offset_s=1.0)
     _, cost = bench_handoff.run_payload(load_config(), plan, 100, 0, None)
     assert cost["host_load"] == {"before": 3.25, "after": 0.5}
+    assert cost["invalid_reason"].startswith("mean handler lag 9.00 ms")
+    assert cost["lag_mean_by_kind_s"] == {"handler": 0.009}
     assert cost["grid"] == [
         {"qdisc": "prio", "jitter_ms": 10.0},
         {"qdisc": "fifo", "jitter_ms": 2.0},

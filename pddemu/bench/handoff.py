@@ -49,8 +49,9 @@ are independent: the lag-1 autocorrelation of the MD-side latency in arrival ord
 sample's handoff. Per deployment (`runs`): its wall time, the replay's modelled length and
 speed-up, so setup and sampling cost can be told apart, the cells it ran and the host's
 1-minute load average before and after it; each cell lists the deployments (indices into
-`runs`) that measured it, so its figures can be traced to the load they ran under. The figures are reported beside the
-paper's, not fitted to them: docs/validation.md compares them.
+`runs`) that measured it, so its figures can be traced to the load they ran under; a
+deployment over the lag bound says why (`invalid_reason`, `lag_mean_by_kind_s`). The figures
+are reported beside the paper's, not fitted to them: docs/validation.md compares them.
 """
 
 from __future__ import annotations
@@ -533,6 +534,9 @@ def run_payload(
             list(((run.timing.get("dilation") or {}).get("slowed_by") or {}).items())[:3]
         ),
         "valid": run.timing.get("valid"),
+        # why not: the worst kind of lag's mean against its bound (a share of TPOT p50)
+        "invalid_reason": run.timing.get("invalid_reason"),
+        "lag_mean_by_kind_s": (run.timing.get("lag") or {}).get("mean_by_kind"),
         "partial": run.partial,
         "tcp_counters_error": tcp.error,
     }
