@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from pddemu.sweep.executors import LocalExecutor, RayExecutor, SweepError, host_
 from pddemu.sweep.experiment import apply_experiment, experiment_parts
 from pddemu.sweep.grid import SEED_KEY, expand, grid_settings, parse_grid, sweep_seeds
 from pddemu.sweep.progress import Progress
+from pddemu.sweep.provenance import code_version
 from pddemu.sweep.search import GoodputSearch, SearchError, rounded
 
 DEFAULT_CPUS_PER_POINT = 2.0
@@ -226,26 +226,6 @@ def run_cli(args: argparse.Namespace) -> int:
     return status
 
 
-def code_version() -> dict[str, Any] | None:
-    """The commit of the pddemu checkout running the sweep (and whether files differ from it),
-    recorded in sweep.json so that results say which code made them; None outside git."""
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        )
-    except OSError:
-        return None
-    if commit.returncode != 0:
-        return None
-    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-
-
 def run_sweep(args: argparse.Namespace) -> int:
     if args.config is not None:
         args.config = args.config.resolve()  # the same file from a Ray node's working directory
@@ -270,7 +250,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         "executor": args.executor,
         "rootless": args.rootless,
         "search": None,
-        "code": code_version(),
+        "code": code_version(),  # this run's: a resumed sweep's points say their own
     }
     on_termination(raise_keyboard_interrupt)
     try:

@@ -52,8 +52,10 @@ class Sweep:
         self.executor.run(list(jobs.values()), self._done, self._tick)
         return [self.records.get(point.id) for point in points]
 
-    def _done(self, job: Job, exit_status: int, wall_s: float) -> None:
-        record = self.store.finish(job.point, exit_status, wall_s)
+    def _done(
+        self, job: Job, exit_status: int, wall_s: float, provenance: dict[str, Any] | None
+    ) -> None:
+        record = self.store.finish(job.point, exit_status, wall_s, provenance=provenance)
         self.records[job.point.id] = record
         self.progress.point_done(failed=record["status"] == "failed")
         self.write()

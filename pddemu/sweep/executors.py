@@ -1,7 +1,8 @@
 """Where a sweep's points run: here (one after another, or K at once), or as Ray tasks.
 
 An executor is given jobs (a point and the directory its run goes to) and calls `done(job,
-exit_status, wall_s)` as each ends, in the order they end. Interrupted (Ctrl-C, SIGTERM), it
+exit_status, wall_s, provenance)` as each ends, in the order they end (`provenance`: what the
+point ran on, recorded where it ran: pddemu.sweep.provenance; None when that is unknown). Interrupted (Ctrl-C, SIGTERM), it
 stops every running emulation, which removes what it made, before letting the interruption
 through.
 
@@ -40,7 +41,7 @@ class Job:
     out: Path
 
 
-Done = Callable[[Job, int, float], None]
+Done = Callable[[Job, int, float, dict[str, Any] | None], None]
 Tick = Callable[[int], None]  # called now and then with the number of points running
 
 
@@ -69,7 +70,7 @@ class LocalExecutor:
                 for job, point in list(running.items()):
                     if point.finished():
                         del running[job]
-                        done(job, point.exit_status, point.wall_s)
+                        done(job, point.exit_status, point.wall_s, point.provenance())
                 time.sleep(POLL_S)
         finally:
             for point in running.values():
@@ -123,10 +124,10 @@ class RayExecutor:
                         result = ray.get(ref)
                     except ray.exceptions.RayError as error:
                         (job.out / EMULATE_LOG).write_text(f"the Ray task failed: {error}\n")
-                        done(job, -1, 0.0)
+                        done(job, -1, 0.0, None)
                         continue
                     _write_files(job.out, result["files"])
-                    done(job, result["exit_status"], result["wall_s"])
+                    done(job, result["exit_status"], result["wall_s"], result["provenance"])
         finally:
             for ref in pending:
                 ray.cancel(ref)  # the task stops its emulation, which cleans up
@@ -169,7 +170,8 @@ def _write_files(out: Path, files: dict[str, bytes]) -> None:
 def run_point_on_node(
     point: Point, config_file: tuple[str, bytes] | None, rootless: bool, cwd: Path
 ) -> dict[str, Any]:
-    """A Ray task: run `point` here in a temporary directory; its files, status and wall time.
+    """A Ray task: run `point` here in a temporary directory; its files, status, wall time and
+    provenance (this node's code and load).
     The config file is used where it is on this node with the same content, else a copy;
     relative paths (a trace) are read from the sweep's working directory where the node has
     it."""
@@ -183,10 +185,10 @@ def run_point_on_node(
                 config_path.write_bytes(content)
         out = Path(temp) / "run"
         workdir = cwd if cwd.is_dir() else None
-        exit_status, wall_s = run_point(point, out, rootless, config_path, workdir)
+        exit_status, wall_s, provenance = run_point(point, out, rootless, config_path, workdir)
         files = {
             str(path.relative_to(out)): path.read_bytes()
             for path in sorted(out.rglob("*"))
             if path.is_file()
         }
-    return {"exit_status": exit_status, "wall_s": wall_s, "files": files}
+    return {"exit_status": exit_status, "wall_s": wall_s, "provenance": provenance, "files": files}

@@ -3,7 +3,8 @@
 One line per system and combination of the other swept keys; each marker is the mean over the
 point's seeds, its error bar the seeds' range (lowest to highest). The x axis is the key's
 checked value in base units (`wan.rate` in bit/s) when it is a number, else the values as
-written, in the sweep's order.
+written, in the sweep's order. When the plotted points ran on more than one code version (a
+sweep resumed on other code), the figure says so under its title and on stderr.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pddemu.config import ConfigError
+from pddemu.sweep.provenance import mixed_code_note
 from pddemu.sweep.store import SWEEP_JSON, metric
 
 DPI = 110
@@ -36,6 +39,15 @@ def load_entries(directory: Path) -> list[dict[str, Any]]:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def plotted(entries: list[dict[str, Any]], x: str, y: str) -> list[dict[str, Any]]:
+    """The finished points a plot of `y` against `x` draws."""
+    return [
+        e
+        for e in entries
+        if x in e["settings"] and e["point"]["status"] == "done" and _number(metric(e, y))
+    ]
 
 
 def series(
@@ -75,7 +87,11 @@ def plot_sweep(
     logx: bool = False,
     logy: bool = False,
 ) -> Path:
-    lines = series(load_entries(directory), x, y)
+    entries = load_entries(directory)
+    lines = series(entries, x, y)
+    mixed = mixed_code_note(plotted(entries, x, y))
+    if mixed:
+        print(f"pddemu sweep plot: {directory}: {mixed}", file=sys.stderr)
     figure = Figure(figsize=(7.0, 4.2), dpi=DPI)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -96,7 +112,8 @@ def plot_sweep(
         axes.set_xticks(range(len(categories)), [str(c) for c in categories])
     axes.set_xlabel(x)
     axes.set_ylabel(y)
-    axes.set_title(f"{y} against {x} (mean over seeds; bars: their range)", fontsize=10)
+    title = f"{y} against {x} (mean over seeds; bars: their range)"
+    axes.set_title(title + (f"\n{mixed}" if mixed else ""), fontsize=10 if not mixed else 8)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()

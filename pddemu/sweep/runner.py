@@ -14,8 +14,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pddemu.sweep.points import Point
+from pddemu.sweep.provenance import after_point, before_point
 
 EMULATE_LOG = "emulate.log"
 STOP_TIMEOUT_S = 60.0  # what an interrupted emulation may take to remove what it made
@@ -27,6 +29,7 @@ class RunningPoint:
     out: Path
     process: subprocess.Popen
     started: float
+    before: dict[str, Any]  # provenance.before_point(), taken as it started
 
     def finished(self) -> bool:
         return self.process.poll() is not None
@@ -38,6 +41,10 @@ class RunningPoint:
     @property
     def wall_s(self) -> float:
         return time.monotonic() - self.started
+
+    def provenance(self) -> dict[str, Any]:
+        """What it ran on (its code, the host's load before and now); called as it ends."""
+        return after_point(self.before)
 
     def stop(self) -> None:
         """Ask the emulation to clean up and end (SIGTERM); kill it if it does not."""
@@ -61,6 +68,7 @@ def start_point(
     are read from there). Its own session: a Ctrl-C at the terminal reaches the sweep alone,
     which stops its points one by one."""
     out.mkdir(parents=True, exist_ok=True)
+    before = before_point()
     args = point.emulate_args(out, config_path) + (["--rootless"] if rootless else [])
     with open(out / EMULATE_LOG, "wb") as log:
         process = subprocess.Popen(
@@ -71,7 +79,7 @@ def start_point(
             start_new_session=True,
             cwd=cwd,
         )
-    return RunningPoint(point, out, process, time.monotonic())
+    return RunningPoint(point, out, process, time.monotonic(), before)
 
 
 def run_point(
@@ -80,8 +88,8 @@ def run_point(
     rootless: bool = False,
     config_path: Path | None = None,
     cwd: Path | None = None,
-) -> tuple[int, float]:
-    """Run `point` to its end: (exit status, wall seconds). Interrupted, it stops the emulation
+) -> tuple[int, float, dict[str, Any]]:
+    """Run `point` to its end: (exit status, wall seconds, provenance). Interrupted, it stops the emulation
     first, then lets the interruption through."""
     running = start_point(point, out, rootless, config_path, cwd)
     try:
@@ -89,4 +97,4 @@ def run_point(
     except BaseException:
         running.stop()
         raise
-    return running.exit_status, running.wall_s
+    return running.exit_status, running.wall_s, running.provenance()

@@ -5,6 +5,11 @@
     DIR/points/<id>.failed/    a point whose emulation produced no summary (redone on resume)
     DIR/sweep.json, sweep.csv  one entry per point of the latest sweep into DIR
 
+A point's record (`point` in its entry) holds its `provenance`: the code, pddemu version, host
+and load average it ran with. sweep.json's sweep-level `code` is the latest run's into DIR (a
+resumed sweep's points may have run on other code); `point_codes` lists the code versions its
+finished points ran on.
+
 A point is finished when its `pddemu emulate` wrote summary.json, whatever its exit status
 (a token mismatch, exit 3, is a result to look at, not something to redo); point.json records
 the status. The directory is renamed into place only then, so a crash at any moment leaves
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pddemu.sweep.points import Point
+from pddemu.sweep.provenance import code_versions, point_code
 from pddemu.sweep.runner import EMULATE_LOG
 
 POINTS_DIR = "points"
@@ -87,6 +93,7 @@ class SweepDir:
     def write_results(self, meta: dict[str, Any], entries: list[dict[str, Any]]) -> None:
         """sweep.json and sweep.csv, each replaced whole (never half written)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        meta = {**meta, "point_codes": code_versions(entries)}
         _replace(self.root / SWEEP_JSON, json.dumps({"sweep": meta, "points": entries}, indent=1))
         rows = [flat_entry(entry) for entry in entries]
         columns = _columns(rows)
@@ -127,15 +134,21 @@ def _without_time_series(key: str, value: Any) -> Any:
 
 
 def flat_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """One CSV row: settings as their keys, nested fields as dotted names, lists left out."""
+    """One CSV row: settings as their keys, nested fields as dotted names, lists left out;
+    `code` is the code the point ran on (provenance.point_code), the loads are 1-minute ones."""
     row: dict[str, Any] = {key: value for key, value in entry["settings"].items()}
+    about = entry["point"]
+    provenance = about.get("provenance") or {}
     row.update(
         system=entry["system"],
         seed=entry["seed"],
-        status=entry["point"]["status"],
-        exit_status=entry["point"].get("exit_status"),
-        wall_s=entry["point"].get("wall_s"),
-        point=entry["point"]["id"],
+        status=about["status"],
+        exit_status=about.get("exit_status"),
+        wall_s=about.get("wall_s"),
+        point=about["id"],
+        code=None if about["status"] == "pending" else point_code(entry),
+        load_before=(provenance.get("load_before") or [None])[0],
+        load_after=(provenance.get("load_after") or [None])[0],
     )
     skip = {"settings", "values", "seed", "system", "point"}
     for key, value in entry.items():

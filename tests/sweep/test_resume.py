@@ -44,7 +44,7 @@ class ScriptedExecutor:
                 (job.out / "summary.json").write_text(
                     json.dumps({"systems": {job.point.system: summary}})
                 )
-            done(job, self.exit_status if job.point.id not in self.fail else 1, 0.25)
+            done(job, self.exit_status if job.point.id not in self.fail else 1, 0.25, None)
 
 
 def points():

@@ -1,0 +1,139 @@
+"""Each point records the code, pddemu version and host load it ran with, so a sweep resumed on
+other code keeps every point's own commit, and the plot and the reproduction tables say when
+the points of one figure ran on different code. The executor writes what a `pddemu emulate`
+would (a summary.json) and takes the provenance from pddemu.sweep.provenance as a real run
+does, with the commit set per run the way another checkout would give it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pddemu.sweep import provenance
+from pddemu.sweep.driver import Sweep
+from pddemu.sweep.executors import Job
+from pddemu.sweep.grid import expand, parse_grid
+from pddemu.sweep.plot import plot_sweep
+from pddemu.sweep.progress import Progress
+from pddemu.sweep.provenance import UNRECORDED, after_point, before_point, mixed_code_note
+from pddemu.sweep.report import code_of
+
+FIRST = {"commit": "1" * 40, "dirty": False}
+SECOND = {"commit": "2" * 40, "dirty": True, "diff_sha256": "ab" * 32}
+
+
+class StampingExecutor:
+    """Runs the first `limit` jobs (then stops, as an interrupted sweep does), each by writing
+    a summary.json and reporting the provenance taken around it."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.ran: list[str] = []
+
+    def run(self, jobs: list[Job], done, tick) -> None:
+        for job in jobs[: self.limit]:
+            before = before_point()
+            summary = {"system": job.point.system, "ttft_s": {"p99": 1.0 + len(self.ran)}}
+            (job.out / "summary.json").write_text(
+                json.dumps({"systems": {job.point.system: summary}})
+            )
+            self.ran.append(job.point.id)
+            done(job, 0, 0.1, after_point(before))
+
+
+def points():
+    return expand(None, [], parse_grid(["wan.delay=5ms,50ms"]), 2, ["pdd"])
+
+
+def run_on(out: Path, code: dict[str, Any], monkeypatch, limit: int | None = None) -> Sweep:
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(code))
+    sweep = Sweep(out, StampingExecutor(limit), {"code": provenance.code_version()}, Progress())
+    sweep.run(points())
+    sweep.progress.close()
+    return sweep
+
+
+def read(out: Path) -> dict:
+    return json.loads((out / "sweep.json").read_text())
+
+
+def test_a_sweep_resumed_on_other_code_keeps_each_points_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_on(tmp_path, FIRST, monkeypatch, limit=2)  # stopped after two of four points
+    run_on(tmp_path, SECOND, monkeypatch)  # resumed on other (modified) code
+    result = read(tmp_path)
+    ran_on = [e["point"]["provenance"]["code"] for e in result["points"]]
+    assert ran_on == [FIRST, FIRST, SECOND, SECOND]
+    # the sweep-level field keeps its name and is the latest run's; point_codes lists both
+    assert result["sweep"]["code"] == SECOND
+    assert result["sweep"]["point_codes"] == [
+        {"code": "1111111111", "points": 2},
+        {"code": "2222222222+modified:abababab", "points": 2},
+    ]
+    for e in result["points"]:
+        recorded = e["point"]["provenance"]
+        assert len(recorded["load_before"]) == len(recorded["load_after"]) == 3
+        assert recorded["pddemu_version"] == provenance.pddemu_version()
+        assert recorded["host"] and recorded["cpus"] >= 1
+    with open(tmp_path / "sweep.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["code"] for row in rows] == ["1111111111"] * 2 + [
+        "2222222222+modified:abababab"
+    ] * 2
+    assert all(float(row["load_before"]) >= 0 for row in rows)
+
+    note = "points ran on 2 code versions: 1111111111 (2 points), 2222222222+modified:abababab"
+    assert mixed_code_note(result["points"]).startswith(note)
+    assert code_of(result["points"], result["sweep"]).startswith(note)
+    # one delay's points ran on one code each: a figure of one of them is not mixed
+    assert mixed_code_note(result["points"][:2]) is None
+    assert code_of(result["points"][:2], result["sweep"]) == "code at 1111111111"
+
+
+def test_the_plot_says_when_its_points_ran_on_different_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    run_on(tmp_path, FIRST, monkeypatch, limit=3)
+    capsys.readouterr()  # the progress bar's
+    plot_sweep(tmp_path, "wan.delay", "ttft_s.p99")
+    assert capsys.readouterr().err == ""  # one code: nothing to say
+    run_on(tmp_path, SECOND, monkeypatch)
+    capsys.readouterr()
+    plot_sweep(tmp_path, "wan.delay", "ttft_s.p99")
+    assert "points ran on 2 code versions: 1111111111 (3 points)" in capsys.readouterr().err
+
+
+def test_points_from_before_provenance_are_named_as_such(tmp_path: Path) -> None:
+    """sweep.json files written before points recorded their code (docs/reproduction/): the
+    tables fall back to the sweep's own field and say that it is the latest run's."""
+    old = {"point": {"id": "a", "status": "done"}}
+    new = {"point": {"id": "b", "status": "done", "provenance": {"code": FIRST}}}
+    meta = {"code": SECOND}
+    assert code_of([old, old], meta) == (
+        "code at 2222222222+modified:abababab (the sweep's latest run; its points did not "
+        "record their own)"
+    )
+    mixed = code_of([old, new], meta)
+    assert mixed.startswith(f"points ran on 2 code versions: {UNRECORDED} (1 point), 1111111111")
+    assert "latest run was at 2222222222" in mixed
+
+
+def test_the_code_version_is_this_checkouts(tmp_path: Path) -> None:
+    """Outside the test's monkeypatching: the commit git names for this checkout, and a digest
+    of the modification only when tracked files differ from it."""
+    version = provenance.code_version()
+    here = Path(provenance.__file__).parent
+    head = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode != 0:
+        assert version is None
+        return
+    assert version["commit"] == head.stdout.strip()
+    assert ("diff_sha256" in version) == version["dirty"]
