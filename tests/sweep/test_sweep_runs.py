@@ -112,19 +112,29 @@ def small_scenario(tmp_path: Path) -> Path:
 
 DETERMINED = ("requests", "tokens", "pipelines", "wan_bytes", "hit_rate", "cost_per_hour")
 TIMED = ("ttft_s.mean", "tpot_s.mean", "e2el_s.mean")
-# How far the two executors' timing may drift apart: these runs do not judge lag (max_lag
-# 1000; judged, this scenario's naive points are flagged not valid even on a quiet host, so
-# the sweep exits 4: by FE0's `delivery` lag, the frontend's own read delay, mean 0.51 ms
-# against a bound of 0.32 ms, 5 % of the 6.4 ms TPOT p50, the clock slowed 54-63 times for
-# "lag FE0"; step and release lag, 0.26-0.35 ms, lie near the bound too; one unlocked run
-# at load 7; in an unlocked trial of kernel-dated frontend reads with delivery lag reported
-# only, the clock ran x1.75 and MD0's mean step lag, 0.55-0.61 ms, flagged both points
-# instead, load 4; as landed (c2dc276) delivery stays judged: settle's cut still leaves when
-# the frontend gets round to it), so the
-# host's load reaches their timing, Ray's own processes beside a
-# point included: one CI run read Ray's mean TTFT 14 % above the local run's (0.375 against
-# 0.329 s) with its points one at a time. Streams and the determined fields stay exact.
+# What the local/Ray comparison judges. Exact: the token streams and the fields the workload
+# determines (DETERMINED), per point and across the two seeds. Timed fields are not exact:
+# the seeds here differ only in the tokens' values (the trace fixes lengths, arrivals and
+# blocks; no jitter, no cross-traffic), so both seeds model the same timing and what their
+# timed fields differ by is the host's run-to-run variation alone: the seed spread. Ray's
+# points are judged against it, taken from both executors' seed pairs, with a floor of
+# TIMED_DRIFT of the value: a spread from two seeds is no bar on its own: with normal noise
+# and nothing else differing, a third run falls outside the larger of two such spreads for
+# one of the two points about half the time (a simulation of 10^6 draws: 50 %; the mean of
+# the two executor differences outside it, 22 %). The floor: these runs do not judge lag
+# (max_lag 1000; judged, this scenario's naive points are flagged not valid even on a quiet
+# host, by FE0's delivery lag, the frontend's own read delay, mean 0.51 ms against a bound
+# of 0.32 ms, one unlocked run at load 7), so the host's load reaches their timing, Ray's
+# own processes beside a point included: one CI run read Ray's mean TTFT 14 % above the
+# local run's (0.375 against 0.329 s) with its points one at a time. So this part catches
+# an executor that changes what a point models (its settings, its time scale, points run
+# side by side: 20-31 % above, at --cpus-per-point below), not small timing differences.
 TIMED_DRIFT = 0.25
+
+
+def seed_spread(by_id: dict[str, dict], name: str) -> float:
+    first, second = (field(e, name) for e in by_id.values())
+    return abs(first - second)
 
 
 def field(entry: dict, name: str) -> float:
@@ -171,14 +181,15 @@ def test_local_and_ray_give_the_same_streams_and_summaries(
         assert entry["hit_rate"]["p_side_mean"] == pytest.approx(hits)
         for name in DETERMINED:
             assert entry[name] == other[name], name
+    first, second = by_local.values()
+    for name in DETERMINED:  # so the seeds model the same run, and their spread is the host's
+        assert first[name] == second[name], name
     for name in TIMED:
-        values = [field(e, name) for e in (*by_local.values(), *by_ray.values())]
-        seed_spread = abs(
-            field(list(by_local.values())[0], name) - field(list(by_local.values())[1], name)
-        )
+        spread = max(seed_spread(by_local, name), seed_spread(by_ray, name))
         for point_id, entry in by_local.items():
             difference = abs(field(entry, name) - field(by_ray[point_id], name))
-            assert difference <= max(seed_spread, TIMED_DRIFT * field(entry, name)), (name, values)
+            bar = max(spread, TIMED_DRIFT * field(entry, name))
+            assert difference <= bar, (name, point_id, difference, spread, by_ray[point_id][name])
     assert leftovers(local) == ([], []) and leftovers(ray) == ([], [])
 
 
