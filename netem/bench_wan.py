@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -21,6 +22,7 @@ from typing import Any
 from netem import mahimahi, nsutil
 from netem.bench import _network, iperf, ping, realtime_allowed
 from netem.crosstraffic import CrossTraffic, CrossTrafficSpec
+from netem.dated_meter import DatedMeter, send_at_rate
 from netem.nsexec import command_in
 from netem.schedule import load_schedule, parse_schedule
 from netem.spec import LinkSpec
@@ -36,6 +38,7 @@ STALL_S = 0.002
 # to BBR, which paces at its bandwidth estimate and keeps a drop-tail queue nearly empty, so
 # "the queue one saturating flow builds" would depend on the machine (docs/netem.md).
 BULK_CONGESTION = "cubic"
+UDP_PAYLOAD = 1472  # bytes a datagram: a 1500-byte IP packet
 
 
 def queue_targets(
@@ -208,18 +211,21 @@ def synthetic_trace(period_ms: int, seed: int = 1) -> list[int]:
 
 def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]:
     """A mahimahi trace pair imported with `netem trace import mahimahi`, replayed A->B under a
-    saturating iperf3 UDP flow of 1500-byte packets, seen two ways per 100 ms against the trace:
+    saturating UDP flow of 1500-byte packets, seen two ways per 100 ms against the trace:
 
     - the shaper's own record (`netem.delivery`, 10 ms bins of the schedule's time): the bytes
       due per interval, which the emulator controls and which match the trace within one
       packet by construction, and the bytes it wrote, which a stall of the shaper moves to a
       later interval (its lateness names the stall);
-    - the receiver's meter (iperf3's 0.1 s intervals, aligned to the trace by the offset that
-      fits best): the issue's target. Each interval over 2 % is named a shaper stall when the
-      shaper let a packet due in it, or in the interval before, leave STALL_S or more late;
-      otherwise it lies past the shaper (the receiver, or the kernel between them).
+    - the receiver's meter (`netem.dated_meter`: 0.1 s intervals of the kernel's receive
+      times, aligned to the trace by the offset that fits best): the issue's target. Dated by
+      the kernel, its count does not depend on when the receiving process ran. Each interval
+      over 2 % is named a shaper stall when the shaper let a packet due in it, or in the
+      interval before, leave STALL_S or more late; otherwise it lies past the shaper.
 
-    The shaper and the receiver run at real-time priority where allowed."""
+    The same datagrams counted when the receiver read them show what a meter counting at read
+    time would have seen (`read_dated_intervals_over_2pct`). The shaper runs at real-time
+    priority where allowed; the meter needs none."""
     bin_ms = mahimahi.DEFAULT_BIN_MS
     with tempfile.TemporaryDirectory() as scratch:
         up, down, out = (Path(scratch) / name for name in ("t.up", "t.down", "t.schedule"))
@@ -235,29 +241,18 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
     def capacity(start: float, end: float) -> float:
         return mahimahi.capacity_bytes(rates, bin_ms, start, end)
 
-    # fq: iperf3's own control connection must not drown in the UDP flood it measures; a
-    # queue of 4 MB (over 330 ms at the trace's fastest) stays full through a sender's stall
+    # a queue of 4 MB (over 330 ms at the trace's fastest) stays full through a sender's stall
     spec = LinkSpec(rate_bps=1e6, limit_bytes=4_000_000, qdisc="fq")
     with _network(
         "bench-trace", spec, schedule=schedule, realtime_shaper=True, record_interval_s=bin_s
     ) as net:
-        report = iperf(
-            net,
-            seconds,
-            "-u",
-            "-b",
-            "130M",
-            "-l",
-            "1472",
-            "--get-server-output",
-            server_args=("-i", "0.1"),
-            server_priority=True,
-        )
+        meter = _metered_udp_flow(net, seconds)
         record = net.deliveries()["wan"]["a2b"]
-    intervals = [
-        (i["sum"]["start"], i["sum"]["end"], i["sum"]["bytes"] * 1500 / 1472)
-        for i in report["server_output_json"]["intervals"]
-    ][1:-1]  # the first and last are cut by the test's start and end
+    overhead = (UDP_PAYLOAD + 28) / UDP_PAYLOAD  # IP bytes per payload byte
+    intervals = [  # the first and last are cut by the flow's start and end
+        (start, end, got * overhead)
+        for start, end, got in meter.intervals(meter.kernel_bytes)[1:-1]
+    ]
 
     def errors(offset: float) -> list[float]:
         return [got - capacity(offset + start, offset + end) for start, end, got in intervals]
@@ -273,6 +268,13 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
         return max((late for t, _, _, late in bins if start <= t + 1e-9 < end), default=0.0)
 
     receiver = [got / capacity(offset + s, offset + e) - 1 for s, e, got in intervals]
+    read_dated = [
+        meter.read_bytes.get(round(s / meter.interval_s), 0)
+        * overhead
+        / capacity(offset + s, offset + e)
+        - 1
+        for s, e, _ in intervals
+    ]
     misses = [
         {
             "start_s": round(offset + s, 3),
@@ -300,9 +302,9 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
     return {
         "config": f"synthetic mahimahi trace, steps of 100-400 ms at 24-96 Mbit/s, period "
         f"{period_ms} ms, imported in {bin_ms} ms bins; {seconds:g}s",
-        "tool": "iperf3 UDP 130 Mbit/s of 1472-byte datagrams: the receiver's 0.1 s intervals; "
-        f"the shaper's own delivery record ({bin_ms} ms bins) (shaper and receiver at real-time "
-        f"priority: {realtime_allowed()})",
+        "tool": "UDP at 130 Mbit/s of 1472-byte datagrams, counted per 0.1 s by the kernel's "
+        f"receive time (SO_TIMESTAMPNS); the shaper's own delivery record ({bin_ms} ms bins) "
+        f"(shaper at real-time priority: {realtime_allowed()})",
         "intervals": len(intervals),
         "relative_error_p50": _median([abs(e) for e in receiver]),
         "relative_error_max": worst_receiver,
@@ -311,6 +313,9 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
         "receiver_misses": misses,
         "receiver_misses_at_shaper_stalls": len(stalls),
         "receiver_misses_past_the_shaper": len(misses) - len(stalls),
+        "receiver_dropped_datagrams": meter.dropped_datagrams,
+        "read_dated_intervals_over_2pct": sum(abs(e) > 0.02 for e in read_dated),
+        "read_dated_relative_error_max": max(abs(e) for e in read_dated),
         "shaper_intervals": len(due_error),
         "shaper_due_max_error_bytes": worst_bytes,
         "shaper_written_relative_error_max": max(abs(e) for e in written_error),
@@ -321,6 +326,30 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
             "every_100ms_within_2pct": worst_receiver <= 0.02,
         },
     }
+
+
+def _metered_udp_flow(net: Network, seconds: float) -> DatedMeter:
+    """UDP from DC A to DC B at 130 Mbit/s for `seconds`, counted per 0.1 s by DC B's kernel
+    receive times (their origin: when the flow began)."""
+    with nsutil.inside(net.b.netns):
+        receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with nsutil.inside(net.a.netns):
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with receiver, sender:
+        receiver.bind((net.b.addr, 0))
+        meter = DatedMeter(receiver, 0.1, time.time())
+        stop = threading.Event()
+        reader = threading.Thread(target=meter.run, args=(stop,), daemon=True)
+        reader.start()
+        try:
+            send_at_rate(sender, receiver.getsockname(), 130e6, UDP_PAYLOAD, seconds)
+        finally:
+            time.sleep(0.5)  # what the shaper still holds arrives
+            stop.set()
+            reader.join()
+    if meter.undated_datagrams:
+        raise RuntimeError(f"{meter.undated_datagrams} datagrams came without a kernel date")
+    return meter
 
 
 def _bins(record: dict[str, Any]) -> list[tuple[float, int, int, float]]:

@@ -74,6 +74,8 @@ def test_a_mahimahi_trace_is_followed_per_100ms() -> None:
     assert result["intervals"] >= 20 and result["shaper_intervals"] >= 18
     assert result["targets"]["shaper_due_within_one_packet_per_100ms"], result
     assert result["relative_error_p50"] <= 0.02, result
+    # dated by the kernel, the receiver misses 2 % only where the shaper's record names a stall
+    assert result["receiver_misses_past_the_shaper"] == 0, result
 
 
 def test_a_scheduled_outage_is_seen_by_ping() -> None:

@@ -1,0 +1,81 @@
+"""The kernel-dated meter on loopback, with its reader stalled on purpose: the bytes land in
+the intervals they arrived in, where a meter counting at read time moves them all."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from netem.dated_meter import DatedMeter, send_at_rate
+
+PAYLOAD = 1000
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    return receiver, socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+def test_a_stalled_reader_still_counts_each_interval_right() -> None:
+    """Datagrams sent in five 100 ms intervals (4, 8, ... 20 of them), read only after the
+    last interval has passed. Loopback's kernel dates a datagram inside the sendto that sends
+    it (net.core.netdev_tstamp_prequeue, on by default), so each one's interval is known from
+    the clock read around its sendto, however late the sender itself ran: one whose sendto
+    spanned an interval's edge may land on either side."""
+    receiver, sender = _pair()
+    with receiver, sender:
+        origin = time.time() + 0.05
+        meter = DatedMeter(receiver, 0.1, origin)
+        sure: defaultdict[int, int] = defaultdict(int)
+        spanning = 0
+        for k in range(5):
+            count = 4 * (k + 1)
+            for j in range(count):
+                time.sleep(max(0.0, origin + k * 0.1 + 0.01 + j * 0.08 / count - time.time()))
+                before = time.time()
+                sender.sendto(bytes(PAYLOAD), receiver.getsockname())
+                after = time.time()
+                if meter.index(before) == meter.index(after):
+                    sure[meter.index(before)] += PAYLOAD
+                else:
+                    spanning += 1
+        # the reader's forced lateness: it reads nothing until all five intervals are over
+        time.sleep(max(0.0, origin + 0.6 - time.time()))
+        receiver.settimeout(0.2)
+        while meter.read_one():
+            pass
+    total = sum(4 * (k + 1) for k in range(5)) * PAYLOAD
+    assert sum(meter.kernel_bytes.values()) == sum(meter.read_bytes.values()) == total
+    assert meter.undated_datagrams == 0 and meter.dropped_datagrams == 0
+    for k in set(sure) | set(meter.kernel_bytes):
+        assert sure[k] <= meter.kernel_bytes[k] <= sure[k] + spanning * PAYLOAD, (k, meter)
+    assert spanning <= 2, f"{spanning} sendto calls spanned an edge: the host was too slow"
+    # counted when read, every byte moved past the intervals it arrived in
+    assert all(k >= 6 for k in meter.read_bytes), dict(meter.read_bytes)
+
+
+def test_run_reads_until_stopped_and_drained() -> None:
+    receiver, sender = _pair()
+    with receiver, sender:
+        meter = DatedMeter(receiver, 0.1, time.time())
+        stop = threading.Event()
+        reader = threading.Thread(target=meter.run, args=(stop,))
+        reader.start()
+        sent = send_at_rate(sender, receiver.getsockname(), 8e6, PAYLOAD, 0.3)
+        stop.set()
+        reader.join(timeout=5)
+    assert not reader.is_alive()
+    assert sent >= 250  # 8 Mbit/s of 1028-byte datagrams: 292 in 0.3 s
+    assert sum(meter.kernel_bytes.values()) == sent * PAYLOAD
+    assert sum(got for *_, got in meter.intervals(meter.kernel_bytes)) == sent * PAYLOAD
+
+
+def test_an_interval_that_is_not_positive_is_refused() -> None:
+    receiver, _ = _pair()
+    with receiver, pytest.raises(ValueError, match="interval must be positive"):
+        DatedMeter(receiver, 0.0, 0.0)
