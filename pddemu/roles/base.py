@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from netem.elements.delay import lowest_jitter
 from pddemu.config import ROLES, Config, config_from_json
 from pddemu.host_door import public_application
 from pddemu.metrics.reservoir import Reservoir
@@ -439,11 +440,12 @@ class Instance:
         transits = {}
         for name, peer in self.spec.peers.items():
             if (peer.role == "MD") != (me.role == "MD"):
-                transits[name] = (max(0.0, wan.delay_s - 3 * wan.jitter_s), False)
+                transits[name] = (least_transit(wan.delay_s, wan.jitter_s, wan.jitter_dist), False)
             elif peer.addr == me.addr or not intra_shaped:
                 transits[name] = (0.0, True)
             else:
-                transits[name] = (max(0.0, intra.delay_s - 3 * intra.jitter_s), False)
+                least = least_transit(intra.delay_s, intra.jitter_s, intra.jitter_dist)
+                transits[name] = (least, False)
         return transits
 
     def count_message_lag(self, kind: str, peer: str, sent: float) -> float:
@@ -525,6 +527,13 @@ class DatedServer:
     def close(self) -> None:
         self._task.cancel()
         self._listener.close()
+
+
+def least_transit(delay_s: float, jitter_s: float, dist: str) -> float:
+    """The least delay a shaped path gives a packet: its delay plus the lowest jitter its
+    distribution can draw (the shaper's own floor, `netem.elements.delay`), so a kernel date
+    raised to it is one the path could not have produced."""
+    return max(0.0, delay_s + lowest_jitter(dist, jitter_s))
 
 
 def stalls_of(spec: str, name: str) -> dict[str, tuple[float, bool]]:

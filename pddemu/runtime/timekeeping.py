@@ -71,7 +71,8 @@ class RunTiming:
         self._cpu_before: dict[int, tuple[str, float]] = {}
         self.cpu_s: dict[str, float] = {}  # each process's CPU seconds over the replay
         self._steal_before: list[float] = []
-        self.host_steal_s: list[float] = []  # each CPU's steal over the replay
+        # each CPU's steal over the replay; None when the host's CPUs changed in between
+        self.host_steal_s: list[float] | None = []
 
     async def __aenter__(self) -> ModelledClock:
         shared = SharedClock(self.page)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pddemu.roles.base import Instance
+import random
+
+from netem.elements.delay import jitter_sampler
+from pddemu.roles.base import Instance, least_transit
 from pddemu.runtime.channel import Envelope
 
 
@@ -65,3 +68,16 @@ def test_a_date_older_than_the_clocks_history_is_counted() -> None:
     assert instance.modelled_at(50.0) is None
     assert instance.modelled_at(99.0) is None
     assert instance.dates_past_history == 2
+
+
+def test_the_least_transit_is_the_shapers_own_floor() -> None:
+    """No draw of the shaper's jitter is below it, and the lowest come within a tenth of a
+    deviation of it (a floor that low a date is never raised past a real arrival)."""
+    delay, jitter = 0.04, 0.002
+    for dist in ("uniform", "normal", "pareto"):
+        sample = jitter_sampler(dist, jitter, random.Random(f"floor:{dist}"))
+        lowest = min(delay + sample() for _ in range(40_000))
+        least = least_transit(delay, jitter, dist)
+        assert least <= lowest < least + 0.1 * jitter, dist
+    # delay - 3 deviations, the bound it replaced, is above draws of normal jitter
+    assert least_transit(delay, jitter, "normal") < delay - 3 * jitter
