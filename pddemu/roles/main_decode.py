@@ -41,6 +41,10 @@ class Pinned:
 
 class MainDecodeInstance(DecodeInstance):
     role = "MD"
+    # A transfer's end (`kv_end`) and a handoff part take the time they reached the host, not
+    # their reading: this instance's lateness in reading them moves neither when decoding
+    # starts nor when a part is taken in.
+    dated_reads = True
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
@@ -247,7 +251,7 @@ class MainDecodeInstance(DecodeInstance):
             raise ValueError(
                 f"{rid}: handoff part starts at output {body['start']}, MD has {len(known)}"
             )
-        arrived = body["arrived_at"] = self.clock.now()
+        arrived = body["arrived_at"] = self.arrival(message)
         self.part_delays[request.meta["rld"]] = arrived - float(body["sent_at"])
         if body["payload"] == "extend":
             ids = message.token_ids()

@@ -8,7 +8,10 @@ elsewhere would), on pdd's P-MD against the closed form of an idle system.
 - The frontend's lateness in handling token messages reaches no token time: blocked 10
   modelled ms before each, TTFT and TPOT stay the closed form's; the lateness is still judged
   (`delivery`: what it does in response, settle's cut, leaves late), so the run is flagged not
-  valid."""
+  valid.
+- MD's lateness in reading a KV transfer's end reaches no token time: blocked 100 modelled ms
+  before `kv_end` (its reads are kernel-dated), decoding starts when the end reached the host,
+  and TTFT stays the closed form's; taken when read, TTFT would be 100 ms late."""
 
 from __future__ import annotations
 
@@ -87,3 +90,20 @@ def test_the_frontends_lateness_in_reading_moves_no_token_time_and_is_judged(
         assert abs(outcome.errors[name]) <= analytic.TOLERANCE, outcome.to_dict()
     assert not timing["valid"], timing["lag"]
     assert timing["lag"]["mean_by_kind"]["delivery"] > timing["lag"]["bound_s"], timing["lag"]
+
+
+def test_mds_lateness_in_reading_a_transfers_end_moves_no_token_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocked 100 modelled ms (wall time at the clock's rate) after reading `kv_end` and before
+    handling it, MD starts decoding as of the kernel's date of the end: TTFT and TPOT stay the
+    closed form's within the analytic check's 2 %. With the end taken when handled (the code
+    before MD's reads were dated) TTFT was 100 ms later; the stall is shown to have happened by
+    MD's own count of the lateness (`handler_wan`)."""
+    stall_s = 0.1
+    outcome, timing = _one_request(tmp_path, monkeypatch, f"MD0:kv_end:{stall_s}m")
+    assert outcome.probe.expected is not None
+    assert stall_s > 2 * analytic.TOLERANCE * outcome.probe.expected.ttft_s  # else it could pass
+    for name in ("ttft_s", "tpot_s", "kv_transfer_s"):
+        assert abs(outcome.errors[name]) <= analytic.TOLERANCE, outcome.to_dict()
+    assert timing["lag"]["by_participant"]["MD0"]["handler_wan"]["max"] >= stall_s, timing["lag"]
