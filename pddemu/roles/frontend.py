@@ -782,8 +782,11 @@ class Frontend(Instance):
         mid-way if still under way (the anomaly filter; what reached MD stays in its DRC).
         A completed request's delivered length teaches the output length predictor.
 
-        They leave when this frontend gets round to them: its lateness in reading the last
-        token moves them (the cut's bytes), which `delivery` judges."""
+        They leave when this frontend gets round to them. The cut says when it was decided
+        (`at`: the last token's time), and P counts as not sent what it handed over after
+        that, so the WAN bytes recorded do not move with this frontend's lateness; the bytes
+        still cross the link meanwhile, and the other messages leave late, which `delivery`
+        judges."""
         rid = flight.leg
         for name in flight.loaded:
             self.load[name] -= 1
@@ -802,8 +805,12 @@ class Frontend(Instance):
             and flight.decode in flight.transfers
         ):
             flight.cut = True
+            times = flight.record.token_times_s
+            decided = times[-1] if times else self.clock.now()
             await self._quietly(
-                self.tell(flight.p, "cut", {"rid": rid, "destination": flight.decode})
+                self.tell(
+                    flight.p, "cut", {"rid": rid, "destination": flight.decode, "at": decided}
+                )
             )
         if failed and flight.rld:
             await self._quietly(self.tell(flight.rld, "release", {"rid": rid, "kv_expected": True}))

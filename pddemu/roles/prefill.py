@@ -36,6 +36,21 @@ class Destination:
     task: asyncio.Task | None = None
     bytes_sent: int = 0
     tokens_sent: int = 0  # genuine prompt tokens whose KV has been sent
+    # (modelled time, bytes_sent, tokens_sent) as each chunk was handed over: what had been
+    # sent as of a cut's date
+    handed: list[tuple[float, int, int]] = field(default_factory=list)
+    cut_at: float | None = None  # the modelled time a cut dated itself (`on_cut`)
+
+    def as_of_cut(self) -> None:
+        """Count as sent only what was handed over by the cut's date: what a router that took
+        no time to act would have let through (what left after it is not sent)."""
+        if self.cut_at is None:
+            return
+        self.bytes_sent = self.tokens_sent = 0
+        for at, bytes_sent, tokens_sent in self.handed:
+            if at > self.cut_at:
+                break
+            self.bytes_sent, self.tokens_sent = bytes_sent, tokens_sent
 
 
 @dataclass
@@ -147,12 +162,17 @@ class PrefillInstance(Instance):
 
     async def on_cut(self, message: Envelope) -> None:
         """Stop one destination's transfer mid-way (the anomaly filter: the relay finished the
-        request before its KV reached MD); the receiver sees the connection close."""
+        request before its KV reached MD); the receiver sees the connection close. A cut that
+        says when it was decided (`at`, modelled) is reported as of then: what was handed over
+        after it counts as not sent, so the router's lateness in sending it shows in no byte."""
         job = self.jobs.get(message.body["rid"])
         if job is None:  # every transfer of it is over
             return
+        at = message.body.get("at")
         for destination in job.destinations:
             if destination.name == message.body["destination"] and destination.task is not None:
+                if at is not None and not destination.task.done():
+                    destination.cut_at = float(at)
                 destination.task.cancel()
 
     # -- the prefill loop -----------------------------------------------------------------
@@ -250,8 +270,10 @@ class PrefillInstance(Instance):
                 chunk = kv_chunk_from_tensor(
                     job.rid, 0, position, job.kv.token_slice(position, end).tensor
                 )
+                handed = self.clock.now()
                 destination.bytes_sent += await channel.send(chunk)
                 destination.tokens_sent += end - position
+                destination.handed.append((handed, destination.bytes_sent, destination.tokens_sent))
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
             await channel.control(
@@ -269,6 +291,7 @@ class PrefillInstance(Instance):
             # transfer end unfinished and forgets it; the frontend hears it will not complete.
             channel.close()
             self.transfers_cut += 1
+            destination.as_of_cut()
             lost = isinstance(error, ConnectionError)
             await self._report(job, destination, started, cancelled=True, unreachable=lost)
             self._forget_if_done(job)
@@ -301,6 +324,9 @@ class PrefillInstance(Instance):
         """Tell the frontend how a transfer ended (`unreachable`: its receiver was lost)."""
         if job.frontend.closed:
             return
+        ended = self.clock.now()
+        if destination.cut_at is not None:  # as of the cut's date
+            ended = max(started, min(ended, destination.cut_at))
         await job.frontend.control(
             "transfer_done",
             {
@@ -310,7 +336,7 @@ class PrefillInstance(Instance):
                 "tokens": len(job.prompt) - destination.offset,
                 "tokens_sent": destination.tokens_sent,
                 "started": started,
-                "ended": self.clock.now(),
+                "ended": ended,
                 "cancelled": cancelled,
                 "unreachable": unreachable,
             },

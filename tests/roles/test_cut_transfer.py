@@ -129,3 +129,44 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
     assert reports["MD2"]["tokens_sent"] == 2 * p.chunk_genuine and receivers["MD2"].closed
     assert reports["MD3"]["cancelled"] and reports["MD3"]["unreachable"]
     assert p.transfers_cut == 3 and p.stats()["transfers_cut"] == 3
+
+
+def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
+    """The anomaly filter's cut says when it was decided (`at`): what P handed over after that
+    (here a chunk sent while the cut was on its way) counts as not sent, so the WAN bytes and
+    the tokens cut off do not depend on when the router got round to sending it."""
+
+    async def scenario() -> tuple[PrefillInstance, dict, float, float]:
+        p = instance(PrefillInstance, "P")
+        step = p.chunk_genuine
+        receiver = Receiver()
+        p.pool = TransferPool(lambda _name, _purpose: _opened(receiver))
+        p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
+        frontend = Connection()
+        frontend.closed = False
+        prompt = [1 + i % 200 for i in range(3 * step)]
+        kv, _ = p.model.prefill(prompt, None, len(prompt))
+        job = PrefillJob("r1", prompt, {}, frontend, kv=kv, first_token=1)
+        await job.progress.advance(step, 0.0)
+        destination = Destination("MD0", 0, {})
+        destination.task = p.spawn(p.send(job, destination), "MD0")
+        job.destinations.append(destination)
+        p.jobs["r1"] = job
+        await asyncio.sleep(0.02)  # the first chunk is handed over
+        decided = p.clock.now()
+        await asyncio.sleep(0.02)
+        await job.progress.advance(2 * step, 0.0)  # the second leaves after the decision
+        await asyncio.sleep(0.02)
+        await p.on_cut(Envelope("cut", {"rid": "r1", "destination": "MD0", "at": decided}, []))
+        await asyncio.sleep(0.02)
+        return p, frontend.replies[-1][1], decided, receiver.chunks
+
+    p, report, decided, chunks = asyncio.run(scenario())
+    assert chunks == 2  # both crossed, the second after the decision
+    assert report["cancelled"] and report["tokens_sent"] == p.chunk_genuine
+    assert report["bytes"] == 1000  # one Receiver chunk's
+    assert report["started"] <= report["ended"] == decided
+
+
+async def _opened(receiver: Receiver) -> Receiver:
+    return receiver
