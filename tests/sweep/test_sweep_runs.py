@@ -121,7 +121,10 @@ TIMED = ("ttft_s.mean", "tpot_s.mean", "e2el_s.mean")
 # TIMED_DRIFT of the value: a spread from two seeds is no bar on its own: with normal noise
 # and nothing else differing, a third run falls outside the larger of two such spreads for
 # one of the two points about half the time (a simulation of 10^6 draws: 50 %; the mean of
-# the two executor differences outside it, 22 %). The floor: these runs do not judge lag
+# the two executor differences outside it, 22 %), and one locked run at ad1fd55 (load 0.53 ->
+# 1.08) read TTFT means of 278.9 / 278.6 ms locally and 276.3 / 278.0 ms on Ray: seed 0's
+# difference, 2.6 ms, over the larger seed spread, 1.75 ms (TPOT and E2EL within theirs).
+# The floor: these runs do not judge lag
 # (max_lag 1000; judged, this scenario's naive points are flagged not valid even on a quiet
 # host, by FE0's delivery lag, the frontend's own read delay, mean 0.51 ms against a bound
 # of 0.32 ms, one unlocked run at load 7), so the host's load reaches their timing, Ray's
