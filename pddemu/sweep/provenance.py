@@ -22,25 +22,33 @@ SHORT_COMMIT = 10
 
 
 def code_version() -> dict[str, Any] | None:
-    """The commit of the pddemu checkout running here, whether tracked files differ from it
+    """The code of the pddemu checkout running here (see `checkout_version`)."""
+    return checkout_version(Path(__file__).resolve().parent)
+
+
+def checkout_version(here: Path) -> dict[str, Any] | None:
+    """The commit of the git checkout holding `here`, whether tracked files differ from it
     and, if they do, a digest of the difference (two modified trees on one commit are not the
-    same code); None outside git."""
-    here = Path(__file__).resolve().parent
+    same code); None outside git. The difference is git's own bytes (binary changes in full,
+    no external diff tool of the user's config), so any change gives its own digest; `dirty`
+    is None when git could not say."""
     try:
         commit = _git(here, "rev-parse", "HEAD")
         if commit is None:
             return None
-        diff = _git(here, "diff", "HEAD") or ""
+        diff = _git(here, "diff", "--no-ext-diff", "--binary", "HEAD")
     except OSError:
         return None
-    version: dict[str, Any] = {"commit": commit.strip(), "dirty": bool(diff.strip())}
+    if diff is None:
+        return {"commit": commit.decode().strip(), "dirty": None}
+    version: dict[str, Any] = {"commit": commit.decode().strip(), "dirty": bool(diff.strip())}
     if version["dirty"]:
-        version["diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest()
+        version["diff_sha256"] = hashlib.sha256(diff).hexdigest()
     return version
 
 
-def _git(where: Path, *args: str) -> str | None:
-    ran = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True)
+def _git(where: Path, *args: str) -> bytes | None:
+    ran = subprocess.run(["git", "-C", str(where), *args], capture_output=True)
     return ran.stdout if ran.returncode == 0 else None
 
 
@@ -76,7 +84,9 @@ def code_label(code: dict[str, Any] | None) -> str:
     if not code or not code.get("commit"):
         return "unknown"
     label = code["commit"][:SHORT_COMMIT]
-    if code.get("dirty"):
+    if code.get("dirty", False) is None:
+        label += "+modified:unknown"  # git could not compare the checkout with its commit
+    elif code.get("dirty"):
         label += f"+modified:{(code.get('diff_sha256') or '?')[:8]}"
     return label
 

@@ -136,4 +136,59 @@ def test_the_code_version_is_this_checkouts(tmp_path: Path) -> None:
         assert version is None
         return
     assert version["commit"] == head.stdout.strip()
+    status = subprocess.run(
+        ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert version["dirty"] == bool(status.stdout.strip())
     assert ("diff_sha256" in version) == version["dirty"]
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A checkout with a committed text file and a committed binary file."""
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "t@example.invalid")
+    git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "module.py").write_bytes(b"name = 'plain'\n")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)))
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    return tmp_path
+
+
+def test_a_modification_in_latin1_is_read_as_bytes(repo: Path) -> None:
+    clean = provenance.checkout_version(repo)
+    assert clean is not None and clean["dirty"] is False and "diff_sha256" not in clean
+    (repo / "module.py").write_bytes(b"name = 'caf\xe9'\n")  # not UTF-8
+    modified = provenance.checkout_version(repo)
+    assert modified["commit"] == clean["commit"] and modified["dirty"] is True
+    assert len(modified["diff_sha256"]) == 64
+
+
+def test_two_binary_changes_have_their_own_digests(repo: Path) -> None:
+    digests = []
+    for last in (b"\x01", b"\x02"):
+        (repo / "blob.bin").write_bytes(bytes(range(255)) + last)
+        digests.append(provenance.checkout_version(repo)["diff_sha256"])
+    assert digests[0] != digests[1]
+
+
+def test_an_external_diff_tool_does_not_change_the_digest(repo: Path) -> None:
+    (repo / "module.py").write_bytes(b"name = 'changed'\n")
+    plain = provenance.checkout_version(repo)
+    git(repo, "config", "diff.external", "echo")  # prints its arguments: temp paths
+    assert provenance.checkout_version(repo) == plain
+
+
+def test_a_failing_git_diff_records_dirty_as_unknown(repo: Path) -> None:
+    (repo / ".git" / "index").write_bytes(b"not an index")  # rev-parse works, diff fails
+    version = provenance.checkout_version(repo)
+    assert version["dirty"] is None and "diff_sha256" not in version
+    assert provenance.code_label(version).endswith("+modified:unknown")
