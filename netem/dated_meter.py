@@ -108,22 +108,26 @@ def send_at_rate(
     seconds: float,
     ip_overhead: int = 28,
 ) -> int:
-    """Send datagrams of `payload_bytes` to `to` for `seconds`, keeping up with `rate_bps`
-    of IP bytes (payload plus IPv4 and UDP headers) by catching up after each short sleep, so
-    a late sender sends a burst rather than less; returns the datagrams sent."""
+    """Send int(seconds * rate) datagrams of `payload_bytes` to `to`, keeping up with
+    `rate_bps` of IP bytes (payload plus IPv4 and UDP headers) by catching up after each short
+    sleep, so a late sender sends a burst rather than less, also when it stalls past the end.
+    A datagram the sending host's own queue refuses (ENOBUFS) is sent again after a pause, so
+    every datagram counted left; returns the datagrams sent."""
     payload = bytes(payload_bytes)
     per_second = rate_bps / (8 * (payload_bytes + ip_overhead))
+    total = int(seconds * per_second)
     started = time.monotonic()
     sent = 0
-    while (elapsed := time.monotonic() - started) < seconds:
-        due = int(elapsed * per_second) + 1
+    while sent < total:
+        due = min(total, int((time.monotonic() - started) * per_second) + 1)
         while sent < due:
             try:
                 sock.sendto(payload, to)
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
                     raise
-                # the sending host's own queue was full: a datagram lost before the link
+                break  # the host's own queue is full: this datagram again after the pause
             sent += 1
-        time.sleep(0.001)
+        if sent < total:
+            time.sleep(0.001)
     return sent

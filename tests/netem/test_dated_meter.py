@@ -3,6 +3,7 @@ the intervals they arrived in, where a meter counting at read time moves them al
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ from collections import defaultdict
 
 import pytest
 
+from netem import dated_meter
 from netem.dated_meter import DatedMeter, send_at_rate
 
 PAYLOAD = 1000
@@ -70,9 +72,62 @@ def test_run_reads_until_stopped_and_drained() -> None:
         stop.set()
         reader.join(timeout=5)
     assert not reader.is_alive()
-    assert sent >= 250  # 8 Mbit/s of 1028-byte datagrams: 292 in 0.3 s
+    assert sent == int(0.3 * 8e6 / (8 * 1028))  # 8 Mbit/s of 1028-byte datagrams: 291
     assert sum(meter.kernel_bytes.values()) == sent * PAYLOAD
     assert sum(got for *_, got in meter.intervals(meter.kernel_bytes)) == sent * PAYLOAD
+
+
+def test_a_sender_stalled_past_the_end_still_sends_every_datagram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One sleep stalls 60 ms at 0.24 s of a 0.3 s flow (a hypervisor's steal): the sender
+    sends the datagrams it owes in a burst after the end rather than stopping short (the code
+    before stopped at 0.3 s, 235 sent of 291)."""
+    started = time.monotonic()
+    sleep = time.sleep
+    stalled = []
+
+    def stalling_sleep(seconds: float) -> None:
+        if not stalled and time.monotonic() - started >= 0.24:
+            stalled.append(time.monotonic() - started)
+            seconds = 0.06
+        sleep(seconds)
+
+    monkeypatch.setattr(dated_meter.time, "sleep", stalling_sleep)
+    receiver, sender = _pair()
+    with receiver, sender:
+        meter = DatedMeter(receiver, 0.1, time.time())
+        sent = send_at_rate(sender, receiver.getsockname(), 8e6, PAYLOAD, 0.3)
+        receiver.settimeout(0.2)
+        while meter.read_one():
+            pass
+    assert stalled, "the sender never slept past 0.24 s"
+    assert sent == int(0.3 * 8e6 / (8 * 1028))
+    assert sum(meter.kernel_bytes.values()) == sent * PAYLOAD
+
+
+class _RefusingSocket:
+    """A socket whose host queue refuses every third datagram (ENOBUFS)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.delivered = 0
+
+    def sendto(self, payload: bytes, to: tuple[str, int]) -> int:
+        self.calls += 1
+        if self.calls % 3 == 0:
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+        self.delivered += 1
+        return len(payload)
+
+
+def test_a_datagram_the_host_refuses_is_sent_again_not_counted() -> None:
+    """ENOBUFS is the sending host's own queue: the datagram is sent again, and the count
+    returned is of datagrams that left (the code before counted refused ones as sent)."""
+    sock = _RefusingSocket()
+    sent = send_at_rate(sock, ("127.0.0.1", 9), 8e6, PAYLOAD, 0.1)  # type: ignore[arg-type]
+    assert sent == sock.delivered == int(0.1 * 8e6 / (8 * 1028))
+    assert sock.calls > sent
 
 
 def test_an_interval_that_is_not_positive_is_refused() -> None:
