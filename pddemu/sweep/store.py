@@ -8,7 +8,8 @@
 A point's record (`point` in its entry) holds its `provenance`: the code, pddemu version, host
 and load average it ran with. sweep.json's sweep-level `code` is the latest run's into DIR (a
 resumed sweep's points may have run on other code); `point_codes` lists the code versions its
-finished points ran on.
+finished points ran on. A point finished before points recorded their own code takes, on
+resume, the sweep-level code recorded until then, with `from` saying so.
 
 A point is finished when its `pddemu emulate` wrote summary.json, whatever its exit status
 (a token mismatch, exit 3, is a result to look at, not something to redo); point.json records
@@ -36,6 +37,7 @@ SWEEP_JSON = "sweep.json"
 SWEEP_CSV = "sweep.csv"
 SUMMARY_FILE = "summary.json"
 LOG_TAIL_CHARS = 2000
+FROM_SWEEP_LEVEL = "sweep-level code of an earlier run"
 # Per-point time series kept in the point's summary.json only: the shared clock's dilation
 # timeline is ~95 % of an entry, and sweep.json is committed (docs/reproduction/).
 TIME_SERIES = {"dilation": "timeline"}
@@ -45,13 +47,20 @@ class SweepDir:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.points = root / POINTS_DIR
+        self.earlier = _earlier_code(root)  # read before this run rewrites sweep.json
 
     def finished(self, point: Point) -> dict[str, Any] | None:
-        """The record of a finished point, or None."""
+        """The record of a finished point, or None. A point finished before points recorded
+        their own code is stamped (in point.json too) with the sweep-level code sweep.json
+        held then, marked as such: the resumed run is about to overwrite that field."""
         path = self.points / point.id / POINT_FILE
         if not path.exists():
             return None
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        if "provenance" not in record and self.earlier is not None:
+            record["provenance"] = {**self.earlier, "from": FROM_SWEEP_LEVEL}
+            path.write_text(json.dumps(record, indent=1))
+        return record
 
     def begin(self, point: Point) -> Path:
         """A clean directory for `point`'s run; what an earlier attempt left is removed."""
@@ -103,6 +112,15 @@ class SweepDir:
             writer.writeheader()
             writer.writerows(rows)
         os.replace(temporary, self.root / SWEEP_CSV)
+
+
+def _earlier_code(root: Path) -> dict[str, Any] | None:
+    """{"code": ...} as sweep.json's sweep level holds it, or None (no such field)."""
+    path = root / SWEEP_JSON
+    if not path.exists():
+        return None
+    meta = json.loads(path.read_text()).get("sweep", {})
+    return {"code": meta["code"]} if "code" in meta else None
 
 
 def entry(point: Point, record: dict[str, Any] | None) -> dict[str, Any]:

@@ -192,3 +192,22 @@ def test_a_failing_git_diff_records_dirty_as_unknown(repo: Path) -> None:
     version = provenance.checkout_version(repo)
     assert version["dirty"] is None and "diff_sha256" not in version
     assert provenance.code_label(version).endswith("+modified:unknown")
+
+
+def test_a_resume_keeps_the_earlier_sweep_level_code_of_points_without_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Points finished before points recorded their code: a resume on other code overwrites
+    the sweep-level field, so they take the earlier one first, marked as such, for good."""
+    run_on(tmp_path, FIRST, monkeypatch, limit=2)
+    for path in (tmp_path / "points").glob("*/point.json"):
+        record = json.loads(path.read_text())
+        del record["provenance"]  # as such a point was recorded
+        path.write_text(json.dumps(record))
+    earlier = {"code": FIRST, "from": "sweep-level code of an earlier run"}
+    run_on(tmp_path, SECOND, monkeypatch)
+    run_on(tmp_path, SECOND, monkeypatch)  # again: the stamp is kept, not SECOND's
+    result = read(tmp_path)
+    assert [e["point"]["provenance"] for e in result["points"][:2]] == [earlier, earlier]
+    assert [e["point"]["provenance"]["code"] for e in result["points"][2:]] == [SECOND, SECOND]
+    assert result["sweep"]["point_codes"][0] == {"code": "1111111111", "points": 2}
