@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import statistics
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,17 @@ def by_seed(
     }
 
 
+def seed_codes(
+    entries: list[dict[str, Any]], system: str, where: dict[str, Any] | None, seeds: Iterable[int]
+) -> dict[int, str]:
+    """The code label each of `seeds`' finished points of `system` ran on."""
+    return {
+        e["seed"]: point_code(e)
+        for e in done(entries)
+        if e["system"] == system and matches(e, where) and e["seed"] in seeds
+    }
+
+
 def change(mine: dict[int, float], theirs: dict[int, float]) -> Spread | None:
     seeds = sorted(set(mine) & set(theirs))
     return Spread.of([mine[s] / theirs[s] - 1 for s in seeds if theirs[s]])
@@ -220,9 +232,14 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
     form = claim.get("format", "number")
     kind, system, where = claim["kind"], claim["system"], claim.get("where")
     if kind == "value":
-        return spread_text(
-            Spread.of(list(by_seed(entries, system, name, where).values())), form
-        ), []
+        values = by_seed(entries, system, name, where)
+        codes = seed_codes(entries, system, where, values)
+        if len(set(codes.values())) > 1:  # no mean across code versions: each seed alone
+            each = ", ".join(
+                f"{number(values[seed], form)} (seed {seed} at {codes[seed]})" for seed in values
+            )
+            return f"{each}: no mean, the seeds ran on different code", []
+        return spread_text(Spread.of(list(values.values())), form), []
     if kind == "change":
         mine = by_seed(entries, system, name, where)
         versus_entries = runs[claim.get("versus_part", claim.get("part"))][0]
@@ -406,7 +423,9 @@ def code_of(finished: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if mixed:
         return mixed
     versions = code_versions(finished)
-    if versions and versions[0]["code"] != UNRECORDED:
+    if not versions:
+        return f"code at {code_label(meta.get('code'))} (the sweep's latest run; no point finished)"
+    if versions[0]["code"] != UNRECORDED:
         return f"code at {versions[0]['code']}"
     return (
         f"code at {code_label(meta.get('code'))} (the sweep's latest run; its points did not "

@@ -21,7 +21,7 @@ from pddemu.sweep.grid import expand, parse_grid
 from pddemu.sweep.plot import plot_sweep
 from pddemu.sweep.progress import Progress
 from pddemu.sweep.provenance import UNRECORDED, after_point, before_point, mixed_code_note
-from pddemu.sweep.report import code_of
+from pddemu.sweep.report import code_of, measure
 
 FIRST = {"commit": "1" * 40, "dirty": False}
 SECOND = {"commit": "2" * 40, "dirty": True, "diff_sha256": "ab" * 32}
@@ -211,3 +211,26 @@ def test_a_resume_keeps_the_earlier_sweep_level_code_of_points_without_their_own
     assert [e["point"]["provenance"] for e in result["points"][:2]] == [earlier, earlier]
     assert [e["point"]["provenance"]["code"] for e in result["points"][2:]] == [SECOND, SECOND]
     assert result["sweep"]["point_codes"][0] == {"code": "1111111111", "points": 2}
+
+
+def test_a_value_over_seeds_on_different_code_is_given_per_seed(tmp_path: Path) -> None:
+    def point(seed: int, code: dict[str, Any], share: float) -> dict[str, Any]:
+        about = {"id": f"p{seed}", "status": "done", "provenance": {"code": code}}
+        return {"settings": {}, "seed": seed, "system": "pdd", "point": about, "share": share}
+
+    claim = {"kind": "value", "system": "pdd", "format": "percent"}
+    mixed = [point(0, FIRST, 0.0), point(1, SECOND, 0.356)]
+    assert measure(claim, {None: (mixed, {}, None)}, "share")[0] == (
+        "0.0 % (seed 0 at 1111111111), 35.6 % (seed 1 at 2222222222+modified:abababab): "
+        "no mean, the seeds ran on different code"
+    )
+    one = [point(0, FIRST, 0.0), point(1, FIRST, 0.356)]
+    assert (
+        measure(claim, {None: (one, {}, None)}, "share")[0] == "17.8 % (0.0 % to 35.6 %, 2 seeds)"
+    )
+
+
+def test_a_sweep_with_no_finished_point_says_so() -> None:
+    assert code_of([], {"code": FIRST}) == (
+        "code at 1111111111 (the sweep's latest run; no point finished)"
+    )
