@@ -41,13 +41,14 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def finished_at(entries: list[dict[str, Any]], x: str) -> list[dict[str, Any]]:
+    """The finished points that set `x`."""
+    return [e for e in entries if x in e["settings"] and e["point"]["status"] == "done"]
+
+
 def plotted(entries: list[dict[str, Any]], x: str, y: str) -> list[dict[str, Any]]:
     """The finished points a plot of `y` against `x` draws."""
-    return [
-        e
-        for e in entries
-        if x in e["settings"] and e["point"]["status"] == "done" and _number(metric(e, y))
-    ]
+    return [e for e in finished_at(entries, x) if _number(metric(e, y))]
 
 
 def series(
@@ -59,18 +60,11 @@ def series(
         raise ConfigError(f"--x {x}: not a swept key; swept: {', '.join(swept) or 'none'}")
     numeric = all(_number(e["values"].get(x)) for e in entries if x in e["settings"])
     samples: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
-    found_y = False
-    for e in entries:
-        value = metric(e, y)
-        if x not in e["settings"] or e["point"]["status"] != "done":
-            continue
-        if value is not None:
-            found_y = True
-        if not _number(value):
-            continue
+    found_y = any(metric(e, y) is not None for e in finished_at(entries, x))
+    for e in plotted(entries, x, y):
         others = ", ".join(f"{k}={v}" for k, v in e["settings"].items() if k != x)
         label = e["system"] + (f" ({others})" if others else "")
-        samples[label][e["values"][x] if numeric else e["settings"][x]].append(float(value))
+        samples[label][e["values"][x] if numeric else e["settings"][x]].append(float(metric(e, y)))
     if not found_y:
         raise ConfigError(f"--y {y}: no finished point has this field (e.g. ttft_s.p99, bcr)")
     return {
