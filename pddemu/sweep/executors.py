@@ -127,7 +127,8 @@ class RayExecutor:
                         done(job, -1, 0.0, None)
                         continue
                     _write_files(job.out, result["files"])
-                    done(job, result["exit_status"], result["wall_s"], result["provenance"])
+                    provenance = result.get("provenance")  # an older node sends none
+                    done(job, result["exit_status"], result["wall_s"], provenance)
         finally:
             for ref in pending:
                 ray.cancel(ref)  # the task stops its emulation, which cleans up

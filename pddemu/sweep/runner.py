@@ -72,7 +72,9 @@ def start_point(
     args = point.emulate_args(out, config_path) + (["--rootless"] if rootless else [])
     with open(out / EMULATE_LOG, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pddemu.sweep.child", *args],
+            # -P: not the cwd first on sys.path, so the child imports this pddemu, not a
+            # checkout that happens to be where the point runs
+            [sys.executable, "-P", "-m", "pddemu.sweep.child", *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
