@@ -103,9 +103,9 @@ def small_scenario(tmp_path: Path) -> Path:
             (6144, 128, list(range(12))),  # shares the first's 8 blocks
             (4096, 96, list(range(100, 108))),
         ],
-        spacing_ms=8000,
+        spacing_ms=4000,
     )
-    # the trace's own arrivals, 8 modelled s apart: each request is done before the next
+    # the trace's own arrivals, 4 modelled s apart: each request is done before the next
     # arrives, so what it hits in the caches (and so its WAN bytes) does not depend on timing
     return write_config(tmp_path / "small.toml", trace, 'arrival_rate = "trace"')
 
