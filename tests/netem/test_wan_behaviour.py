@@ -93,12 +93,17 @@ def test_a_mahimahi_trace_is_followed_per_100ms() -> None:
     # The meter is a process on a VM that loses CPU to its hypervisor: one CI run read a
     # median 3.1 % off, and in one quarter hour locked runs missed it on this code and on the
     # code of 6c2e909 alike, between passing runs: measured once more when the meter misses
-    # (helpers); the shaper's own record is judged in every run.
-    result = measured_twice(_trace_replay, lambda r: r["relative_error_p50"] <= 0.02)
+    # (helpers); the shaper's own record is judged in every run. The receiver is a process on
+    # that host as well: a miss of its past the shaper's stalls is measured once more too.
+    result = measured_twice(_trace_replay, _receiver_follows)
     assert result["intervals"] >= 20
-    assert result["relative_error_p50"] <= 0.02, result
-    # dated by the kernel, the receiver misses 2 % only where the shaper's record names a stall
-    assert result["receiver_misses_past_the_shaper"] == 0, result
+    assert _receiver_follows(result), result
+
+
+def _receiver_follows(result: dict) -> bool:
+    """The receiver's median within 2 %, and dated by the kernel it misses 2 % only where the
+    shaper's record names a stall."""
+    return result["relative_error_p50"] <= 0.02 and result["receiver_misses_past_the_shaper"] == 0
 
 
 def _outage_seen(result: dict) -> bool:
