@@ -35,6 +35,7 @@ from pddemu.bench.handoff import (
 )
 from pddemu.config import load_config
 from pddemu.metrics.records import RequestRecord
+from pddemu.sweep import provenance
 
 FIFO_2 = Cell("extend", 2.0, "fifo")
 PRIO_10 = Cell("kv-delta", 10.0, "prio")
@@ -142,11 +143,21 @@ def test_overlapping_handoffs_and_the_autocorrelation_are_reported() -> None:
 def test_the_effective_sample_count_shrinks_with_positive_autocorrelation() -> None:
     assert effective_samples(100, 0.0) == 100
     assert effective_samples(100, 0.5) == pytest.approx(100 / 3, abs=0.1)
-    assert effective_samples(100, -0.2) == pytest.approx(150)
     assert effective_samples(100, None) is None and effective_samples(100, -1.0) is None
-    both = lag1_autocorrelation([[0.1, 0.2, 0.4, 0.3, 0.5, 0.2, 0.6, 0.1]])
+    both = lag1_autocorrelation([[0.1, 0.2, 0.3, 0.4, 0.5, 0.4, 0.3, 0.2]])
     r = both["lag1_autocorrelation"]
+    assert r > 0
     assert both["effective_samples"] == pytest.approx(8 * (1 - r) / (1 + r), abs=0.05)
+
+
+def test_the_effective_sample_count_never_exceeds_the_samples() -> None:
+    """n(1-r)/(1+r) is over n for any negative r: a cell of 101 handoffs at r = -0.06 read as
+    worth 114. It is capped at n."""
+    assert effective_samples(100, -0.2) == 100
+    assert effective_samples(101, -0.06) == 101
+    alternating = lag1_autocorrelation([[0.05, 0.08, 0.05, 0.08, 0.05, 0.07, 0.05, 0.08]])
+    assert alternating["lag1_autocorrelation"] < 0
+    assert alternating["effective_samples"] == 8
 
 
 def lossy_source(lose_every: int, sent: dict[Cell, int]):
@@ -315,6 +326,42 @@ def test_cells_measured_at_another_n_are_merged_and_each_judged_by_its_own(tmp_p
     assert not merged(fresh, out)["targets"][target]
 
 
+def test_only_the_deployments_behind_a_cell_are_judged_and_timed(tmp_path) -> None:
+    """A cell measured again replaces the earlier one; the earlier deployment stays in `runs`
+    but stands behind no figure: its lag verdict and wall time no longer count."""
+
+    def cell(qdisc: str, runs: list[int]) -> dict:
+        return {
+            "qdisc": qdisc,
+            "jitter_ms": 2.0,
+            "payload": "extend",
+            "handoffs": 5,
+            "runs": runs,
+            "duplicate_tokens": 0,
+            "gap_tokens": 0,
+        }
+
+    setup = {"samples_per_cell": 5, "eager_tokens": 100}
+    out = tmp_path / "handoff.json"
+    earlier = {
+        "setup": setup,
+        "cells": [cell("fifo", [0]), cell("prio", [1])],
+        "runs": [{"valid": False, "wall_s": 7.0}, {"valid": True, "wall_s": 2.0}],
+    }
+    out.write_text(json.dumps(earlier))
+    target = "every deployment within the lag bound"
+    fresh = {"setup": setup, "cells": [cell("fifo", [0])], "runs": [{"valid": True, "wall_s": 1.0}]}
+    combined = merged(fresh, out)
+    assert [c["runs"] for c in combined["cells"]] == [[2], [1]]
+    assert len(combined["runs"]) == 3  # the replaced deployment is kept, not judged
+    assert combined["targets"][target]
+    assert combined["wall_s"] == 3.0
+    # the same replaced run still counts while its cell is in the file
+    fresh["cells"] = [cell("prio", [0])]
+    assert not merged(fresh, out)["targets"][target]
+    assert merged(fresh, out)["wall_s"] == 8.0
+
+
 def fake_cell(phase, samples: list[RequestRecord], warm: list[RequestRecord]) -> dict:
     """What `run_payload` reports of one phase, for a fake deployment whose handoffs have the
     records given (each one's gap and stall set to its MD-side latency)."""
@@ -362,6 +409,9 @@ def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch
     # 15 samples: a phase long enough for a bulk request (at 6 it would meet none, and the
     # bulk check below would compare 0 with 0)
     result = benchmark(15, 100, only_qdiscs=("prio",), only_jitters_ms=(0.0, 10.0))
+    code = provenance.code_version()
+    assert code is not None  # the tests run from the checkout
+    assert all({k: c["measured"][k] for k in code} == code for c in result["cells"])
     assert len(deployments) == 2  # one per payload, every cell's phase in it
     assert all(p.warmup == WARMUP_SAMPLES for plan in deployments for p in plan)
     assert result["setup"]["warmup_samples_per_phase"] == WARMUP_SAMPLES

@@ -79,6 +79,7 @@ from netem.nsexec import command_in
 from netem.topology import Network
 from pddemu.config import Config, load_config
 from pddemu.metrics.records import RequestRecord
+from pddemu.sweep.provenance import code_version
 from pddemu.workload.replay_source import WorkloadRequest
 
 PAPER = {
@@ -373,26 +374,11 @@ def lag1_autocorrelation(rounds: list[list[float]]) -> dict[str, float | None]:
 def effective_samples(n: int, r1: float | None) -> float | None:
     """n(1-r)/(1+r): how many independent samples a series of n with lag-1 autocorrelation r
     is worth for its mean (an AR(1) series; the standard error of the mean grows by
-    sqrt(n / effective)). None when r is unknown or -1 (unbounded)."""
+    sqrt(n / effective)), at most n: a small negative r is within its noise band, and a
+    series is not reported as worth more samples than it has. None when r is unknown or -1."""
     if r1 is None or n == 0 or r1 <= -1:
         return None
-    return round(n * (1 - r1) / (1 + r1), 1)
-
-
-def code_version() -> dict[str, Any] | None:
-    """The commit of the pddemu checkout measuring (and whether its tracked files differ from
-    it), kept per cell: a file merges cells measured by different code. None outside git."""
-    here = Path(__file__).resolve().parent
-    try:
-        commit, dirty = (
-            subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True)
-            for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
-        )
-    except OSError:
-        return None
-    if commit.returncode != 0:
-        return None
-    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    return round(min(n, n * (1 - r1) / (1 + r1)), 1)
 
 
 class TcpCounters:
@@ -709,6 +695,16 @@ def wanted(cell: dict[str, Any], setup: dict[str, Any]) -> int:
     return cell.get("measured", {}).get("samples_per_cell", setup["samples_per_cell"])
 
 
+def current_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployments some cell lists in its `runs`: those of cells since re-measured stay in
+    the file's `runs` but no longer stand behind a figure. All of them if a cell lists none
+    (a file from before cells listed their deployments)."""
+    runs = result.get("runs", [])
+    if any("runs" not in c for c in result["cells"]):
+        return runs
+    return [runs[i] for i in sorted({i for c in result["cells"] for i in c["runs"]})]
+
+
 def judge(result: dict[str, Any]) -> None:
     setup = result["setup"]
     ns = {wanted(c, setup) for c in result["cells"]} or {setup["samples_per_cell"]}
@@ -721,7 +717,7 @@ def judge(result: dict[str, Any]) -> None:
         "no duplicate or missing token": all(
             c["duplicate_tokens"] == 0 and c["gap_tokens"] == 0 for c in result["cells"]
         ),
-        "every deployment within the lag bound": all(r.get("valid") for r in result["runs"]),
+        "every deployment within the lag bound": all(r.get("valid") for r in current_runs(result)),
     }
 
 
@@ -759,12 +755,8 @@ def merged(result: dict[str, Any], earlier_path: Path) -> dict[str, Any]:
     }
     cells.sort(key=lambda c: order.get(key(c), len(order)))
     runs = earlier.get("runs", []) + result.get("runs", [])
-    combined = {
-        **result,
-        "cells": cells,
-        "runs": runs,
-        "wall_s": round(sum(r.get("wall_s", 0) for r in runs), 1),
-    }
+    combined = {**result, "cells": cells, "runs": runs}
+    combined["wall_s"] = round(sum(r.get("wall_s", 0) for r in current_runs(combined)), 1)
     judge(combined)
     return combined
 
