@@ -443,7 +443,12 @@ class Instance:
             intra.rate_bps is not None
             or intra.delay_s > 0
             or intra.jitter_s > 0
-            or (events is not None and "intra" in events.links())  # the shaper serves it then
+            or any(  # a step that sets its delay, jitter or rate (up/down alone adds no time)
+                action.link == "intra"
+                and {"delay_s", "jitter_s", "rate_bps"} & action.changes.keys()
+                for step in (events.steps if events is not None else ())
+                for action in step.actions
+            )
         )
         me = self.spec.me
         towards_b = HOST_OF_ROLE[me.role] in ("b", "a2")  # the b end of its WAN or intra path

@@ -150,3 +150,5 @@ def test_an_intra_path_a_schedule_shapes_is_no_longer_taken_as_exact(tmp_path: P
     path.write_text("5 intra.delay=2ms\n")
     assert _transits_of("RLD0", [])["P0"] == (0.0, True)
     assert _transits_of("RLD0", [f"wan.schedule={path}"])["P0"] == (0.0, False)
+    path.write_text("5 intra.link=down\n6 intra.link=up intra.loss=1%\n")  # no time added
+    assert _transits_of("RLD0", [f"wan.schedule={path}"])["P0"] == (0.0, True)
