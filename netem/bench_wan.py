@@ -7,6 +7,7 @@ integration tests at small ones, so a test checks the very code that produces th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -331,11 +332,11 @@ def trace_replay(seconds: float = 12.0, period_ms: int = 4000) -> dict[str, Any]
 def _metered_udp_flow(net: Network, seconds: float) -> DatedMeter:
     """UDP from DC A to DC B at 130 Mbit/s for `seconds`, counted per 0.1 s by DC B's kernel
     receive times (their origin: when the flow began)."""
-    with nsutil.inside(net.b.netns):
-        receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with nsutil.inside(net.a.netns):
-        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with receiver, sender:
+    with contextlib.ExitStack() as sockets:  # the receiver's closes if the sender's cannot open
+        with nsutil.inside(net.b.netns):
+            receiver = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        with nsutil.inside(net.a.netns):
+            sender = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
         receiver.bind((net.b.addr, 0))
         meter = DatedMeter(receiver, 0.1, time.time())
         stop = threading.Event()
