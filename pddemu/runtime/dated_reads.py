@@ -13,7 +13,10 @@ reports the segment that held the frame's last byte: when the frame had wholly a
 But the kernel merges a segment into the one before it while both wait unread (TCP's receive
 coalescing), and the merged one takes the later time. So a date is exact only when nothing
 was waiting behind it when it was read (`exact`): a reader that comes late to several frames
-dates them late (by no more than its own lateness), and says so.
+dates them late (by no more than its own lateness), and says so. And the kernel turns receive
+timestamps on for the whole host a moment after the first socket asks (a deferred static key):
+on a host where no other socket had them on, the first frames come undated (`received_wall`
+None, not exact), and their reader takes them as read now.
 
 The timestamp is CLOCK_REALTIME; it is moved to CLOCK_MONOTONIC (the clock page's wall) by the
 two clocks' offset when read, and to modelled time by the anchor that held then

@@ -24,12 +24,28 @@ async def _connected() -> tuple[socket.socket, socket.socket]:
     return sender, accepted
 
 
+async def _until_the_kernel_dates(writer: Channel, receiver: Channel) -> None:
+    """Send frames until one comes dated. The kernel turns receive timestamps on for the whole
+    host a moment after the first socket asks for them (a static key switched by a deferred
+    work item), so on a host where no other socket had them on, the first frames come undated
+    (the reader says so: no date, not exact). One CI run read its first frame undated."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        await writer.control("warm-up", {})
+        envelope = await receiver.receive()
+        if envelope.received is not None:  # type: ignore[union-attr]
+            return
+        assert time.monotonic() < deadline, "the kernel dated no frame within 5 s"
+        await asyncio.sleep(0.01)
+
+
 async def _three_frames(late: bool) -> tuple[list[float], list[tuple[float | None, bool]], float]:
     """Three frames GAP_S apart, read as each comes or (`late`) only after the last."""
     sender, accepted = await _connected()
     receiver = Channel.dated(accepted, peer="sender", purpose="control")
     receiver.modelled_at = lambda wall: wall  # modelled time = wall time, to compare
     writer = Channel.dated(sender, peer="receiver", purpose="control")
+    await _until_the_kernel_dates(writer, receiver)
     sent, dates = [], []
     for i in range(3):
         if i:
