@@ -29,9 +29,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from netem.elements.delay import lowest_jitter
-from netem.schedule import Schedule
 from pddemu.config import ROLES, Config, config_from_json
-from pddemu.deployment import HOST_OF_ROLE
 from pddemu.host_door import public_application
 from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
@@ -42,7 +40,6 @@ from pddemu.runtime.auth import AuthError, HelloCheck, RunSecret
 from pddemu.runtime.channel import HELLO, Channel, Envelope
 from pddemu.runtime.clock import ModelledClock
 from pddemu.runtime.events import EventLog
-from pddemu.timeline import Timeline
 from pddemu.wire import Control, KVChunk, Limits, Message, TokenIds, read_message
 
 log = logging.getLogger("pddemu.instance")
@@ -438,35 +435,17 @@ class Instance:
         is its exact time (a path the emulator does not shape: within a host, or the unshaped
         intra-DC path) or only a bound (the WAN: its queueing is modelled, and unknown here)."""
         wan, intra = self.config.wan, self.config.intra
-        events = Timeline.load(wan.schedule, self.config.faults.schedule).link_events
-        intra_shaped = (
-            intra.rate_bps is not None
-            or intra.delay_s > 0
-            or intra.jitter_s > 0
-            or any(  # a step that sets its delay, jitter or rate (up/down alone adds no time)
-                action.link == "intra"
-                and {"delay_s", "jitter_s", "rate_bps"} & action.changes.keys()
-                for step in (events.steps if events is not None else ())
-                for action in step.actions
-            )
-        )
+        intra_shaped = intra.rate_bps is not None or intra.delay_s > 0 or intra.jitter_s > 0
         me = self.spec.me
-        towards_b = HOST_OF_ROLE[me.role] in ("b", "a2")  # the b end of its WAN or intra path
-        direction = "a2b" if towards_b else "b2a"
-        wan_least = least_scheduled_transit(
-            (wan.delay_s, wan.jitter_s, wan.jitter_dist), events, "wan", direction
-        )
-        intra_least = least_scheduled_transit(
-            (intra.delay_s, intra.jitter_s, intra.jitter_dist), events, "intra", direction
-        )
         transits = {}
         for name, peer in self.spec.peers.items():
             if (peer.role == "MD") != (me.role == "MD"):
-                transits[name] = (wan_least, False)
+                transits[name] = (least_transit(wan.delay_s, wan.jitter_s, wan.jitter_dist), False)
             elif peer.addr == me.addr or not intra_shaped:
                 transits[name] = (0.0, True)
             else:
-                transits[name] = (intra_least, False)
+                least = least_transit(intra.delay_s, intra.jitter_s, intra.jitter_dist)
+                transits[name] = (least, False)
         return transits
 
     def count_message_lag(self, kind: str, peer: str, sent: float) -> float:
@@ -555,31 +534,6 @@ def least_transit(delay_s: float, jitter_s: float, dist: str) -> float:
     distribution can draw (the shaper's own floor, `netem.elements.delay`), so a kernel date
     raised to it is one the path could not have produced."""
     return max(0.0, delay_s + lowest_jitter(dist, jitter_s))
-
-
-def least_scheduled_transit(
-    base: tuple[float, float, str], events: Schedule | None, link: str, direction: str
-) -> float:
-    """The least transit `link` gives in `direction` over a whole run: the least of its
-    configured (delay, jitter, distribution) `base` and of every state the timeline's link
-    events put it in. A kernel date is raised to it, so a floor above the path's real least
-    (a step lowering the delay or widening the jitter) would date arrivals late. Changes
-    accumulate step by step; a repeating schedule is in every state it will ever be in by
-    its second pass (after one, each field it sets holds its last value). `link=down`
-    changes nothing here: no message crosses a down link."""
-    delay, jitter, dist = base
-    least = least_transit(delay, jitter, dist)
-    if events is None:
-        return least
-    passes = 1 if events.period_s is None else 2
-    for step in events.steps * passes:
-        for action in step.actions:
-            if action.link == link and direction in action.directions():
-                delay = action.changes.get("delay_s", delay)
-                jitter = action.changes.get("jitter_s", jitter)
-                dist = action.changes.get("jitter_dist", dist)
-                least = min(least, least_transit(delay, jitter, dist))
-    return least
 
 
 def stalls_of(spec: str, name: str) -> dict[str, tuple[float, bool]]:
