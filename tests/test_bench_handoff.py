@@ -257,28 +257,24 @@ def test_a_cell_that_cannot_get_its_handoffs_is_named() -> None:
         measure([FIFO_2, PRIO_10], 10, run_round)
 
 
-def test_a_grid_measured_in_parts_is_merged_per_cell(tmp_path) -> None:
-    def cell(qdisc: str, jitter: float, payload: str, handoffs: int) -> dict:
-        return {
-            "qdisc": qdisc,
-            "jitter_ms": jitter,
-            "payload": payload,
-            "handoffs": handoffs,
-            "duplicate_tokens": 0,
-            "gap_tokens": 0,
-        }
+def grid_cell(qdisc: str, handoffs: int = 5, **fields) -> dict:
+    """A measured cell as `merged` and `judge` read it: extend at 2 ms unless `fields` say."""
+    base = {"qdisc": qdisc, "jitter_ms": 2.0, "payload": "extend", "handoffs": handoffs}
+    return {**base, "duplicate_tokens": 0, "gap_tokens": 0, **fields}
 
+
+def test_a_grid_measured_in_parts_is_merged_per_cell(tmp_path) -> None:
     setup = {"samples_per_cell": 5, "eager_tokens": 100}
     out = tmp_path / "handoff.json"
     earlier = {
         "setup": setup,
-        "cells": [cell("prio", 2.0, "extend", 3), cell("fifo", 2.0, "extend", 9)],
+        "cells": [grid_cell("prio", 3), grid_cell("fifo", 9)],
         "runs": [{"wall_s": 2.0}],
     }
     out.write_text(json.dumps(earlier))
     fresh = {
         "setup": setup,
-        "cells": [{**cell("fifo", 2.0, "extend", 5), "runs": [0]}],
+        "cells": [grid_cell("fifo", 5, runs=[0])],
         "runs": [{"wall_s": 1.0, "host_load": {"before": 0.5, "after": 0.25}}],
     }
     combined = merged(fresh, out)
@@ -297,15 +293,8 @@ def test_cells_measured_at_another_n_are_merged_and_each_judged_by_its_own(tmp_p
     at N = 30, each saying its own N (and commit) in `measured`, each judged by its own N."""
 
     def cell(qdisc: str, handoffs: int, n: int) -> dict:
-        return {
-            "qdisc": qdisc,
-            "jitter_ms": 2.0,
-            "payload": "extend",
-            "handoffs": handoffs,
-            "measured": {"commit": "abc", "samples_per_cell": n, "slots_per_phase": None},
-            "duplicate_tokens": 0,
-            "gap_tokens": 0,
-        }
+        measured = {"commit": "abc", "samples_per_cell": n, "slots_per_phase": None}
+        return grid_cell(qdisc, handoffs, measured=measured)
 
     out = tmp_path / "handoff.json"
     setup = {"samples_per_cell": 30, "eager_tokens": 100}
@@ -330,34 +319,24 @@ def test_only_the_deployments_behind_a_cell_are_judged_and_timed(tmp_path) -> No
     """A cell measured again replaces the earlier one; the earlier deployment stays in `runs`
     but stands behind no figure: its lag verdict and wall time no longer count."""
 
-    def cell(qdisc: str, runs: list[int]) -> dict:
-        return {
-            "qdisc": qdisc,
-            "jitter_ms": 2.0,
-            "payload": "extend",
-            "handoffs": 5,
-            "runs": runs,
-            "duplicate_tokens": 0,
-            "gap_tokens": 0,
-        }
-
     setup = {"samples_per_cell": 5, "eager_tokens": 100}
     out = tmp_path / "handoff.json"
     earlier = {
         "setup": setup,
-        "cells": [cell("fifo", [0]), cell("prio", [1])],
+        "cells": [grid_cell("fifo", runs=[0]), grid_cell("prio", runs=[1])],
         "runs": [{"valid": False, "wall_s": 7.0}, {"valid": True, "wall_s": 2.0}],
     }
     out.write_text(json.dumps(earlier))
     target = "every deployment within the lag bound"
-    fresh = {"setup": setup, "cells": [cell("fifo", [0])], "runs": [{"valid": True, "wall_s": 1.0}]}
+    fresh_run = [{"valid": True, "wall_s": 1.0}]
+    fresh = {"setup": setup, "cells": [grid_cell("fifo", runs=[0])], "runs": fresh_run}
     combined = merged(fresh, out)
     assert [c["runs"] for c in combined["cells"]] == [[2], [1]]
     assert len(combined["runs"]) == 3  # the replaced deployment is kept, not judged
     assert combined["targets"][target]
     assert combined["wall_s"] == 3.0
     # the same replaced run still counts while its cell is in the file
-    fresh["cells"] = [cell("prio", [0])]
+    fresh["cells"] = [grid_cell("prio", runs=[0])]
     assert not merged(fresh, out)["targets"][target]
     assert merged(fresh, out)["wall_s"] == 8.0
 

@@ -787,6 +787,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="only this WAN jitter (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/handoff.json"))
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: print the table of --out's cells as docs/validation.md shows it",
+    )
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        help="with --report: replace the handoff table in this Markdown file instead of printing",
+    )
     parser.set_defaults(func=run_cli)
 
 
@@ -795,7 +805,30 @@ def write(result: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def report(out: Path, doc: Path | None) -> int:
+    """`--report`: the docs' table from a committed result, no run."""
+    from pddemu.bench import _handoff_table
+
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"pddemu bench handoff --report: cannot read {out}: {error}") from None
+    if doc is None:
+        print(_handoff_table.table(result), end="")
+        return 0
+    try:
+        changed = _handoff_table.update_doc(doc, result)
+    except (OSError, _handoff_table.TableNotFoundError) as error:
+        raise SystemExit(f"pddemu bench handoff --report: {doc}: {error}") from None
+    print(f"{doc}: table {'updated' if changed else 'already current'}", file=sys.stderr)
+    return 0
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    if args.report:
+        return report(args.out, args.doc)
+    if args.doc is not None:
+        raise SystemExit("pddemu bench handoff: --doc goes with --report")
     if args.samples < 1 or args.eager_tokens < 2:
         raise SystemExit("pddemu bench handoff: --samples must be >= 1 and --eager-tokens >= 2")
     try:
