@@ -131,6 +131,7 @@ ROWS: tuple[TableRow, ...] = (
     _metric("emulator lag p99", "emulator_lag_s.p99", seconds),
     TableRow("effective speed-up (modelled s per wall s)", lambda s: _speedup(s)),
     TableRow("speed-up the cores allow at the run's CPU", lambda s: _cpu_ceiling(s)),
+    TableRow("clock slowed by (slow-downs)", lambda s: _slowed_by(s)),
     TableRow("valid (lag within the bound)", lambda s: _validity(s)),
     _metric("cost per hour", "cost_per_hour", number),
     _metric("BCR (goodput / cost per hour)", "bcr", number, compare=True),
@@ -149,6 +150,18 @@ def _cpu_ceiling(summary: Summary) -> str:
     if cpu.get("ceiling_speedup") is None:
         return MISSING
     return f"x{number(cpu['ceiling_speedup'])} ({number(cpu['total_s'])} CPU s)"
+
+
+def _slowed_by(summary: Summary, most: int = 3) -> str:
+    """The causes the clock slowed down for most often (kind of lag or holds, participant):
+    what bounds the run's speed."""
+    causes = summary.get("dilation", {}).get("slowed_by") or {}
+    if not causes:
+        return MISSING
+    ranked = sorted(causes.items(), key=lambda item: -item[1])
+    shown = ", ".join(f"{cause} {count}" for cause, count in ranked[:most])
+    rest = sum(count for _, count in ranked[most:])
+    return f"{shown}, others {rest}" if rest else shown
 
 
 def _validity(summary: Summary) -> str:

@@ -17,8 +17,10 @@ the wall time a run takes changes.
 
 It records the rate over the run so summary.json can say how much the run was dilated (wall
 seconds per modelled second) and how fast it really ran, and what made it slow down: each
-decrease is charged to the participant that contributed most to its cause (`slowed_by`:
-"lag <name>" or "hold <name>"), which says which process bounds the run's speed.
+decrease is charged to the kind of lag (or the holds) that caused it and the participant that
+contributed most to it (`slowed_by`: "lag <kind> <name>", e.g. "lag delivery FE0", or
+"hold <name>"), which says which process, and what of its work, bounds the run's speed; the
+timeline marks each decrease with that cause.
 
 Instant holds (`pddemu.runtime.clock.INSTANT`: the router's, around an exchange that takes no
 modelled time) stand the clock still by design, whatever its rate: their frozen time is not
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netem.clock import LAG_COUNTERS, SharedClock, SlotReport
-from pddemu.runtime.clock import INSTANT
+from pddemu.runtime.clock import CONTROLLED_KINDS, INSTANT
 
 AUTO_CEILING = 64.0  # the fastest "auto" may run: a bound, far beyond what a laptop reaches
 AUTO_START = 2.0  # where a run begins, at most: low, so a loaded host is not late at first
@@ -87,7 +89,8 @@ class DilationPolicy:
 class Dilation:
     clock: SharedClock
     policy: DilationPolicy
-    timeline: list[tuple[float, float, float]] = field(default_factory=list)  # wall, modelled, rate
+    # wall, modelled, rate, and the cause of a decrease that set the rate (else None)
+    timeline: list[tuple[float, float, float, str | None]] = field(default_factory=list)
     decreases: int = 0
     slowed_by: dict[str, int] = field(default_factory=dict)  # decreases by cause and participant
     _last: dict[int, SlotReport] = field(default_factory=dict)
@@ -159,6 +162,7 @@ class Dilation:
         elapsed = sum(w[3] for w in self._window)
         stood = sum(w[2] for w in self._window) / elapsed if elapsed > 0 else 0.0
         rate = self.clock.rate
+        cause = None
         if self._cooldown:
             self._cooldown -= 1
         elif mean > target or stood > policy.frozen_ok:
@@ -177,7 +181,7 @@ class Dilation:
             # start, or a clock slowed by a loaded moment would stay slow for good.
             rate = min(policy.start, rate * policy.recover)
         rate = self.clock.set_rate(rate)  # set each period: the promise grows from here
-        self._note(rate)
+        self._note(rate, cause)
         return rate
 
     def _culprit(self, kind: int | None) -> str:
@@ -191,7 +195,7 @@ class Dilation:
                     lag_sums[kind] if kind is not None else frozen
                 )
         name = max(totals, key=totals.__getitem__, default="?")
-        return f"{'lag' if kind is not None else 'hold'} {name}"
+        return f"hold {name}" if kind is None else f"lag {CONTROLLED_KINDS[kind]} {name}"
 
     def release_dead(self) -> list[str]:
         """Free the slots of participants that died (a hold of theirs would stop the run), and
@@ -208,14 +212,14 @@ class Dilation:
                 pass
         return freed
 
-    def _note(self, rate: float) -> None:
+    def _note(self, rate: float, cause: str | None = None) -> None:
         modelled = self.clock.now()
-        if self.timeline:
-            _, last_modelled, last_rate = self.timeline[-1]
+        if self.timeline and cause is None:
+            _, last_modelled, last_rate, _ = self.timeline[-1]
             changed = abs(rate - last_rate) > TIMELINE_CHANGE * last_rate
             if not changed and modelled - last_modelled < TIMELINE_STEP_S:
                 return
-        self.timeline.append((self.clock.monotonic(), modelled, rate))
+        self.timeline.append((self.clock.monotonic(), modelled, rate, cause))
 
     def summary(self, wall: tuple[float, float], modelled: tuple[float, float]) -> dict[str, Any]:
         """The dilation of a span that started at (wall[0], modelled[0]) and ended at
@@ -235,7 +239,7 @@ class Dilation:
         before = [p for p in self.timeline if p[1] <= start]
         points = before[-1:] + [p for p in self.timeline if start < p[1] <= end]
         mean = (wall[1] - wall[0]) / (end - start)
-        dilations = [1 / rate for _, _, rate in points] or [mean]
+        dilations = [1 / rate for _, _, rate, _ in points] or [mean]
         return {
             "min": min(dilations),
             "mean": mean,
@@ -246,7 +250,8 @@ class Dilation:
                 {
                     "modelled_s": round(max(0.0, at - start), 3),
                     "wall_per_modelled_s": round(1 / rate, 6),
+                    **({"slowed_by": cause} if cause else {}),
                 }
-                for _, at, rate in points
+                for _, at, rate, cause in points
             ],
         }

@@ -216,6 +216,17 @@ def test_text_table_puts_systems_side_by_side_with_relative_changes() -> None:
         assert table_row(text, label)
 
 
+def test_table_says_what_the_clock_slowed_down_for_most() -> None:
+    """The three most frequent causes of the clock's slow-downs (kind of lag or holds, and
+    participant), the rest summed; "-" for a run that never slowed down."""
+    data = summaries()
+    slowed_by = {"hold RLD0": 4, "lag delivery FE0": 50, "lag handler P0": 2, "lag send x": 1}
+    data["pdd"]["dilation"] = {"speedup": 0.35, "slowed_by": slowed_by}
+    data["naive"]["dilation"] = {"speedup": 1.0, "slowed_by": {}}
+    row = table_row(format_table(data), "clock slowed by (slow-downs)")
+    assert " ".join(row) == "lag delivery FE0 50, hold RLD0 4, lag handler P0 2, others 1 - -"
+
+
 def test_table_without_pdd_has_no_relative_columns() -> None:
     data = summaries()
     del data["pdd"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from netem.clock import ClockError, SharedClock
-from pddemu.runtime.clock import PRECISE_WALL_S, SHORT_NAP_S, ModelledClock
+from pddemu.runtime.clock import CONTROLLED_KINDS, PRECISE_WALL_S, SHORT_NAP_S, ModelledClock
 from pddemu.runtime.dilation import AUTO_CEILING, AUTO_START, Dilation, DilationPolicy
 from tests.netem.test_clock import FakeWall
 
@@ -207,7 +207,7 @@ def test_the_controller_slows_down_on_lag_and_speeds_up_when_calm(tmp_path: Path
         rate = dilation.step()
     assert rate == 16.0  # calm: faster, never beyond the ceiling
     assert shared.rate == 16.0
-    assert dilation.slowed_by == {"lag MD0": 2}  # both cuts charged to the one who lagged
+    assert dilation.slowed_by == {"lag handler MD0": 2}  # both cuts charged to the one who lagged
 
 
 def test_lag_that_grows_with_the_rate_settles_near_the_target_never_over_it(
@@ -243,9 +243,37 @@ def test_a_late_rare_kind_is_not_hidden_by_a_frequent_one_on_time(tmp_path: Path
         shared.count_lag(p, 0.002, kind=0)  # messages handled 2 ms late: over the target
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.decrease)  # pooled: 0.06 ms, calm
-    assert dilation.slowed_by == {"lag P0": 1}
+    assert dilation.slowed_by == {"lag handler P0": 1}
     report = next(r for r in shared.slots() if r.name == "P0")
     assert report.lag_by_kind[0] == (3, 0.006) and report.lags == 3
+
+
+def test_each_slow_down_names_its_kind_and_participant_in_the_timeline(tmp_path: Path) -> None:
+    """What held the clock back is in summary.json twice: counted by cause ("lag <kind>
+    <name>", "hold <name>") and marked on the timeline point the decrease set."""
+    policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0, increase=1.0, recover=1.0)
+    dilation, shared, wall = _dilation(tmp_path, policy, "FE0", "P0")  # the target: 1 ms
+    fe, p = 0, 1
+    start = (wall.t, shared.now())
+    for _ in range(policy.min_samples):
+        shared.count_lag(fe, 0.002, kind=CONTROLLED_KINDS.index("delivery"))
+        shared.count_lag(p, 0.0001, kind=CONTROLLED_KINDS.index("handler"))
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease)
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease)  # nothing new: no cause
+    shared.hold(p, shared.now() + 0.01)
+    wall.advance(0.05)  # the hold stands the clock still for most of the period
+    shared.release(p)
+    assert dilation.step() == pytest.approx(8.0 * policy.decrease * policy.hard_decrease)
+    assert dilation.slowed_by == {"lag delivery FE0": 1, "hold P0": 1}
+    summary = dilation.summary((start[0], wall.t), (start[1], shared.now()))
+    marked = [(p["wall_per_modelled_s"], p.get("slowed_by")) for p in summary["timeline"]]
+    assert marked == [
+        (pytest.approx(1 / 8.0), None),
+        (pytest.approx(1 / (8.0 * policy.decrease)), "lag delivery FE0"),
+        (pytest.approx(1 / (8.0 * policy.decrease * policy.hard_decrease)), "hold P0"),
+    ]
 
 
 def test_one_sample_of_a_rare_kind_a_little_late_does_not_cut_the_rate(tmp_path: Path) -> None:
@@ -269,7 +297,7 @@ def test_one_sample_of_a_rare_kind_a_little_late_does_not_cut_the_rate(tmp_path:
     shared.count_lag(p, 0.005, kind=0)  # alone, but five targets late: judged at once
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.decrease * policy.hard_decrease)
-    assert dilation.slowed_by == {"lag P0": 2}
+    assert dilation.slowed_by == {"lag handler P0": 2}
 
 
 def test_an_instant_hold_stands_time_still_until_its_last_holder_releases(
