@@ -29,14 +29,15 @@ def code_version() -> dict[str, Any] | None:
 def checkout_version(here: Path) -> dict[str, Any] | None:
     """The commit of the git checkout holding `here`, whether tracked files differ from it
     and, if they do, a digest of the difference (two modified trees on one commit are not the
-    same code); None outside git. The difference is git's own bytes (binary changes in full,
-    no external diff tool of the user's config), so any change gives its own digest; `dirty`
-    is None when git could not say."""
+    same code); None outside git. The difference is git's plumbing patch (`diff-index`: binary
+    changes in full, none of the user's diff settings such as prefixes, colour, algorithm or
+    external tools), so one change gives one digest on any machine and any two changes differ;
+    `dirty` is None when git could not say."""
     try:
         commit = _git(here, "rev-parse", "HEAD")
         if commit is None:
             return None
-        diff = _git(here, "diff", "--no-ext-diff", "--binary", "HEAD")
+        diff = _git(here, "diff-index", "-p", "--binary", "HEAD")
     except OSError:
         return None
     if diff is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,37 @@ def test_an_external_diff_tool_does_not_change_the_digest(repo: Path) -> None:
     plain = provenance.checkout_version(repo)
     git(repo, "config", "diff.external", "echo")  # prints its arguments: temp paths
     assert provenance.checkout_version(repo) == plain
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("diff.noprefix", "true"),
+        ("color.diff", "always"),
+        ("color.ui", "always"),
+        ("diff.mnemonicPrefix", "true"),
+        ("diff.context", "9"),
+    ],
+)
+def test_the_users_diff_settings_do_not_change_the_digest(
+    repo: Path, setting: tuple[str, str]
+) -> None:
+    """One change is one code version whoever's git config the point ran under."""
+    lines = [f"line_{n} = {n}\n".encode() for n in range(20)]
+    (repo / "module.py").write_bytes(b"".join(lines))
+    git(repo, "commit", "-q", "-am", "longer")
+    lines[10] = b"line_10 = 'changed'\n"  # a change with more lines around it than 3
+    (repo / "module.py").write_bytes(b"".join(lines))
+    plain = provenance.checkout_version(repo)
+    git(repo, "config", *setting)
+    assert provenance.checkout_version(repo) == plain
+
+
+def test_a_touched_but_unchanged_file_is_not_a_modification(repo: Path) -> None:
+    """diff-index compares the index's stat data: a file whose time alone changed adds no
+    patch (git diff would refresh; diff-index names it without content)."""
+    os.utime(repo / "module.py", (0, 0))
+    assert provenance.checkout_version(repo)["dirty"] is False
 
 
 def test_a_failing_git_diff_records_dirty_as_unknown(repo: Path) -> None:
