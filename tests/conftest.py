@@ -1,10 +1,17 @@
-"""Shared test fixtures: privilege checks that never skip under CI."""
+"""Shared test fixtures: privilege checks that never skip under CI, and the logs of a failed
+emulation test's run in its failure report (tests/run_logs.py)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.run_logs import (  # noqa: F401 - the hooks
+    pytest_fixture_setup,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+)
 
 
 def require_namespaces() -> None:

@@ -19,6 +19,7 @@ from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
 from pddemu.runtime.timekeeping import RunTiming
 from pddemu.workload.expansion import genuine_output_length
+from tests.run_logs import record_run
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,14 @@ def random_tokens(rng: random.Random, n: int) -> list[int]:
 
 
 class Emulation:
-    """One network, deployments of one system after another, requests sent with the replayer."""
+    """One network, deployments of one system after another, requests sent with the replayer.
+    Each deployment gets a directory of its own under `run_dir` (a later one never adds to an
+    earlier one's logs), recorded for a failed test's report (tests/run_logs.py)."""
 
     def __init__(self, name: str, config: Config, run_dir: Path) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.runs = 0
         self.network = network_for(
             config, scale_model(config), name=name, seed=config.workload.seed
         )
@@ -85,6 +89,13 @@ class Emulation:
     def __enter__(self) -> Emulation:
         self.network.up()
         return self
+
+    def next_run_dir(self, system: str) -> Path:
+        """A fresh directory for a deployment of `system` on this network."""
+        self.runs += 1
+        path = self.run_dir / f"run{self.runs}-{system}"
+        record_run(path)
+        return path
 
     def __exit__(self, *exc: object) -> None:
         self.network.down()
@@ -97,7 +108,8 @@ class Emulation:
 
     async def _run(self, system: str, phases: list[tuple[dict[str, Any], list[Request]]]):
         epoch = time.monotonic()
-        deployment = Deployment(system, self.config, self.network, self.run_dir, epoch)
+        run_dir = self.next_run_dir(system)
+        deployment = Deployment(system, self.config, self.network, run_dir, epoch)
         records: list[RequestRecord] = []
         outputs: dict[str, list[int]] = {}
         timing = RunTiming(self.network, self.config, system)
@@ -138,7 +150,8 @@ class Emulation:
         from pddemu.faults import inject
 
         epoch = time.monotonic()
-        deployment = Deployment(system, config, self.network, self.run_dir, epoch)
+        run_dir = self.next_run_dir(system)
+        deployment = Deployment(system, config, self.network, run_dir, epoch)
         timing = RunTiming(self.network, config, system)
         try:
             await deployment.start()

@@ -51,7 +51,13 @@ def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> Non
     with Emulation(f"dfault{os.getpid() % 10000}", config, tmp_path) as emulation:
 
         async def scenario() -> None:
-            deployment = Deployment("naive", config, emulation.network, tmp_path, time.monotonic())
+            deployment = Deployment(
+                "naive",
+                config,
+                emulation.network,
+                emulation.next_run_dir("naive"),
+                time.monotonic(),
+            )
             try:
                 await deployment.start()
                 deployment.pause("MD0")
