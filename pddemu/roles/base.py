@@ -148,6 +148,8 @@ class Instance:
             server.close()
             for channel in self._peers.values():
                 channel.close()
+            if isinstance(server, DatedServer):
+                await server.wait_closed()
             await runner.cleanup()
             if public is not None:
                 await public.cleanup()
@@ -291,6 +293,9 @@ class Instance:
             if not isinstance(hello, Control) or hello.kind != HELLO or "attach" in hello.body:
                 raise AuthError("the first frame is not a hello")
             self.hellos.verify(hello.body)
+        except asyncio.CancelledError:  # the instance is stopping
+            channel.close()
+            raise
         except Exception as error:  # noqa: BLE001 - a peer that cannot say hello is dropped
             self.refused["data"] += 1
             log.warning("%s: refused a connection: %s", self.name, error)
@@ -525,8 +530,16 @@ class DatedServer:
             task.add_done_callback(self._connections.discard)
 
     def close(self) -> None:
+        """Stop accepting and end every connection's task (which closes its channel): none
+        is left pending when the loop closes."""
         self._task.cancel()
         self._listener.close()
+        for task in self._connections:
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        """Until the accepting task and every connection's task have ended."""
+        await asyncio.gather(self._task, *self._connections, return_exceptions=True)
 
 
 def least_transit(delay_s: float, jitter_s: float, dist: str) -> float:

@@ -100,7 +100,8 @@ class DatedReader:
             await waiter
         finally:
             self._waiter = None
-            if not self._closed:
+            # the socket may have been closed under it (fileno -1), its registration with it
+            if not self._closed and self._sock.fileno() >= 0:
                 loop.remove_reader(self._sock.fileno())
 
     def at_eof(self) -> bool:

@@ -4,12 +4,17 @@ by when it reached the host, not by when it was read."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import socket
 import time
 
+import pytest
 import uvloop
 
+from pddemu.roles.base import DatedServer
 from pddemu.runtime.channel import Channel
+from pddemu.runtime.dated_reads import DatedReader
 from pddemu.wire import Control
 
 GAP_S = 0.3  # wall seconds between the sender's frames
@@ -99,3 +104,63 @@ def test_a_dated_connection_ends_cleanly_when_its_peer_closes() -> None:
         return ",".join(seen) + "|" + reader.broken
 
     assert uvloop.run(scenario()) == "bye|"
+
+
+def test_a_read_cancelled_after_its_socket_closed_ends_cancelled() -> None:
+    """A read waiting when its socket is closed under it (not through the reader's close, as
+    at a process's teardown) ends as cancelled when cancelled: no ValueError for fd -1 from
+    taking the closed socket off the loop."""
+
+    async def scenario() -> None:
+        right, left = await _connected()
+        left.setblocking(False)
+        reader = DatedReader(left)
+        reading = asyncio.ensure_future(reader.readexactly(4))
+        await asyncio.sleep(0.05)  # waiting in the loop for the socket to become readable
+        left.close()
+        reading.cancel()
+        try:
+            await reading
+        except asyncio.CancelledError:
+            pass
+        right.close()
+
+    uvloop.run(scenario())
+
+
+def test_a_dated_server_leaves_no_connection_pending_when_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An instance's stop as its process does it (`Instance.run`, then the loop closed without
+    cancelling what is left): the server's connection tasks, each waiting in a dated read, are
+    ended and awaited, so none is destroyed pending at the loop's close."""
+    ended: list[str] = []
+
+    async def scenario() -> list[socket.socket]:
+        async def accepted(sock: socket.socket) -> None:
+            channel = Channel.dated(sock, peer="client", purpose="control")
+            try:
+                await channel.serve(lambda _item, _channel: asyncio.sleep(0))
+            finally:
+                ended.append("served" if channel.closed else "left open")
+
+        server = DatedServer("127.0.0.1", 0, accepted)
+        clients = [socket.create_connection(server._listener.getsockname()) for _ in range(3)]
+        while len(server._connections) < len(clients):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # each connection's task waits in a dated read
+        server.close()
+        await server.wait_closed()
+        return clients
+
+    loop = uvloop.new_event_loop()
+    try:
+        clients = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    gc.collect()
+    for client in clients:
+        client.close()
+    assert ended == ["served"] * 3
+    noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not noise, noise
