@@ -117,7 +117,7 @@ class DecodeInstance(Instance):
 
     async def loop(self) -> None:
         """Steps until the process ends. A step that fails takes down only its requests (they
-        leave this instance and fail at the frontend), never the loop."""
+        leave this instance, and the frontend moves them elsewhere), never the loop."""
         while True:
             await self.work.wait()
             for extend in [e for e in self.extends if e.request.rid not in self.requests]:
@@ -145,6 +145,12 @@ class DecodeInstance(Instance):
             log.exception("%s: step failed; dropping %s", self.name, [r.rid for r in requests])
             for request in requests:
                 await self.drop(request)
+                # the frontend moves it elsewhere (or fails it): nothing else would tell it
+                # that these tokens stop, and it would wait for them to its timeout
+                lost = {"rid": request.rid, "instance": self.name}
+                self.spawn(
+                    self.tell(request.meta["frontend"], "stream_lost", lost), f"{request.rid} lost"
+                )
 
     def _start_time(self, ready_at: float = -math.inf) -> float:
         """A step starts when the engine is free (the last step's end: back to back, however

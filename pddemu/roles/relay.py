@@ -25,6 +25,7 @@ decodes on from and the switch position S from which it streams.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.wire import Control, TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
+
+log = logging.getLogger("pddemu.relay")
 
 
 @dataclass
@@ -172,11 +175,15 @@ class RelayInstance(DecodeInstance):
         """MD was lost: no handoff; this relay finishes the request (PDD's relay as the
         fallback), or says it no longer holds it."""
         rid = message.body["rid"]
+        self.give_up_handoff(rid)
+        if rid not in self.requests and not self.expects(rid):
+            await message.channel.control("stream_lost", {"rid": rid, "instance": self.name})
+
+    def give_up_handoff(self, rid: str) -> None:
+        """No handoff to MD (lost): the request is finished here."""
         self.md_lost.add(rid)
         self.handoffs.pop(rid, None)
         self.md_ready_early.pop(rid, None)
-        if rid not in self.requests and not self.expects(rid):
-            await message.channel.control("stream_lost", {"rid": rid, "instance": self.name})
 
     async def on_md_eta(self, message: Envelope) -> None:
         """MD's prediction of when it produces the token at the switch, from its own steps as
@@ -252,8 +259,12 @@ class RelayInstance(DecodeInstance):
         return request.position + planned.tokens, planned.pace_s
 
     async def hand_over(self, request: DecodeRequest) -> None:
-        """The switch position is reached: the user keeps what was produced; MD streams on."""
+        """The switch position is reached: the user keeps what was produced; MD streams on,
+        unless it was lost meanwhile (its part could not be sent, or the router said so while
+        this sent): then the request stays here to its end."""
         await self.flush(request)
+        if request.rid in self.md_lost:
+            return
         handoff = self.handoffs.pop(request.rid, None)
         if handoff is not None:
             handoff.handed_over = True
@@ -353,11 +364,25 @@ class RelayInstance(DecodeInstance):
         handoff.rounds += 1
         handoff.waiting = not final
         handoff.switch = switch
-        if payload == "extend":
-            sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
-        else:
-            channel = await self.kv_channel(request.meta["md"])
-            sent = await channel.send(Control("handoff", body), *attachments)
+        try:
+            if payload == "extend":
+                sent = await self.tell(request.meta["md"], "handoff", body, *attachments)
+            else:
+                channel = await self.kv_channel(request.meta["md"])
+                sent = await channel.send(Control("handoff", body), *attachments)
+        except OSError as error:
+            # MD is gone (its connection refused or broken) before the router has said so:
+            # as when it does, this relay finishes the request; the step and its other
+            # requests go on
+            log.warning(
+                "%s: handoff of %s to %s failed: %r",
+                self.name,
+                request.rid,
+                request.meta["md"],
+                error,
+            )
+            self.give_up_handoff(request.rid)
+            return
         handoff.bytes += sent
         kv_bytes = sum(a.nbytes for a in attachments if not isinstance(a, TokenIds))
         await self.tell(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from pddemu.roles.decode import DecodeRequest
@@ -74,3 +75,105 @@ def test_a_step_after_idling_never_starts_before_its_work_arrived() -> None:
 
     started, ready = asyncio.run(scenario())
     assert started >= ready
+
+
+def test_a_handoff_part_md_cannot_take_leaves_the_relays_step_and_stream_going() -> None:
+    """MD0 is gone before the router has said so: the relay's handoff part to it cannot be sent
+    (its port refuses). The relay finishes that request itself, as when the router tells it MD
+    was lost, and the other request of the same step streams on. On the code before, the
+    failed send failed the step, which dropped both requests and told nobody: their tokens
+    stopped at a group's end and the frontend waited for the rest until the request timeout
+    (as test_failover's request did in CI: 577 of 1300 tokens, MD0 killed)."""
+    output = 3 * 32 + 1  # genuine outputs 0-3
+
+    async def scenario() -> tuple[dict[str, int], list[str]]:
+        rld = instance(RelayInstance, "RLD")
+        delivered: dict[str, int] = {}
+
+        async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+            if name == "MD0":
+                raise ConnectionRefusedError(111, "Connection refused")
+            if kind == "tokens":
+                delivered[body["rid"]] = body["first"] + len(body["times"])
+            return 0
+
+        rld.tell = tell
+        await rld.start()
+        for rid, handoff in (("to-lost-md", True), ("relay-only", False)):
+            request = prompt_request(rld, rid)
+            request.meta.update(output_tokens=output, genuine_output_tokens=4)
+            await rld.reserve_memory(request)
+            if handoff:  # MD0 said it had the KV before it was lost
+                await rld.on_md_ready(Envelope("md_ready", {"rid": rid}, [], None))
+            await rld.kv_arrived(request, first_token=7, begin={}, genuine_bytes=0)
+        deadline = time.monotonic() + 20
+        while rld.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return delivered, rld.errors
+
+    delivered, errors = asyncio.run(scenario())
+    assert delivered == {"to-lost-md": output, "relay-only": output}, (delivered, errors)
+    assert errors == []
+
+
+def test_md_lost_while_the_relay_sends_its_final_part_leaves_the_request_on_the_relay() -> None:
+    """The router says MD was lost while the relay is still sending the final part (the part
+    reaches a dying MD): the relay does not hand the request over at the switch but streams
+    it to its end. On the code before, it dropped the request at the switch (one-shot: the
+    switch is where the final part leaves), and no one streamed on from there."""
+    output = 3 * 32 + 1
+
+    async def scenario() -> dict[str, int]:
+        rld = instance(RelayInstance, "RLD")
+        rld.config = rld.config.with_policy(handoff_mode="one-shot")
+        delivered: dict[str, int] = {}
+
+        async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+            if name == "MD0" and kind == "handoff" and body["final"]:
+                await rld.on_md_lost(Envelope("md_lost", {"rid": body["rid"]}, [], None))
+            if kind == "tokens":
+                delivered[body["rid"]] = body["first"] + len(body["times"])
+            return 0
+
+        rld.tell = tell
+        await rld.start()
+        request = prompt_request(rld, "r")
+        request.meta.update(output_tokens=output, genuine_output_tokens=4)
+        await rld.reserve_memory(request)
+        await rld.on_md_ready(Envelope("md_ready", {"rid": "r"}, [], None))
+        await rld.kv_arrived(request, first_token=7, begin={}, genuine_bytes=0)
+        deadline = time.monotonic() + 20
+        while rld.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return delivered
+
+    assert asyncio.run(scenario()) == {"r": output}
+
+
+def test_a_failed_step_tells_the_frontend_its_requests_streams_are_lost() -> None:
+    """A step that fails drops its requests; the frontend is told of each (`stream_lost`, as
+    an instance that no longer holds a request says), so it moves them rather than waiting
+    for their tokens until the request timeout."""
+
+    async def scenario() -> list[tuple[str, str, dict]]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+
+        def broken(*_args: Any) -> Any:
+            raise RuntimeError("a step that fails")
+
+        md.model.decode_batch = broken
+        for rid in ("a", "b"):
+            request = prompt_request(md, rid)
+            request.outputs, request.emitted = [7], 1  # P's token out: the next output is due
+            md.requests[rid] = request
+            md.start_decoding(request)
+        deadline = time.monotonic() + 10
+        while md.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
+        return md.told
+
+    told = asyncio.run(scenario())
+    lost = sorted(body["rid"] for name, kind, body in told if kind == "stream_lost")
+    assert lost == ["a", "b"], told
