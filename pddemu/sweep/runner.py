@@ -8,6 +8,7 @@ partial results) comes with it. Its stdout and stderr go to `emulate.log` in its
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -57,6 +58,14 @@ class RunningPoint:
             self.process.wait()
 
 
+def point_environment() -> dict[str, str]:
+    """The environment of a point's processes: PYTHONSAFEPATH keeps the working directory off
+    sys.path in the child and in every `python -m` it starts (roles, shaper, guardian,
+    cross-traffic, nsexec), so all of them import this pddemu and netem, not a checkout that
+    happens to be where the point runs."""
+    return {**os.environ, "PYTHONSAFEPATH": "1"}
+
+
 def start_point(
     point: Point,
     out: Path,
@@ -72,14 +81,13 @@ def start_point(
     args = point.emulate_args(out, config_path) + (["--rootless"] if rootless else [])
     with open(out / EMULATE_LOG, "wb") as log:
         process = subprocess.Popen(
-            # -P: not the cwd first on sys.path, so the child imports this pddemu, not a
-            # checkout that happens to be where the point runs
-            [sys.executable, "-P", "-m", "pddemu.sweep.child", *args],
+            [sys.executable, "-m", "pddemu.sweep.child", *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=cwd,
+            env=point_environment(),
         )
     return RunningPoint(point, out, process, time.monotonic(), before)
 
