@@ -4,6 +4,7 @@ cell's figures, and that every cell gets its N handoffs however many samples mis
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import threading
@@ -341,6 +342,27 @@ def test_only_the_deployments_behind_a_cell_are_judged_and_timed(tmp_path) -> No
     assert merged(fresh, out)["wall_s"] == 8.0
 
 
+def test_the_command_prints_its_own_job_time_not_the_merged_files(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A 444 s job merged into a file whose earlier deployments took 4,000 s printed
+    "(4444 s)": the file's wall_s is the listed deployments' sum, the job's time is its own."""
+    setup = {"samples_per_cell": 5, "eager_tokens": 100}
+    out = tmp_path / "handoff.json"
+    earlier = {"setup": setup, "cells": [grid_cell("prio", runs=[0])], "runs": [{"wall_s": 4e3}]}
+    out.write_text(json.dumps(earlier))
+    now = iter([1000.0, 1444.0])
+    monkeypatch.setattr(bench_handoff.time, "monotonic", lambda: next(now))
+    fresh = {"setup": setup, "cells": [grid_cell("fifo", runs=[0])], "runs": [{"wall_s": 440.0}]}
+    monkeypatch.setattr(bench_handoff, "benchmark", lambda *args: fresh)
+    args = argparse.Namespace(
+        report=False, doc=None, samples=5, eager_tokens=100, seed=0, qdisc=None, jitter_ms=None
+    )
+    bench_handoff.run_cli(argparse.Namespace(**vars(args), out=out))
+    assert f"wrote {out} (this job 444 s)" in capsys.readouterr().err
+    assert json.loads(out.read_text())["wall_s"] == 4440.0
+
+
 def fake_cell(phase, samples: list[RequestRecord], warm: list[RequestRecord]) -> dict:
     """What `run_payload` reports of one phase, for a fake deployment whose handoffs have the
     records given (each one's gap and stall set to its MD-side latency)."""
@@ -401,6 +423,8 @@ def test_warmup_handoffs_are_reported_apart_and_kept_out_of_the_cell(monkeypatch
         assert cell["warmup"]["md_latency_ms"]["mean"] == pytest.approx(500.0)
         assert all(x < 100 for one in cell["md_latency_ms_by_round"] for x in one)
         assert cell["bulk_requests"] == len(deployments[0][0].bulk_s) >= 1
+    # wall_s is the deployments' sum, as in a file merged from several jobs
+    assert result["wall_s"] == 2.0
 
 
 def test_the_last_phase_counts_retransmits_up_to_the_closing_reading() -> None:

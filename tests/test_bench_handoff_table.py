@@ -54,7 +54,7 @@ SETUP = {"samples_per_cell": 30, "eager_tokens": 100}
 
 def test_a_row_shows_the_cells_own_figures() -> None:
     assert row(cell(), SETUP) == (
-        "| kv-delta | 2 ms | prio | 100, 9862970, runs 11, 12 | 105 (111, 2) "
+        "| kv-delta | 2 ms | prio | 100, 9862970abc, runs 11, 12 | 105 (111, 2) "
         "| 64 / 42 / 315 / 365 / 61 | 79 / 59 / 328 / 379 / 61 | 7.2 ms | −0.00 (±0.19) | 104.1 "
         "| 6 | 90, 77, 81 | 3 | 578 | 0 / 1 / 2 | **no** |"
     )
@@ -65,9 +65,32 @@ def test_a_row_without_its_own_n_or_retransmits_says_so() -> None:
     del bare["measured"]
     cells = row(bare, SETUP).split(" | ")
     assert cells[1] == "10 ms"
-    assert cells[3] == "30, ?, runs 11, 12"  # the setup's N, no commit recorded
+    assert cells[3] == "30, unknown, runs 11, 12"  # the setup's N, no commit recorded
     assert cells[13] == "—"
     assert cells[-1] == "yes |"
+
+
+def test_a_cell_measured_on_a_modified_tree_says_so() -> None:
+    """A cell's code is its label as sweep tables print it: the commit alone looked clean."""
+    digest = "74aa05fd" + "0" * 56
+    measured = {
+        "commit": "9862970abcdef",
+        "dirty": True,
+        "diff_sha256": digest,
+        "samples_per_cell": 100,
+    }
+    assert row(cell(measured=measured), SETUP).split(" | ")[3] == (
+        "100, 9862970abc+modified:74aa05fd, runs 11, 12"
+    )
+    unknown = {"commit": "9862970abcdef", "dirty": None, "samples_per_cell": 100}
+    assert "9862970abc+modified:unknown" in row(cell(measured=unknown), SETUP)
+
+
+def test_an_unknown_effective_sample_count_is_a_dash() -> None:
+    """With r unknown the count is None: the row said "None"."""
+    independence = {"lag1_autocorrelation": None, "band_95": 0.191, "effective_samples": None}
+    cells = row(cell(independence=independence), SETUP).split(" | ")
+    assert cells[8:10] == ["— (±0.19)", "—"]
 
 
 def test_the_table_replaces_the_old_one_and_nothing_else() -> None:

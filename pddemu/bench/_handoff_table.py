@@ -5,7 +5,8 @@ regenerated from `bench/results/handoff.json` rather than edited by hand:
     pddemu bench handoff --report --doc docs/validation.md # replace the table in the doc
 
 One row per cell, in the file's order; every figure is the cell's own (modelled ms, rounded to
-the ms, TPOT to 0.1 ms)."""
+the ms, TPOT to 0.1 ms); a cell's code as sweep tables print it (`code_label`: the commit, and
+the modification's digest when the tree differed from it); "—" where a figure is unknown."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pddemu.bench.handoff import wanted
+from pddemu.sweep.provenance import code_label
 
 COLUMNS = (
     "payload",
@@ -57,10 +59,14 @@ def _signed(r: float | None) -> str:
     return ("+" if r >= 0 else "−") + f"{abs(r):.2f}"
 
 
+def _count(value: float | None) -> str:
+    return "—" if value is None else str(value)
+
+
 def row(cell: dict[str, Any], setup: dict[str, Any]) -> str:
     """One cell as a table row."""
     measured = cell.get("measured", {})
-    code = (measured.get("commit") or "?")[:7]
+    code = code_label(measured)  # a modified tree's cell shows its modification's digest
     runs = ", ".join(str(i) for i in cell.get("runs", []))
     independence = cell["independence"]
     band = independence["band_95"]
@@ -79,7 +85,7 @@ def row(cell: dict[str, Any], setup: dict[str, Any]) -> str:
             f"{cell['tpot_ms']['p50']:.1f} ms",
             f"{_signed(independence['lag1_autocorrelation'])} "
             + ("(—)" if band is None else f"(±{band:.2f})"),
-            str(independence.get("effective_samples", "—")),
+            _count(independence.get("effective_samples")),
             str(cell["bulk_requests"]),
             warmups,
             str(cell["overlapping_handoffs"]),

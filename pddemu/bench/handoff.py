@@ -50,7 +50,10 @@ sample's handoff. Per deployment (`runs`): its wall time, the replay's modelled 
 speed-up, so setup and sampling cost can be told apart, the cells it ran and the host's
 1-minute load average before and after it; each cell lists the deployments (indices into
 `runs`) that measured it, so its figures can be traced to the load they ran under; a
-deployment over the lag bound says why (`invalid_reason`, `lag_mean_by_kind_s`). The figures
+deployment over the lag bound says why (`invalid_reason`, `lag_mean_by_kind_s`). The file's
+`wall_s` is the sum of the wall times of the deployments its cells list (in a file merged from
+several jobs, not any one job's time; `python -m pddemu.bench` writes its own job time over it);
+the command prints the job's own wall time. The figures
 are reported beside the paper's, not fitted to them: docs/validation.md compares them.
 """
 
@@ -374,8 +377,9 @@ def lag1_autocorrelation(rounds: list[list[float]]) -> dict[str, float | None]:
 def effective_samples(n: int, r1: float | None) -> float | None:
     """n(1-r)/(1+r): how many independent samples a series of n with lag-1 autocorrelation r
     is worth for its mean (an AR(1) series; the standard error of the mean grows by
-    sqrt(n / effective)), at most n: a small negative r is within its noise band, and a
-    series is not reported as worth more samples than it has. None when r is unknown or -1."""
+    sqrt(n / effective)), at most n: a conservative cap for every negative r (the formula
+    gives more than n for any, though a small one is within its noise band), so a series is
+    never reported as worth more samples than it has. None when r is unknown or -1."""
     if r1 is None or n == 0 or r1 <= -1:
         return None
     return round(min(n, n * (1 - r1) / (1 + r1)), 1)
@@ -580,7 +584,6 @@ def benchmark(
     rounds_run = 0
     offset = bulk_offset(seed)
     result["setup"]["bulk_offset_s"] = round(offset, 3)
-    started = time.time()
     measured_by = {
         **(code_version() or {"commit": None}),
         **{key: result["setup"][key] for key in PER_CELL_SETUP},
@@ -673,7 +676,7 @@ def benchmark(
                 },
             }
         )
-    result["wall_s"] = round(time.time() - started, 1)
+    result["wall_s"] = deployments_wall_s(result)
     judge(result)
     return result
 
@@ -703,6 +706,12 @@ def current_runs(result: dict[str, Any]) -> list[dict[str, Any]]:
     if any("runs" not in c for c in result["cells"]):
         return runs
     return [runs[i] for i in sorted({i for c in result["cells"] for i in c["runs"]})]
+
+
+def deployments_wall_s(result: dict[str, Any]) -> float:
+    """The file's `wall_s`: the wall time of the deployments behind its cells, summed (one
+    meaning for a fresh file and one merged from several jobs)."""
+    return round(sum(r.get("wall_s", 0) for r in current_runs(result)), 1)
 
 
 def judge(result: dict[str, Any]) -> None:
@@ -756,7 +765,7 @@ def merged(result: dict[str, Any], earlier_path: Path) -> dict[str, Any]:
     cells.sort(key=lambda c: order.get(key(c), len(order)))
     runs = earlier.get("runs", []) + result.get("runs", [])
     combined = {**result, "cells": cells, "runs": runs}
-    combined["wall_s"] = round(sum(r.get("wall_s", 0) for r in current_runs(combined)), 1)
+    combined["wall_s"] = deployments_wall_s(combined)
     judge(combined)
     return combined
 
@@ -831,6 +840,7 @@ def run_cli(args: argparse.Namespace) -> int:
         raise SystemExit("pddemu bench handoff: --doc goes with --report")
     if args.samples < 1 or args.eager_tokens < 2:
         raise SystemExit("pddemu bench handoff: --samples must be >= 1 and --eager-tokens >= 2")
+    started = time.monotonic()
     try:
         result = benchmark(
             args.samples,
@@ -841,7 +851,8 @@ def run_cli(args: argparse.Namespace) -> int:
         )
     except ShortCellError as error:
         raise SystemExit(f"pddemu bench handoff: {error}") from None
+    job_s = time.monotonic() - started  # this job's own, before the merge adds earlier jobs'
     result = merged(result, args.out)
     write(result, args.out)
-    print(f"wrote {args.out} ({result['wall_s']:.0f} s)", file=sys.stderr)
+    print(f"wrote {args.out} (this job {job_s:.0f} s)", file=sys.stderr)
     return 0 if all(result["targets"].values()) else 1
