@@ -32,7 +32,8 @@ POLL_S = 0.2
 
 
 class SweepError(RuntimeError):
-    """The sweep cannot run as asked (an executor that is not available, too few CPUs)."""
+    """The sweep cannot run as asked (an executor that is not available, too few CPUs, a
+    sweep directory whose records cannot be read)."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pddemu.sweep.executors import SweepError
 from pddemu.sweep.points import Point
 from pddemu.sweep.provenance import code_versions, point_code
 from pddemu.sweep.runner import EMULATE_LOG
@@ -56,10 +57,10 @@ class SweepDir:
         path = self.points / point.id / POINT_FILE
         if not path.exists():
             return None
-        record = json.loads(path.read_text())
+        record = _read_json(path, f"remove {path.parent} to run the point again")
         if "provenance" not in record and self.earlier is not None:
             record["provenance"] = {**self.earlier, "from": FROM_SWEEP_LEVEL}
-            path.write_text(json.dumps(record, indent=1))
+            _replace(path, json.dumps(record, indent=1))
         return record
 
     def begin(self, point: Point) -> Path:
@@ -119,8 +120,20 @@ def _earlier_code(root: Path) -> dict[str, Any] | None:
     path = root / SWEEP_JSON
     if not path.exists():
         return None
-    meta = json.loads(path.read_text()).get("sweep", {})
+    meta = _read_json(path, "move it away to start the record afresh").get("sweep", {})
     return {"code": meta["code"]} if "code" in meta else None
+
+
+def _read_json(path: Path, remedy: str) -> dict[str, Any]:
+    """A record of the directory; SweepError naming the file and what to do when it cannot
+    be read (this code writes them whole, but another program or a full disk may not)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SweepError(f"{path}: not a readable record ({error}); {remedy}") from None
+    if not isinstance(record, dict):
+        raise SweepError(f"{path}: not a record (a JSON object); {remedy}")
+    return record
 
 
 def entry(point: Point, record: dict[str, Any] | None) -> dict[str, Any]:

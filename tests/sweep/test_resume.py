@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pddemu.cli import main
 from pddemu.sweep.driver import Sweep
-from pddemu.sweep.executors import Job
+from pddemu.sweep.executors import Job, SweepError
 from pddemu.sweep.grid import expand, parse_grid
 from pddemu.sweep.progress import Progress
 
@@ -150,3 +151,57 @@ def test_one_emulation_asked_for_twice_runs_once(tmp_path: Path) -> None:
     entries = read(tmp_path)["points"]
     assert [e["settings"]["wan.rate"] for e in entries] == ["10gbit", "10000mbit"]
     assert entries[0]["point"]["id"] == entries[1]["point"]["id"]
+
+
+def test_an_interrupted_provenance_stamp_leaves_the_point_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume stamps points that recorded no code of their own with the sweep-level one,
+    rewriting their point.json: interrupted halfway through that write, the next resume still
+    finds the point finished, with its record whole."""
+    code = {"commit": "1" * 40, "dirty": False}
+    Sweep(tmp_path, ScriptedExecutor(), {"code": code}, Progress()).run(points())
+    stamped = tmp_path / "points" / points()[0].id / "point.json"
+    unstamped = json.loads(stamped.read_text())
+    del unstamped["provenance"]
+    stamped.write_text(json.dumps(unstamped))  # as a point finished before provenance was kept
+    write_text = Path.write_text
+
+    def interrupted(path: Path, text: str, *args, **kwargs) -> int:
+        if "point.json" in path.name:
+            write_text(path, text[: len(text) // 2], *args, **kwargs)
+            raise KeyboardInterrupt
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Sweep(tmp_path, ScriptedExecutor(), {"code": code}, Progress()).run(points())
+    monkeypatch.undo()
+    again = ScriptedExecutor()
+    Sweep(tmp_path, again, {"code": code}, Progress()).run(points())
+    assert again.ran == []
+    record = json.loads(stamped.read_text())
+    assert record["summary"] == unstamped["summary"]
+    assert record["provenance"]["code"] == code
+
+
+@pytest.mark.parametrize("record", ["sweep.json", "point.json"])
+def test_an_unreadable_record_is_named_with_what_to_do(tmp_path: Path, record: str) -> None:
+    sweep(tmp_path, ScriptedExecutor()).run(points())
+    path = (
+        tmp_path / record
+        if record == "sweep.json"
+        else tmp_path / read(tmp_path)["points"][0]["point"]["dir"] / record
+    )
+    path.write_text('{"sweep": {"code": ')  # cut short by another program
+    with pytest.raises(SweepError, match=f"{path}: not a readable record .*; (move|remove) "):
+        sweep(tmp_path, ScriptedExecutor()).run(points())
+
+
+def test_the_command_names_an_unreadable_sweep_json(tmp_path: Path, capsys) -> None:
+    (tmp_path / "sweep.json").write_text("not json")
+    status = main(["sweep", "--out", str(tmp_path), "--grid", "wan.delay=5ms", "--system", "pdd"])
+    assert status == 1
+    error = capsys.readouterr().err
+    assert f"pddemu sweep: {tmp_path / 'sweep.json'}: not a readable record" in error
+    assert not (tmp_path / "points").exists()  # nothing ran
