@@ -22,7 +22,9 @@ An experiment file says what to read in `[[claim]]` tables:
     part = "bandwidth"        # the part whose results to read (experiments of parts)
     explain = "why the measured figure differs, or why it matches"
 
-Kinds, each figure the mean over seeds with the seeds' range (lowest-highest):
+Kinds, each figure the mean over seeds with the seeds' range (lowest-highest); where the points
+a `value`, `change`, `search-change` or `at-nearest` figure reads ran on different code, each
+seed alone with its code instead (no mean across code versions):
 - `value`: `metric` of `system`;
 - `change`: `metric` of `system` against `versus` (at `versus_where`, in part `versus_part`),
   the relative change per seed, `system`'s value / `versus`'s - 1;
@@ -190,6 +192,65 @@ def seed_codes(
     }
 
 
+Side = tuple[list[dict[str, Any]], str, dict[str, Any] | None]  # entries, system, where
+
+
+def change_cell(mine: Side, theirs: Side, name: str) -> str:
+    """`name` of one side against the other's, the relative change per seed: its spread, or
+    each seed alone where the seeds' points ran on different code."""
+    values = [by_seed(entries, system, name, where) for entries, system, where in (mine, theirs)]
+    codes = [
+        seed_codes(entries, system, where, seeds)
+        for (entries, system, where), seeds in zip((mine, theirs), values, strict=True)
+    ]
+    paired = {
+        s: codes[0][s] if codes[0][s] == codes[1][s] else f"{codes[0][s]} vs {codes[1][s]}"
+        for s in sorted(set(codes[0]) & set(codes[1]))
+    }
+    if len(set(paired.values())) > 1:
+        ours, other = values
+        changes = {s: number(ours[s] / other[s] - 1, "ratio") for s in paired if other[s]}
+        return per_seed(changes, paired)
+    return spread_text(change(*values), "ratio")
+
+
+def nearest_codes(
+    entries: list[dict[str, Any]], claim: dict[str, Any], system: str, key: str
+) -> dict[int, str]:
+    """Per seed, the code of the points an at-nearest claim reads (`find_system`'s at every
+    value of `key`, `system`'s): one label, or "A and B" when they differ."""
+    read: dict[int, dict[str, None]] = {}
+    for e in done(entries):
+        if key in e["settings"] and e["system"] in (claim["find_system"], system):
+            read.setdefault(e["seed"], {})[point_code(e)] = None
+    return {seed: " and ".join(labels) for seed, labels in sorted(read.items())}
+
+
+def nearest_per_seed(
+    entries: list[dict[str, Any]], claim: dict[str, Any], name: str, form: str
+) -> dict[int, str]:
+    """An at-nearest claim for each seed alone: the value of `key` where that seed's
+    `find_metric` is nearest `target`, and its `metric` there."""
+    key, cells = claim["key"], {}
+    values = key_values(entries, key)
+    found = {
+        v: by_seed(entries, claim["find_system"], claim["find_metric"], {key: v}) for v in values
+    }
+    there = {v: by_seed(entries, claim["system"], name, {key: v}) for v in values}
+    for seed in sorted({s for by_value in found.values() for s in by_value}):
+        near = [(abs(found[v][seed] - claim["target"]), v) for v in values if seed in found[v]]
+        _, at = min(near)
+        cells[seed] = f"{number(there[at].get(seed), form)} at {key}={at}"
+    return cells
+
+
+def per_seed(figures: dict[int, str], codes: dict[int, str]) -> str:
+    """A cell whose seeds ran on different code: no mean across code versions, each seed
+    alone with the code it ran on."""
+    each = ", ".join(f"{figures[seed]} (seed {seed} at {codes[seed]})" for seed in figures)
+    return f"{each}: no mean, the seeds ran on different code"
+
+
 def change(mine: dict[int, float], theirs: dict[int, float]) -> Spread | None:
     seeds = sorted(set(mine) & set(theirs))
     return Spread.of([mine[s] / theirs[s] - 1 for s in seeds if theirs[s]])
@@ -234,19 +295,19 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
     if kind == "value":
         values = by_seed(entries, system, name, where)
         codes = seed_codes(entries, system, where, values)
-        if len(set(codes.values())) > 1:  # no mean across code versions: each seed alone
-            each = ", ".join(
-                f"{number(values[seed], form)} (seed {seed} at {codes[seed]})" for seed in values
-            )
-            return f"{each}: no mean, the seeds ran on different code", []
+        if len(set(codes.values())) > 1:
+            return per_seed({s: number(v, form) for s, v in values.items()}, codes), []
         return spread_text(Spread.of(list(values.values())), form), []
     if kind == "change":
-        mine = by_seed(entries, system, name, where)
         versus_entries = runs[claim.get("versus_part", claim.get("part"))][0]
-        theirs = by_seed(versus_entries, claim["versus"], name, claim.get("versus_where", where))
-        return spread_text(change(mine, theirs), "ratio"), []
+        mine = (entries, system, where)
+        theirs = (versus_entries, claim["versus"], claim.get("versus_where", where))
+        return change_cell(mine, theirs, name), []
     if kind == "at-nearest":
         key = claim["key"]
+        codes = nearest_codes(entries, claim, system, key)
+        if len(set(codes.values())) > 1:
+            return per_seed(nearest_per_seed(entries, claim, name, form), codes), []
         means = []
         for value in key_values(entries, key):
             found = by_seed(entries, claim["find_system"], claim["find_metric"], {key: value})
@@ -268,11 +329,13 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
         if search is None:
             return "no search.json", []
         rates = {r["system"]: r["arrival_rate"] for r in search["results"]}
-        values = {}
         for side in (system, claim["versus"]):
             if rates.get(side) is None:
                 return f"{side}: no passing rate", []
-            values[side] = by_seed(entries, side, name, {RATE_KEY: f"{rates[side]:g}"})
+        at_max = {
+            side: (entries, side, {RATE_KEY: f"{rates[side]:g}"})
+            for side in (system, claim["versus"])
+        }
         results = {r["system"]: r for r in search["results"]}
         unresolved = [  # a search stopped short gives a bound, or a maximum within its bracket
             f"{side}: {_search_state(results[side])}"
@@ -280,7 +343,7 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
             if results[side].get("status") not in (None, "found")
         ]
         return (
-            f"{spread_text(change(values[system], values[claim['versus']]), 'ratio')} "
+            f"{change_cell(at_max[system], at_max[claim['versus']], name)} "
             f"(max goodput at {rates[system]:g} vs {rates[claim['versus']]:g} req/s"
             f"{'; ' + ', '.join(unresolved) if unresolved else ''})",
             [],

@@ -262,6 +262,71 @@ def test_a_value_over_seeds_on_different_code_is_given_per_seed(tmp_path: Path) 
     )
 
 
+def result(system: str, seed: int, code: dict[str, Any], rate: str | None = None, **fields):
+    about = {"id": f"{system}{seed}{rate}", "status": "done", "provenance": {"code": code}}
+    settings = {} if rate is None else {"workload.arrival_rate": rate}
+    return {"settings": settings, "seed": seed, "system": system, "point": about, **fields}
+
+
+def test_a_change_over_seeds_on_different_code_is_given_per_seed() -> None:
+    claim = {"kind": "change", "system": "pdd", "versus": "naive"}
+    naive = [result("naive", s, FIRST, share=0.5) for s in (0, 1)]
+    mixed = [result("pdd", 0, FIRST, share=0.25), result("pdd", 1, SECOND, share=0.75), *naive]
+    assert measure(claim, {None: (mixed, {}, None)}, "share")[0] == (
+        "-50.0 % (seed 0 at 1111111111), +50.0 % (seed 1 at 2222222222+modified:abababab vs "
+        "1111111111): no mean, the seeds ran on different code"
+    )
+    one = [result("pdd", 0, FIRST, share=0.25), result("pdd", 1, FIRST, share=0.75), *naive]
+    assert (
+        measure(claim, {None: (one, {}, None)}, "share")[0]
+        == "+0.0 % (-50.0 % to +50.0 %, 2 seeds)"
+    )
+
+
+def test_a_search_change_over_seeds_on_different_code_is_given_per_seed() -> None:
+    claim = {"kind": "search-change", "system": "pdd", "versus": "naive"}
+    search = {
+        "results": [{"system": "pdd", "arrival_rate": 2}, {"system": "naive", "arrival_rate": 1}]
+    }
+    naive = [result("naive", s, FIRST, "1", goodput=1.0) for s in (0, 1)]
+    mixed = [result("pdd", 0, FIRST, "2", goodput=2.0), result("pdd", 1, SECOND, "2", goodput=3.0)]
+    assert measure(claim, {None: ([*mixed, *naive], {}, search)}, "goodput")[0] == (
+        "+100.0 % (seed 0 at 1111111111), +200.0 % (seed 1 at 2222222222+modified:abababab vs "
+        "1111111111): no mean, the seeds ran on different code (max goodput at 2 vs 1 req/s)"
+    )
+
+
+def test_an_at_nearest_over_seeds_on_different_code_is_given_per_seed() -> None:
+    claim = {
+        "kind": "at-nearest",
+        "system": "pdd",
+        "key": "workload.arrival_rate",
+        "find_system": "naive",
+        "find_metric": "ttft",
+        "target": 4.0,
+        "format": "seconds",
+    }
+
+    def seed(number: int, code: dict[str, Any], near_fast: bool, p99: float) -> list[dict]:
+        return [
+            result("naive", number, code, "1.0", ttft=4.0 if near_fast else 1.0),
+            result("naive", number, code, "2.0", ttft=9.0 if near_fast else 4.0),
+            result("pdd", number, code, "1.0", p99=p99),
+            result("pdd", number, code, "2.0", p99=2 * p99),
+        ]
+
+    mixed = [*seed(0, FIRST, True, 1.0), *seed(1, SECOND, False, 3.0)]
+    assert measure(claim, {None: (mixed, {}, None)}, "p99")[0] == (
+        "1.00 s at workload.arrival_rate=1.0 (seed 0 at 1111111111), 6.00 s at "
+        "workload.arrival_rate=2.0 (seed 1 at 2222222222+modified:abababab): no mean, the "
+        "seeds ran on different code"
+    )
+    one = [*seed(0, FIRST, True, 1.0), *seed(1, FIRST, True, 3.0)]
+    assert measure(claim, {None: (one, {}, None)}, "p99")[0].endswith(
+        ": 2.00 s (1.00 s to 3.00 s, 2 seeds)"
+    )
+
+
 def test_a_sweep_with_no_finished_point_says_so() -> None:
     assert code_of([], {"code": FIRST}) == (
         "code at 1111111111 (the sweep's latest run; no point finished)"
