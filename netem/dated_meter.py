@@ -10,6 +10,12 @@ its lateness moves nothing, as long as the socket's buffer holds what arrives me
 is made large, and the kernel's count of datagrams dropped for lack of room, SO_RXQ_OVFL,
 is reported).
 
+A datagram is dated at its arrival only while the kernel's timestamping is on for the whole
+host: the first socket to ask turns it on from a deferred kernel worker, and a datagram that
+arrives before that worker ran is dated by the kernel when it is read, with nothing to tell it
+from a true date. So before a meter counts, this process holds timestamping on with a socket
+of its own and sees a datagram of its own dated before it was read (`hold_kernel_dating`).
+
 Each datagram is also counted by the time it was read (`read_bytes`), so a run shows what
 the reader's lateness would have moved. Times are CLOCK_REALTIME, the timestamp's clock.
 """
@@ -31,6 +37,59 @@ _TIMESPEC = struct.Struct("=qq")  # tv_sec, tv_nsec (64-bit Linux)
 _DROPS = struct.Struct("=I")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_DROPS.size)
 RECEIVE_BUFFER_BYTES = 32 << 20  # over 2.5 s at 100 Mbit/s: longer than any stall seen here
+DATING_WAIT_S = 2.0  # the kernel's worker normally turns timestamping on within microseconds
+
+_dating_keeper: socket.socket | None = None  # held open for the process's life
+_dating_lock = threading.Lock()
+
+
+def hold_kernel_dating(wait_s: float = DATING_WAIT_S) -> None:
+    """Hold the kernel's receive timestamping on for this process's life, once it is seen on.
+
+    Linux turns timestamping on for every socket of the host when the first socket asks, but
+    from a deferred worker (net_enable_timestamp); a datagram received meanwhile carries no
+    date and `recvmsg` fills in the time of the read (__sock_recv_timestamp), so a meter
+    started then would count its first datagrams late and not know it. A socket of this
+    process's own, kept open, holds timestamping on from then on; it sends itself datagrams
+    until one comes back dated before the read began. Raises RuntimeError after `wait_s`."""
+    global _dating_keeper
+    with _dating_lock:
+        if _dating_keeper is not None:
+            return
+        keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            keeper.bind(("127.0.0.1", 0))
+            keeper.setblocking(False)
+            if not _dated_before_read(keeper, wait_s):
+                raise RuntimeError(
+                    f"the kernel still dated datagrams when they were read after {wait_s:g} s "
+                    "of timestamping on (SO_TIMESTAMPNS): arrival times cannot be measured"
+                )
+        except BaseException:
+            keeper.close()
+            raise
+        _dating_keeper = keeper
+
+
+def _dated_before_read(sock: socket.socket, wait_s: float) -> bool:
+    """Whether a datagram `sock` sends itself comes back dated before its read began, within
+    `wait_s`: a date the kernel filled in at the read is never earlier than the read."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        sock.sendto(b"dated?", sock.getsockname())
+        time.sleep(0.001)
+        read_began = time.time()
+        try:
+            _data, ancillary, _flags, _ = sock.recvmsg(16, _ANCILLARY)
+        except BlockingIOError:
+            continue
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+                if seconds + nanoseconds * 1e-9 < read_began:
+                    return True
+    return False
 
 
 class DatedMeter:
@@ -47,6 +106,7 @@ class DatedMeter:
         self.read_bytes: defaultdict[int, int] = defaultdict(int)
         self.undated_datagrams = 0
         self.dropped_datagrams = 0  # by the kernel, its buffer full (SO_RXQ_OVFL's count)
+        hold_kernel_dating()  # else the first datagrams may be dated at their read
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
         try:

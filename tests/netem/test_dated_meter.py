@@ -12,7 +12,7 @@ from collections import defaultdict
 import pytest
 
 from netem import dated_meter
-from netem.dated_meter import DatedMeter, send_at_rate
+from netem.dated_meter import SO_TIMESTAMPNS, DatedMeter, send_at_rate
 
 PAYLOAD = 1000
 
@@ -128,6 +128,49 @@ def test_a_datagram_the_host_refuses_is_sent_again_not_counted() -> None:
     sent = send_at_rate(sock, ("127.0.0.1", 9), 8e6, PAYLOAD, 0.1)  # type: ignore[arg-type]
     assert sent == sock.delivered == int(0.1 * 8e6 / (8 * 1028))
     assert sock.calls > sent
+
+
+def test_a_meter_counts_only_while_kernel_dating_is_held() -> None:
+    """A meter's socket turns timestamping on; before it counts, this process holds it on
+    with a socket of its own, seen to date a datagram before its read."""
+    receiver, _ = _pair()
+    with receiver:
+        DatedMeter(receiver, 0.1, time.time())
+    keeper = dated_meter._dating_keeper
+    assert keeper is not None and keeper.fileno() != -1
+    assert keeper.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) == 1
+
+
+class _DatingSocket:
+    """A socket whose datagrams come back dated `lag_s` after their read began (0 or more:
+    the kernel filled the date in at the read) or before it (negative: dated on arrival)."""
+
+    def __init__(self, lag_s: float) -> None:
+        self.lag_s = lag_s
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", 9)
+
+    def sendto(self, payload: bytes, to: tuple[str, int]) -> int:
+        return len(payload)
+
+    def recvmsg(self, size: int, ancillary: int) -> tuple[bytes, list, int, None]:
+        at = time.time() + self.lag_s
+        date = dated_meter._TIMESPEC.pack(int(at), int((at % 1) * 1e9))
+        return b"dated?", [(socket.SOL_SOCKET, SO_TIMESTAMPNS, date)], 0, None
+
+
+def test_a_date_filled_in_at_the_read_is_not_taken_for_kernel_dating() -> None:
+    assert dated_meter._dated_before_read(_DatingSocket(-0.001), 0.5)  # type: ignore[arg-type]
+    assert not dated_meter._dated_before_read(_DatingSocket(0.0), 0.05)  # type: ignore[arg-type]
+
+
+def test_kernel_dating_that_never_comes_on_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dated_meter, "_dating_keeper", None)
+    monkeypatch.setattr(dated_meter, "_dated_before_read", lambda _sock, _wait: False)
+    with pytest.raises(RuntimeError, match="dated datagrams when they were read"):
+        dated_meter.hold_kernel_dating(0.01)
+    assert dated_meter._dating_keeper is None
 
 
 def test_an_interval_that_is_not_positive_is_refused() -> None:
