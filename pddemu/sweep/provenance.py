@@ -3,7 +3,8 @@ its load average before and after, recorded per point where the point runs.
 
 A sweep can be resumed on other code: sweep.json's sweep-level `code` is the latest run's, so
 only the points' own records say which code made which point. `code_versions` gathers them
-and `mixed_code_note` says so where a figure or table mixes points of different code.
+and `mixed_code_note` says so where a figure or table mixes points of different code;
+`stray_commits` names the recorded commits the checkout's history does not hold.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import os
 import socket
 import subprocess
 from collections import Counter
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 UNRECORDED = "unrecorded"  # a point finished before points recorded their own code
 SHORT_COMMIT = 10
+# What a point's emulation reads from the checkout: two commits with these alike ran the same code
+CODE_PATHS = ("pddemu", "netem", "configs", "traces", "pyproject.toml")
 
 
 def code_version() -> dict[str, Any] | None:
@@ -48,9 +52,55 @@ def checkout_version(here: Path) -> dict[str, Any] | None:
     return version
 
 
-def _git(where: Path, *args: str) -> bytes | None:
-    ran = subprocess.run(["git", "-C", str(where), *args], capture_output=True)
+def _git(where: Path, *args: str, stdin: bytes | None = None) -> bytes | None:
+    ran = subprocess.run(["git", "-C", str(where), *args], input=stdin, capture_output=True)
     return ran.stdout if ran.returncode == 0 else None
+
+
+def stray_commits(commits: Iterable[str], here: Path | None = None) -> list[str]:
+    """The recorded `commits` the history of the checkout holding `here` (this pddemu's by
+    default) does not reach, each as "label (why)": not an object of the repository, or a
+    commit off its history (a sweep run from a branch records the commit before its rebase),
+    then naming the commit of the history with the same code (CODE_PATHS), where there is one.
+    Nothing outside git."""
+    repo = here or Path(__file__).resolve().parent
+    if _git(repo, "rev-parse", "HEAD") is None:
+        return []
+    notes = []
+    for commit in dict.fromkeys(commits):
+        if _git(repo, "merge-base", "--is-ancestor", commit, "HEAD") is not None:
+            continue
+        label = commit[:SHORT_COMMIT]
+        if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+            notes.append(f"{label} (not a commit of this repository)")
+            continue
+        same = _same_code_in_history(repo, commit)
+        notes.append(
+            f"{label} (not in this history; "
+            + (f"the same code as {same[:SHORT_COMMIT]})" if same else "its code is in none of it)")
+        )
+    return notes
+
+
+def _same_code_in_history(repo: Path, commit: str) -> str | None:
+    """The latest commit HEAD reaches that brought CODE_PATHS to their state in `commit`."""
+    listed = _git(repo, "rev-list", "HEAD", "--", *(f":(top){path}" for path in CODE_PATHS))
+    candidates = listed.decode().split() if listed else []
+    objects = [f"{c}:{path}" for c in [commit, *candidates] for path in CODE_PATHS]
+    found = _git(
+        repo,
+        "cat-file",
+        "--batch-check=%(objectname)",
+        stdin="".join(f"{o}\n" for o in objects).encode(),
+    )
+    if found is None:
+        return None
+    names = ["-" if n.endswith(" missing") else n for n in found.decode().splitlines()]
+    width = len(CODE_PATHS)
+    trees = [tuple(names[i : i + width]) for i in range(0, len(names), width)]
+    return next(
+        (c for c, tree in zip(candidates, trees[1:], strict=True) if tree == trees[0]), None
+    )
 
 
 def pddemu_version() -> str | None:

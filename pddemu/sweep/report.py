@@ -61,6 +61,7 @@ from pddemu.sweep.provenance import (
     code_versions,
     mixed_code_note,
     point_code,
+    stray_commits,
 )
 from pddemu.sweep.store import SWEEP_JSON, metric
 
@@ -448,6 +449,9 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
     finished = done(entries)
     wall = sum(e["point"].get("wall_s") or 0 for e in finished)
     code = code_of(finished, meta)
+    stray = stray_commits(named_commits(finished, meta))
+    if stray:
+        code += f"; recorded commits this checkout's history does not hold: {', '.join(stray)}"
     seeds = sorted({e["seed"] for e in finished})
     quick = bool(meta.get("quick"))
     # exit 4: the emulator fell behind the model by more than its bound (summary's `valid`)
@@ -494,6 +498,14 @@ def code_of(finished: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"code at {code_label(meta.get('code'))} (the sweep's latest run; its points did not "
         "record their own)"
     )
+
+
+def named_commits(finished: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    """The commits `code_of` names: the points' own, and the sweep's where it names that."""
+    codes = [(e["point"].get("provenance") or {}).get("code") for e in finished]
+    if not finished or any(point_code(e) == UNRECORDED for e in finished):
+        codes.append(meta.get("code"))
+    return [code["commit"] for code in codes if code and code.get("commit")]
 
 
 def render(experiments: Path, results: Path) -> str:

@@ -22,7 +22,7 @@ from pddemu.sweep.grid import expand, parse_grid
 from pddemu.sweep.plot import plot_sweep
 from pddemu.sweep.progress import Progress
 from pddemu.sweep.provenance import UNRECORDED, after_point, before_point, mixed_code_note
-from pddemu.sweep.report import code_of, measure
+from pddemu.sweep.report import code_of, how_it_ran, measure
 
 FIRST = {"commit": "1" * 40, "dirty": False}
 SECOND = {"commit": "2" * 40, "dirty": True, "diff_sha256": "ab" * 32}
@@ -331,3 +331,51 @@ def test_a_sweep_with_no_finished_point_says_so() -> None:
     assert code_of([], {"code": FIRST}) == (
         "code at 1111111111 (the sweep's latest run; no point finished)"
     )
+
+
+def test_commits_off_the_history_are_named_with_the_commit_of_their_code(tmp_path: Path) -> None:
+    """A sweep run from a branch records the branch's commit, which its rebase leaves out of
+    main's history: what main holds of the same code is named; a commit not in the
+    repository at all is said to be so."""
+    git(tmp_path, "init", "-q", "-b", "main")
+    git(tmp_path, "config", "user.email", "t@example.invalid")
+    git(tmp_path, "config", "user.name", "t")
+
+    def commit(path: str, text: str) -> str:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+        git(tmp_path, "add", ".")
+        git(tmp_path, "commit", "-q", "-m", path)
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+
+    commit("pddemu/roles.py", "first = 1\n")
+    code = commit("pddemu/roles.py", "second = 2\n")
+    git(tmp_path, "checkout", "-q", "-b", "branch")
+    experiment_only = commit("experiments/e.toml", "seeds = 3\n")
+    new_code = commit("pddemu/roles.py", "third = 3\n")
+    git(tmp_path, "checkout", "-q", "main")
+    docs = commit("docs/d.md", "after\n")
+    absent = "f" * 40
+    assert provenance.stray_commits(
+        [code, docs, experiment_only, new_code, absent, experiment_only], tmp_path / "pddemu"
+    ) == [
+        f"{experiment_only[:10]} (not in this history; the same code as {code[:10]})",
+        f"{new_code[:10]} (not in this history; its code is in none of it)",
+        "ffffffffff (not a commit of this repository)",
+    ]
+
+
+def test_the_report_says_which_recorded_commits_the_checkout_does_not_hold() -> None:
+    """Against this checkout: its HEAD is not named, a commit it has no object of is."""
+    here = provenance.code_version()
+    if here is None:
+        pytest.skip("not a git checkout")
+    absent = {"commit": "f" * 40, "dirty": False}
+    entries = [result("pdd", 0, here), result("pdd", 1, absent)]
+    line = how_it_ran("demo", entries, {"code": here})
+    assert (
+        "recorded commits this checkout's history does not hold: ffffffffff (not a commit" in line
+    )
+    assert line.count(here["commit"][:10]) == 1  # in the list of code versions only
