@@ -80,6 +80,7 @@ class Instance:
         self._peers: dict[str, Channel] = {}
         self._peer_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._accepting: set[asyncio.Task] = set()  # the accepted connections' (not dated)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
@@ -145,16 +146,24 @@ class Instance:
         try:
             await self.stopping.wait()
         finally:
-            server.close()
-            for channel in self._peers.values():
-                channel.close()
-            if isinstance(server, DatedServer):
-                await server.wait_closed()
+            await self.close_connections(server)
             await runner.cleanup()
             if public is not None:
                 await public.cleanup()
             self._compute.shutdown(wait=True)
             self.clock.close()
+
+    async def close_connections(self, server: asyncio.Server | DatedServer) -> None:
+        """Stop accepting and end every connection, and the tasks serving them: none is left
+        pending when the process closes its loop."""
+        server.close()
+        for channel in self._peers.values():
+            channel.close()
+        for task in self._accepting:
+            task.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+        if isinstance(server, DatedServer):
+            await server.wait_closed()
 
     async def start(self) -> None:
         """Start the role's own loops (subclasses)."""
@@ -279,7 +288,15 @@ class Instance:
     # -- data plane -----------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._accept_channel(Channel(reader, writer, peer="?", purpose="?"))
+        task = asyncio.current_task()
+        assert task is not None
+        self._accepting.add(task)
+        try:
+            await self._accept_channel(Channel(reader, writer, peer="?", purpose="?"))
+        except asyncio.CancelledError:
+            pass  # ended by `close_connections`: asyncio's streams log a cancelled one as an error
+        finally:
+            self._accepting.discard(task)
 
     async def _accept_dated(self, sock: socket.socket) -> None:
         channel = Channel.dated(sock, peer="?", purpose="?")
