@@ -4,17 +4,20 @@ records, request by request?
 `pddemu serve` (pdd, configs/serve.toml: real time, token scale 1) is started on a free port and
 AIPerf (pinned in the Makefile, in its own venv `.venv-aiperf`) profiles it as its users run it:
 streamed completions, the exported tokenizer, 16 requests at concurrency 4, 300-token synthetic
-prompts, 48 output tokens. Each streamed response's last chunk carries pddemu's record of the
-request; the records are matched to AIPerf's per-request TTFT by AIPerf's request id.
+prompts, 48 output tokens, after 4 warm-up requests (`WARMUP`: they open AIPerf's connections).
+Each streamed response's last chunk carries pddemu's record of the request; the records are
+matched to AIPerf's per-request TTFT by AIPerf's request id.
 
 Reported: AIPerf's TTFT p50 and p90 (its own summary, and the same percentiles computed here over
 its per-request values), pddemu's modelled TTFT (first token - arrival, the record) and its door's
 (first chunk written - request received) at the same percentiles, the differences, where the
 difference goes (medians of: AIPerf's send to the door's receipt, the door's TTFT beyond the
 record, the door's first write to AIPerf's receipt: every process reads one CLOCK_MONOTONIC),
-serve's late writes (chunks written later than their tokens' modelled times), serve's verdict on
-its own lag (`serve_timing`: emulate's rule, and the requests carrying more lag than its bound)
-and the host's load before and after. Target: AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14).
+AIPerf's own time to connect and write each request (its `http_req_sending`, median), how many
+profiled requests opened a connection, serve's late writes (chunks written later than their
+tokens' modelled times), serve's verdict on its own lag (`serve_timing`: emulate's rule, and the
+requests carrying more lag than its bound) and the host's load before and after. Target:
+AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = ROOT / ".venv-aiperf"
 REQUESTS, CONCURRENCY, ISL, OSL = 16, 4, 300, 48
+# AIPerf times a request from before it takes a connection from its pool, so a request that
+# opens one carries a TCP connect and a first write no server sees (3-16 ms each, measured). The
+# warm-up requests open the pool's connections; the profiled ones then all run on open ones.
+WARMUP = CONCURRENCY
 TARGET_MS = 5.0
 
 
@@ -52,6 +59,7 @@ def aiperf_command(
         "--tokenizer", ready["tokenizer"],
         "--concurrency", str(CONCURRENCY),
         "--request-count", str(requests),
+        "--warmup-request-count", str(WARMUP),
         "--isl", str(ISL),
         "--osl", str(OSL),
         "--random-seed", "0",
@@ -63,6 +71,11 @@ def aiperf_command(
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def profiled(path: Path) -> list[dict[str, Any]]:
+    """AIPerf's records of the profiled requests (not the warm-up's)."""
+    return [r for r in records(path) if r["metadata"].get("benchmark_phase") == "profiling"]
 
 
 def data_chunks(raw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -95,8 +108,8 @@ class Profile:
     def __init__(self, artifacts: Path) -> None:
         self.summary = json.loads((artifacts / "profile_export_aiperf.json").read_text())
         rid = lambda r: r["metadata"]["x_request_id"]  # noqa: E731
-        self.measured = {rid(r): r for r in records(artifacts / "profile_export.jsonl")}
-        self.raw = {rid(r): r for r in records(artifacts / "profile_export_raw.jsonl")}
+        self.measured = {rid(r): r for r in profiled(artifacts / "profile_export.jsonl")}
+        self.raw = {rid(r): r for r in profiled(artifacts / "profile_export_raw.jsonl")}
         self.ours = {key: emulator_record(r) for key, r in self.raw.items()}
 
     def client_ttft_s(self, key: str) -> tuple[float, float]:
@@ -112,9 +125,12 @@ def percentile_ms(values_s: list[float], q: float) -> float:
 def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
     """AIPerf's TTFT against pddemu's records of the same requests."""
     keys = sorted(profile.ours)
-    client, modelled, door, parts = [], [], [], []
+    client, modelled, door, parts, sending, opened = [], [], [], [], [], 0
     for key in keys:
         record = profile.ours[key]
+        metrics = profile.measured[key]["metrics"]
+        sending.append(metrics["http_req_sending"]["value"])  # AIPerf's own: connect + write
+        opened += metrics["http_req_connection_reused"]["value"] == 0
         sent, first = profile.client_ttft_s(key)
         received, first_chunk = record["door"]["received_s"], record["door"]["first_chunk_s"]
         ttft = (record["first_token_s"] - record["arrival_s"]) / time_scale
@@ -137,6 +153,9 @@ def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
             "in_the_frontend": inside,
             "after_the_door": after,
         },
+        # AIPerf's own account of the part before the door: its connect and write of the request
+        "aiperf_sending_median_ms": statistics.median(sending),
+        "connections_opened": opened,
         "pipelines": sorted({profile.ours[k]["pipeline"] for k in keys}),
         "late_writes": sum(profile.ours[k]["door"].get("late_writes", 0) for k in keys),
     }
