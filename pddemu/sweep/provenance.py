@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-UNRECORDED = "unrecorded"  # a point finished before points recorded their own code
+UNRECORDED = "unrecorded"  # no code recorded: a point from before points did, or an older Ray node
 SHORT_COMMIT = 10
 # What a point's emulation reads from the checkout: two commits with these alike ran the same code
 CODE_PATHS = ("pddemu", "netem", "configs", "traces", "pyproject.toml")
