@@ -215,7 +215,10 @@ class Shaper:
                     route.write_errors += 1
             self.release_lag.count_released(released, now)
             if route.record is not None:
-                route.record.count_released(released, now)
+                # timed after the writes: the receiving kernel dates each packet inside its
+                # write, so a stall since `now` (reading, queueing, writing) moves those dates
+                # and must show as this record's lateness
+                route.record.count_released(released, self.now())
 
     # -- schedules ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from netem import mahimahi
+from netem import shaper as shaper_module
 from netem.bench_wan import synthetic_trace
 from netem.delivery import DeliveryRecord
 from netem.schedule import parse_schedule
@@ -125,3 +126,44 @@ def test_the_record_counts_by_due_time_and_by_write_time() -> None:
     assert out["max_lateness_s"][1] == pytest.approx(0.04)
     with pytest.raises(ValueError, match="positive"):
         DeliveryRecord(0.0, origin=0.0)
+
+
+def test_a_stall_while_the_shaper_writes_shows_as_lateness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shaper loses the CPU for 20 ms inside the write of a packet it sends 0.5 ms after
+    the packet was due (a hypervisor's steal): the receiving kernel dates the packet 20.5 ms
+    late, so the record names that lateness (timed before the write, it named 0.5 ms)."""
+    spec = LinkSpec(rate_bps=1e6, qdisc="fifo").to_dict()
+    end = {"ifname": "", "netns": "n"}
+    config = {
+        "links": [{"name": "wan", "a": {**end, "ifname": "a"}, "b": {**end, "ifname": "b"}}],
+        "control": str(tmp_path / "control.sock"),
+        "record_interval_s": 0.1,
+    }
+    config["links"][0] |= {"a2b": spec, "b2a": spec}
+    link = FakeLink()
+    clock = [100.0]
+    writes = []
+    real_write = shaper_module.os.write
+
+    def stalled_write(fd: int, data: bytes) -> int:
+        if not writes:
+            clock[0] += 0.020
+        writes.append(clock[0])
+        return real_write(fd, data)
+
+    shaper = Shaper(config, link.open_end, now=lambda: clock[0])
+    try:
+        link.far["a"].send(bytes(PACKET))
+        clock[0] = 100.05
+        monkeypatch.setattr(shaper_module.os, "write", stalled_write)
+        shaper.turn([shaper.routes[0].source_fd], clock[0], early=0.0)  # read, queued
+        clock[0] = 100.05 + PACKET * 8 / 1e6 + 0.0005  # 0.5 ms after 1 Mbit/s let it leave
+        shaper.turn([], clock[0], early=0.0)
+        record = shaper.deliveries()["wan"]["a2b"]
+    finally:
+        shaper.control.close()
+        link.close()
+    assert len(writes) == 1, writes
+    assert max(record["max_lateness_s"]) == pytest.approx(0.0205), record

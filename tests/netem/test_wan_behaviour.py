@@ -89,21 +89,27 @@ def _trace_replay() -> dict:
 
 def test_a_mahimahi_trace_is_followed_per_100ms() -> None:
     """The shaper's own record follows the trace within a packet per 100 ms (by construction,
-    also on a busy host); the receiver's meter follows it in the median."""
-    # The meter is a process on a VM that loses CPU to its hypervisor: one CI run read a
-    # median 3.1 % off, and in one quarter hour locked runs missed it on this code and on the
-    # code of 6c2e909 alike, between passing runs: measured once more when the meter misses
-    # (helpers); the shaper's own record is judged in every run. The receiver is a process on
-    # that host as well: a miss of its past the shaper's stalls is measured once more too.
-    result = measured_twice(_trace_replay, _receiver_follows)
+    also on a busy host); the receiver's meter follows it in the median, and dated by the
+    kernel it misses 2 % only where the shaper's record names a stall, in every run."""
+    # The meter's median is read by a process on a VM that loses CPU to its hypervisor: one CI
+    # run read a median 3.1 % off, and in one quarter hour locked runs missed it on this code
+    # and on the code of 6c2e909 alike, between passing runs: measured once more when the
+    # median misses (helpers); the shaper's own record is judged in every run.
+    readings: list[dict] = []
+
+    def replay() -> dict:
+        readings.append(_trace_replay())
+        return readings[-1]
+
+    result = measured_twice(replay, lambda r: r["relative_error_p50"] <= 0.02)
     assert result["intervals"] >= 20
-    assert _receiver_follows(result), result
-
-
-def _receiver_follows(result: dict) -> bool:
-    """The receiver's median within 2 %, and dated by the kernel it misses 2 % only where the
-    shaper's record names a stall."""
-    return result["relative_error_p50"] <= 0.02 and result["receiver_misses_past_the_shaper"] == 0
+    assert result["relative_error_p50"] <= 0.02, result
+    # Not measured away: the receiving kernel dates each datagram inside the shaper's write
+    # (netdev_tstamp_prequeue), and the record times each batch after its writes, so the
+    # receiver's lateness moves no date and any stall of the shaper's (steal, the host's
+    # load) shows as its lateness; a miss past that is the kernel between them or the link.
+    for reading in readings:
+        assert reading["receiver_misses_past_the_shaper"] == 0, reading
 
 
 def _outage_seen(result: dict) -> bool:
