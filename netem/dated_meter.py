@@ -33,11 +33,13 @@ from collections import defaultdict
 SO_TIMESTAMPNS = 35  # Linux's socket.h; Python's socket module does not name these
 SO_RXQ_OVFL = 40
 SO_RCVBUFFORCE = 33
+IP_RECVERR = 11  # Linux's in.h: without it a UDP socket hides its host's queue refusing a send
 _TIMESPEC = struct.Struct("=qq")  # tv_sec, tv_nsec (64-bit Linux)
 _DROPS = struct.Struct("=I")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_DROPS.size)
 RECEIVE_BUFFER_BYTES = 32 << 20  # over 2.5 s at 100 Mbit/s: longer than any stall seen here
 DATING_WAIT_S = 2.0  # the kernel's worker normally turns timestamping on within microseconds
+REFUSED_LIMIT_S = 1.0  # a host queue that refuses every datagram this long is not draining
 
 _dating_keeper: socket.socket | None = None  # held open for the process's life
 _dating_lock = threading.Lock()
@@ -171,13 +173,17 @@ def send_at_rate(
     """Send int(seconds * rate) datagrams of `payload_bytes` to `to`, keeping up with
     `rate_bps` of IP bytes (payload plus IPv4 and UDP headers) by catching up after each short
     sleep, so a late sender sends a burst rather than less, also when it stalls past the end.
-    A datagram the sending host's own queue refuses (ENOBUFS) is sent again after a pause, so
-    every datagram counted left; returns the datagrams sent."""
+    A datagram the sending host's own queue refuses (ENOBUFS, which Linux reports for UDP only
+    with IP_RECVERR, set here) is sent again after a pause, so every datagram counted left the
+    host's queue; returns the datagrams sent. Raises RuntimeError when the queue refused every
+    datagram for REFUSED_LIMIT_S."""
+    sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
     payload = bytes(payload_bytes)
     per_second = rate_bps / (8 * (payload_bytes + ip_overhead))
     total = int(seconds * per_second)
     started = time.monotonic()
     sent = 0
+    refused_since: float | None = None
     while sent < total:
         due = min(total, int((time.monotonic() - started) * per_second) + 1)
         while sent < due:
@@ -186,7 +192,14 @@ def send_at_rate(
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
                     raise
+                refused_since = refused_since or time.monotonic()
+                if time.monotonic() - refused_since > REFUSED_LIMIT_S:
+                    raise RuntimeError(
+                        f"the sending host's queue refused every datagram for "
+                        f"{REFUSED_LIMIT_S:g} s (ENOBUFS) after {sent} of {total} left"
+                    ) from exc
                 break  # the host's own queue is full: this datagram again after the pause
+            refused_since = None
             sent += 1
         if sent < total:
             time.sleep(0.001)

@@ -4,15 +4,19 @@ the intervals they arrived in, where a meter counting at read time moves them al
 from __future__ import annotations
 
 import errno
+import json
 import socket
+import subprocess
 import threading
 import time
+import uuid
 from collections import defaultdict
 
 import pytest
 
-from netem import dated_meter
+from netem import dated_meter, nsutil
 from netem.dated_meter import SO_TIMESTAMPNS, DatedMeter, send_at_rate
+from tests.conftest import require_namespaces
 
 PAYLOAD = 1000
 
@@ -72,9 +76,9 @@ def test_run_reads_until_stopped_and_drained() -> None:
         stop.set()
         reader.join(timeout=5)
     assert not reader.is_alive()
-    assert sent == int(0.3 * 8e6 / (8 * 1028))  # 8 Mbit/s of 1028-byte datagrams: 291
-    assert sum(meter.kernel_bytes.values()) == sent * PAYLOAD
-    assert sum(got for *_, got in meter.intervals(meter.kernel_bytes)) == sent * PAYLOAD
+    expected = int(0.3 * 8e6 / (8 * 1028)) * PAYLOAD  # 8 Mbit/s of 1028-byte datagrams: 291
+    assert sum(meter.kernel_bytes.values()) == sent * PAYLOAD == expected
+    assert sum(got for *_, got in meter.intervals(meter.kernel_bytes)) == expected
 
 
 def test_a_sender_stalled_past_the_end_still_sends_every_datagram(
@@ -102,20 +106,27 @@ def test_a_sender_stalled_past_the_end_still_sends_every_datagram(
         while meter.read_one():
             pass
     assert stalled, "the sender never slept past 0.24 s"
-    assert sent == int(0.3 * 8e6 / (8 * 1028))
-    assert sum(meter.kernel_bytes.values()) == sent * PAYLOAD
+    # what the receiver got, not what the sender says it sent
+    assert (
+        sum(meter.kernel_bytes.values()) == int(0.3 * 8e6 / (8 * 1028)) * PAYLOAD == sent * PAYLOAD
+    )
 
 
 class _RefusingSocket:
     """A socket whose host queue refuses every third datagram (ENOBUFS)."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = 3) -> None:
+        self.every = every
         self.calls = 0
         self.delivered = 0
+        self.options: dict[tuple[int, int], int] = {}
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        self.options[level, option] = value
 
     def sendto(self, payload: bytes, to: tuple[str, int]) -> int:
         self.calls += 1
-        if self.calls % 3 == 0:
+        if self.calls % self.every == 0:
             raise OSError(errno.ENOBUFS, "No buffer space available")
         self.delivered += 1
         return len(payload)
@@ -128,6 +139,60 @@ def test_a_datagram_the_host_refuses_is_sent_again_not_counted() -> None:
     sent = send_at_rate(sock, ("127.0.0.1", 9), 8e6, PAYLOAD, 0.1)  # type: ignore[arg-type]
     assert sent == sock.delivered == int(0.1 * 8e6 / (8 * 1028))
     assert sock.calls > sent
+    # Linux reports a UDP socket's ENOBUFS only with IP_RECVERR set
+    assert sock.options[socket.IPPROTO_IP, dated_meter.IP_RECVERR] == 1
+
+
+def test_a_host_queue_that_never_drains_is_an_error_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dated_meter, "REFUSED_LIMIT_S", 0.05)
+    sock = _RefusingSocket(every=1)
+    with pytest.raises(RuntimeError, match=r"refused every datagram for 0.05 s \(ENOBUFS\)"):
+        send_at_rate(sock, ("127.0.0.1", 9), 8e6, PAYLOAD, 0.1)  # type: ignore[arg-type]
+
+
+@pytest.mark.netns
+def test_a_real_host_queue_that_refuses_a_datagram_gets_it_again() -> None:
+    """A namespace's veth behind a 4 Mbit/s tbf whose queue holds 3 datagrams, sent 8
+    Mbit/s: the qdisc refuses datagrams (its drop count shows it), and every datagram that
+    send_at_rate counts as sent passed the qdisc. Before IP_RECVERR the kernel hid the refusal
+    from sendto, so the refused ones were counted as sent and the qdisc passed fewer."""
+    require_namespaces()
+    name = "netem-t" + uuid.uuid4().hex[:10] + "-enobufs"
+    ip = ["ip", "-n", name]
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        nsutil.write_sysctl(name, "net.ipv6.conf.default.disable_ipv6", "1")  # its own
+        for argv in (  # traffic, e.g. router solicitations, would pass the qdisc too
+            ["link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+            ["addr", "add", "198.18.200.1/24", "dev", "v0"],
+            ["neigh", "add", "198.18.200.2", "lladdr", "02:00:00:00:00:02", "dev", "v0"],
+            ["link", "set", "v1", "up"],
+            ["link", "set", "v0", "up"],
+        ):
+            subprocess.run([*ip, *argv], check=True)
+        subprocess.run(
+            ["tc", "-n", name, "qdisc", "add", "dev", "v0", "root", "tbf", "rate", "4mbit"]
+            + ["burst", "1600", "limit", "3200"],
+            check=True,
+        )
+        with nsutil.inside(name):
+            sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with sender:
+            sent = send_at_rate(sender, ("198.18.200.2", 9), 8e6, PAYLOAD, 0.2)
+        shown = subprocess.run(
+            ["tc", "-n", name, "-s", "-j", "qdisc", "show", "dev", "v0"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+    qdisc = json.loads(shown)[0]
+    assert qdisc["drops"] > 0, f"the qdisc never refused a datagram: the test is blind {qdisc}"
+    assert sent == int(0.2 * 8e6 / (8 * 1028))
+    assert qdisc["packets"] + qdisc["qlen"] == sent, qdisc  # passed, or still queued
 
 
 def test_a_meter_counts_only_while_kernel_dating_is_held() -> None:
