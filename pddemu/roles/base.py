@@ -82,6 +82,9 @@ class Instance:
         self._tasks: set[asyncio.Task] = set()
         self._accepting: set[asyncio.Task] = set()  # the accepted connections' (not dated)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._heartbeat_thread: threading.Thread | None = None
+        self._heartbeat_loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat_task: asyncio.Task | None = None
         self.stopping = asyncio.Event()
         self.errors: list[str] = []
         # a bounded sample, exact totals (serve has no end)
@@ -151,6 +154,7 @@ class Instance:
             if public is not None:
                 await public.cleanup()
             self._compute.shutdown(wait=True)
+            self.stop_heartbeats()
             self.clock.close()
 
     async def close_connections(self, server: asyncio.Server | DatedServer) -> None:
@@ -191,9 +195,37 @@ class Instance:
         the process runs (a kill or a SIGSTOP ends them), not that its event loop is free
         (genuine compute may hold the loop for longer than a heartbeat period, and a busy
         instance is not a lost one)."""
-        threading.Thread(
-            target=lambda: asyncio.run(self.heartbeats()), name="heartbeats", daemon=True
-        ).start()
+        started = threading.Event()
+
+        async def beat() -> None:
+            self._heartbeat_loop = asyncio.get_running_loop()
+            self._heartbeat_task = asyncio.current_task()
+            started.set()
+            try:
+                await self.heartbeats()
+            except asyncio.CancelledError:  # stopped (`stop_heartbeats`)
+                pass
+
+        self._heartbeat_thread = threading.Thread(
+            target=lambda: asyncio.run(beat()), name="heartbeats", daemon=True
+        )
+        self._heartbeat_thread.start()
+        started.wait()
+
+    def stop_heartbeats(self) -> None:
+        """End the heartbeat thread and wait for it: it reads the clock's page, which must
+        outlive it (`clock.close` unmaps it, and a read after that raises in the thread)."""
+        thread = self._heartbeat_thread
+        if thread is None:
+            return
+        loop, task = self._heartbeat_loop, self._heartbeat_task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop has already closed: the thread is ending
+                pass
+        thread.join()
+        self._heartbeat_thread = None
 
     async def heartbeats(self) -> None:
         """Tell the router this instance is alive, every heartbeat period of modelled time (a
@@ -202,19 +234,23 @@ class Instance:
         channels: dict[str, Channel] = {}
         period = self.config.faults.heartbeat_period_s
         due = self.clock.now()
-        while True:
-            for router in routers:
-                try:
-                    channel = channels.get(router)
-                    if channel is None or channel.closed:
-                        channel = channels[router] = await self.open(router, "heartbeat")
-                    await channel.send(Control("heartbeat", {"at": self.clock.now()}))
-                except OSError:  # the router is unreachable: the next heartbeat tries again
-                    lost = channels.pop(router, None)
-                    if lost is not None:
-                        lost.close()
-            due = max(due + period, self.clock.now())
-            await self.clock.sleep_until(due)
+        try:
+            while True:
+                for router in routers:
+                    try:
+                        channel = channels.get(router)
+                        if channel is None or channel.closed:
+                            channel = channels[router] = await self.open(router, "heartbeat")
+                        await channel.send(Control("heartbeat", {"at": self.clock.now()}))
+                    except OSError:  # the router is unreachable: the next heartbeat tries again
+                        lost = channels.pop(router, None)
+                        if lost is not None:
+                            lost.close()
+                due = max(due + period, self.clock.now())
+                await self.clock.sleep_until(due)
+        finally:
+            for channel in channels.values():
+                channel.close()
 
     def spawn(self, coroutine: Any, what: str) -> asyncio.Task:
         """A background task whose failure is logged and counted, never silently lost."""

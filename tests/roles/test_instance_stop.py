@@ -6,12 +6,19 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 import socket
+import threading
+import time
 
 import pytest
 import uvloop
 
+from netem.clock import SharedClock
+from pddemu.config import config_to_json, load_config
+from pddemu.roles.base import Instance
 from pddemu.roles.relay import RelayInstance
+from pddemu.roles.spec import Address, InstanceSpec
 from tests.roles.in_process import instance
 
 
@@ -43,3 +50,43 @@ def test_an_instance_stopping_leaves_no_connection_task_pending(
         client.close()
     noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not noise, noise
+
+
+def test_an_instance_stopping_ends_its_heartbeats_before_closing_the_clock(tmp_path) -> None:
+    """An instance on a run's clock page, beating to a router that refuses connections, runs
+    and stops (`Instance.run`): its heartbeat thread is over when the stop returns, and does
+    not read the page after the stop unmapped it. On the code before, the thread outlived the
+    stop and its next wake-up raised `ValueError: mmap closed or invalid`."""
+    SharedClock.create(tmp_path / "clock")
+    with socket.socket() as closed:  # a port nothing listens on: every heartbeat is refused
+        closed.bind(("127.0.0.1", 0))
+        router_port = closed.getsockname()[1]
+    me = Address("P0", "P", "127.0.0.1", 0, 0)
+    router = Address("FE0", "FE", "127.0.0.1", router_port, router_port)
+    spec = InstanceSpec(
+        me, "pdd", "", {"P0": me, "FE0": router}, config_to_json(load_config()), 0.0
+    )
+    spec.clock = str(tmp_path / "clock")
+    made = Instance(spec)
+    period = made.config.faults.heartbeat_period_s
+    raised: list[BaseException | None] = []
+    previous_hook = threading.excepthook
+    previous_sigcont = signal.getsignal(signal.SIGCONT)
+    threading.excepthook = lambda args: raised.append(args.exc_value)
+
+    async def scenario() -> None:
+        running = asyncio.get_running_loop().create_task(made.run())
+        await asyncio.sleep(3 * period)  # a few heartbeats, each refused
+        made.stopping.set()
+        await running
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+        time.sleep(3 * period)  # the thread, had it outlived the stop, would have woken
+    finally:
+        loop.close()
+        threading.excepthook = previous_hook
+        signal.signal(signal.SIGCONT, previous_sigcont)
+    assert not raised, raised
+    assert not [t for t in threading.enumerate() if t.name == "heartbeats"]
