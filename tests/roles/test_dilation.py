@@ -18,6 +18,7 @@ from pddemu.emulated_network import network_for, scale_model
 from pddemu.runtime.dilation import AUTO_START
 from tests.conftest import require_namespaces
 from tests.roles.harness import make_request, random_tokens, scenario_config
+from tests.run_logs import record_run
 
 HOG = "while True: pass"
 
@@ -35,6 +36,7 @@ def test_a_cpu_hog_dilates_the_clock_and_the_run_judges_its_lag(tmp_path: Path) 
     hogs = [subprocess.Popen([sys.executable, "-c", HOG])]  # a core of two taken
     try:
         name = "t" + uuid.uuid4().hex[:10]
+        record_run(tmp_path)  # a failure shows its role logs (tests/run_logs.py)
         with network_for(config, scale_model(config), name=name) as network:
             run = uvloop.run(run_system("pdd", config, network, requests, tmp_path))
     finally:

@@ -18,6 +18,7 @@ from netem.registry import list_namespaces
 from pddemu.cli import main
 from tests.conftest import require_namespaces
 from tests.metrics.trace_events import check_opens
+from tests.run_logs import record_run
 
 # These tests check files, exit paths and what is left behind, not timing: a loaded host's lag
 # must not make their runs invalid (exit 4). Timing is judged by tests/roles/test_dilation.py.
@@ -84,6 +85,7 @@ def clean_start() -> None:
 
 def test_a_small_run_writes_every_file(clean_start: None, tmp_path: Path) -> None:
     out = tmp_path / "run"
+    record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     done = subprocess.run(
         [
             *EMULATE,
@@ -153,6 +155,7 @@ def test_interrupted_or_killed_run_leaves_nothing(
     clean_start: None, tmp_path: Path, signum: int
 ) -> None:
     out = tmp_path / "run"
+    record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     process = subprocess.Popen(
         [*EMULATE, "--out", str(out), "--system", "naive", "--requests", "40"],
         stdout=subprocess.DEVNULL,
@@ -197,6 +200,7 @@ def test_an_instance_dying_unplanned_keeps_the_results_and_says_so(
     clean_start: None, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
+    record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     process = subprocess.Popen(
         [
             *EMULATE,
@@ -238,6 +242,7 @@ def test_rootless_run_lives_in_a_user_namespace(clean_start: None, tmp_path: Pat
     """The path a non-root user takes, as root with --rootless: the instances run in a private
     user namespace, and the run's network namespaces never appear on the host."""
     out = tmp_path / "run"
+    record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     process = subprocess.Popen(
         [*EMULATE, "--rootless", "--out", str(out), "--system", "pdd", "--requests", "2"],
         stdout=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.conftest import require_namespaces
 from tests.roles.test_emulate_cli import EMULATE, wait_clean
+from tests.run_logs import record_run
 
 FAULTS = """# what the test's run goes through
 1    a2b.rate=2gbit       # a bandwidth drop, one direction
@@ -24,6 +25,7 @@ def test_a_faults_file_runs_on_the_replays_timeline(tmp_path: Path) -> None:
     faults = tmp_path / "faults.txt"
     faults.write_text(FAULTS)
     out = tmp_path / "run"
+    record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     done = subprocess.run(
         [
             *EMULATE,

@@ -18,6 +18,7 @@ from tests.roles.test_emulate_cli import (  # noqa: F401
     role_processes,
     wait_clean,
 )
+from tests.run_logs import record_run
 
 MARK = "PDDEMU_TEST_RUN"
 SILENT = ("router: suspect", "router: down")  # the timeline's rows of an instance not heard
@@ -51,6 +52,7 @@ def test_an_outage_mid_replay_ends_every_request_and_leaves_nothing(
     # as tens of modelled seconds of step lag (mean 16.9 s in one CI run at share 0.5)
     schedule.write_text("1 link=down\n4 link=up\n")
     out = tmp_path / "run"
+    record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     run = uuid.uuid4().hex
     stderr = tmp_path / "stderr"
     seen: set[int] = set()  # the run's generators, watched while it runs

@@ -28,6 +28,7 @@ from pddemu.roles.base import STALL_ENV
 from pddemu.validate import analytic
 from tests.conftest import require_namespaces
 from tests.roles.harness import scenario_config
+from tests.run_logs import record_run
 
 SIZE = 8192  # modelled prompt tokens
 
@@ -48,6 +49,7 @@ def _one_request(
     probes = analytic.probes(config, "pdd", "P-MD", (SIZE,), (0.0,))
     monkeypatch.setenv(STALL_ENV, stall)
     name = "t" + uuid.uuid4().hex[:10]
+    record_run(tmp_path)  # a failure shows its role logs (tests/run_logs.py)
     with network_for(config, scale_model(config), name=name) as network:
         run = uvloop.run(run_system("pdd", config, network, probes, tmp_path))
     probe = probes[-1]
