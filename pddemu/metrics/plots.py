@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from pddemu.metrics.errors import MetricsError
 from pddemu.metrics.records import RequestRecord
@@ -224,9 +224,18 @@ def pick_handoff_request(records: Sequence[RequestRecord]) -> RequestRecord | No
 def plot_handoff_timeline(
     path: Path | str, records: Sequence[RequestRecord], request_id: str | None = None
 ) -> Path:
+    """`handoff_timeline_figure` written to `path`."""
+    return _save(handoff_timeline_figure(records, request_id), path)
+
+
+def handoff_timeline_figure(
+    records: Sequence[RequestRecord], request_id: str | None = None
+) -> Figure:
     """Token index against time since arrival for one relayed request: tokens before the
-    handoff (eager output of the RLD) and after it (MD) in two colours, the handoff as a line
-    and the stream's largest gap shaded."""
+    handoff (eager output of the RLD) and after it (MD) in two colours, the handoff (MD's first
+    delivered token) as a dashed line and the stream's largest gap shaded; below, a zoom on the
+    handoff. The zoom is a panel of its own, not an inset: the top panel's lines cannot then run
+    through it and read against its axis."""
     if request_id is None:
         record = pick_handoff_request(records)
     else:
@@ -239,11 +248,14 @@ def plot_handoff_timeline(
                 f"request {request_id!r} has no handoff inside its token times "
                 f"(position {record.handoff_position}, {len(record.token_times_s)} token times)"
             )
-    figure, axes = _figure()
     if record is None:
+        figure, axes = _figure()
         _say_empty(axes, "no completed P->RLD->MD request with a handoff")
         axes.set_title("Handoff timeline")
-        return _save(figure, path)
+        return figure
+    figure = Figure(figsize=(7.0, 6.4), dpi=DPI)
+    FigureCanvasAgg(figure)
+    axes, zoom = figure.subplots(2, 1, height_ratios=(3, 2))
     times = np.asarray(record.token_times_s, dtype=np.float64) - record.arrival_s
     index = np.arange(times.size)
     position = int(record.handoff_position or 0)  # checked: inside the stream
@@ -269,7 +281,8 @@ def plot_handoff_timeline(
         color="black",
         lw=1,
         ls="--",
-        label=f"handoff ({record.handoff_mode}, {record.handoff_rounds} round(s))",
+        label=f"handoff: MD's first token ({record.handoff_mode}, "
+        f"{record.handoff_rounds} round(s))",
     )
     gaps = np.diff(times)  # a handoff inside the stream leaves at least two tokens
     widest = int(np.argmax(gaps))
@@ -278,42 +291,62 @@ def plot_handoff_timeline(
         times[widest + 1],
         color=STALL_COLOUR,
         alpha=0.25,
-        label=f"largest gap: {gaps[widest] * 1000:.1f} ms",
+        label=f"largest gap: {gaps[widest] * 1000:.1f} ms, at {times[widest]:.2f} s",
     )
-    stall = record.handoff_stall_s
-    stall_text = "not recorded" if stall is None else f"{stall * 1000:.1f} ms"
-    axes.set_title(f"Request {record.request_id}: handoff stall {stall_text} (gap - TPOT)")
+    axes.set_title(handoff_title(record))
     axes.set_xlabel("time since arrival (modelled seconds)")
     axes.set_ylabel("output token index")
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(True, alpha=0.3)
     axes.legend(loc="upper left", fontsize="small")
-    _zoom_on_handoff(axes, times, position, size)
-    return _save(figure, path)
+    _zoom_on_handoff(axes, zoom, times, position, record.tpot_s)
+    figure.tight_layout()
+    return figure
 
 
-def _zoom_on_handoff(axes: Axes, times: np.ndarray, position: int, size: int) -> None:
-    """An inset around the handoff: a few typical gaps either side of it, so the handoff's gap
-    reads against the decode cadence, whatever the request's length."""
+def handoff_title(record: RequestRecord) -> str:
+    """The recorded stall, spelt out as the frontend computes it: the handoff's gap (between
+    the relay's last delivered token and MD's first) minus the request's TPOT, at least 0."""
+    stall, gap, tpot = record.handoff_stall_s, record.handoff_gap_s, record.tpot_s
+    if stall is None or gap is None:
+        return f"Request {record.request_id}: handoff stall not recorded"
+    return (
+        f"Request {record.request_id}: handoff stall {stall * 1000:.1f} ms\n"
+        f"= max(0, handoff gap {gap * 1000:.1f} ms - TPOT {(tpot or 0.0) * 1000:.1f} ms)"
+    )
+
+
+def _zoom_on_handoff(
+    axes: Axes, zoom: Axes, times: np.ndarray, position: int, tpot: float | None
+) -> None:
+    """A few typical gaps either side of the handoff, so the handoff's gap reads against the
+    decode cadence, whatever the request's length; the zoomed span is boxed in `axes` (no
+    connecting lines: they would cross `axes`' data)."""
     cadence = float(np.median(np.diff(times)))
     gap = times[position] - times[position - 1]
     half = max(3 * gap, 12 * cadence)
     low, high = times[position - 1] - half / 2, times[position] + half / 2
     shown = (times >= low) & (times <= high)
     index = np.arange(times.size)
-    inset = axes.inset_axes((0.56, 0.08, 0.42, 0.45))
     before, after = shown & (index < position), shown & (index >= position)
-    inset.plot(times[before], index[before], ".", ms=max(size, 4), color=RLD_COLOUR)
-    inset.plot(times[after], index[after], ".", ms=max(size, 4), color=MD_COLOUR)
-    inset.axvspan(times[position - 1], times[position], color=STALL_COLOUR, alpha=0.25)
-    inset.set_xlim(low, high)
-    inset.set_ylim(index[shown].min() - 1, index[shown].max() + 1)
-    inset.set_title(
-        f"zoom: {gap * 1000:.0f} ms gap at the handoff, {cadence * 1000:.0f} ms cadence",
-        fontsize="x-small",
+    zoom.plot(times[before], index[before], ".", ms=5, color=RLD_COLOUR)
+    zoom.plot(times[after], index[after], ".", ms=5, color=MD_COLOUR)
+    zoom.axvline(times[position], color="black", lw=1, ls="--")
+    zoom.axvspan(times[position - 1], times[position], color=STALL_COLOUR, alpha=0.25)
+    zoom.set_xlim(low, high)
+    bottom, top = index[shown].min() - 1, index[shown].max() + 1
+    zoom.set_ylim(bottom, top)
+    zoom.yaxis.set_major_locator(MaxNLocator(integer=True))
+    tpot_text = "TPOT not recorded" if tpot is None else f"TPOT {tpot * 1000:.1f} ms"
+    zoom.set_title(
+        f"Zoom on the handoff: gap {gap * 1000:.1f} ms from the RLD's last token to MD's first "
+        f"({tpot_text})",
+        fontsize="small",
     )
-    inset.tick_params(labelsize="x-small")
-    inset.grid(True, alpha=0.3)
-    axes.indicate_inset_zoom(inset, edgecolor="black")
+    zoom.set_xlabel("time since arrival (modelled seconds)")
+    zoom.set_ylabel("output token index")
+    zoom.grid(True, alpha=0.3)
+    axes.indicate_inset((low, bottom, high - low, top - bottom), edgecolor="black")
 
 
 def _bits_sent_by(

@@ -17,6 +17,7 @@ from pddemu.metrics.plots import (
     WanTransfer,
     WanUse,
     _bits_sent_by,
+    handoff_timeline_figure,
     pick_handoff_request,
     plot_handoff_timeline,
     plot_hit_rate_histogram,
@@ -26,6 +27,7 @@ from pddemu.metrics.plots import (
     share_at_least,
     write_plots,
 )
+from pddemu.metrics.records import RequestRecord
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -102,6 +104,75 @@ def test_timeline_draws_rld_and_md_tokens_and_the_stall(tmp_path: Path) -> None:
     assert share_of_pixels_near(path, "tab:blue") > 0.001  # MD tokens
     # the shaded stall: red at alpha 0.25 over white
     assert share_of_pixels_near(path, "#f6c9c9") > 0.01
+
+
+def relayed(handoff_gap_s: float) -> RequestRecord:
+    """600 tokens at an 8 ms cadence, MD taking over at 422 after `handoff_gap_s`; the gap and
+    stall recorded as the frontend records them."""
+    times = [2.0 + 0.008 * i for i in range(422)]
+    times += [times[-1] + handoff_gap_s + 0.008 * i for i in range(178)]
+    record = completed(
+        "relayed",
+        1.0,
+        times,
+        pipeline="P-RLD-MD",
+        handoff_mode="catch_up",
+        handoff_position=422,
+        handoff_rounds=2,
+        rld_tokens=422,
+        md_tokens=178,
+    )
+    record.handoff_gap_s = times[422] - times[421]
+    record.handoff_stall_s = max(0.0, record.handoff_gap_s - record.tpot_s)
+    return record
+
+
+@pytest.mark.parametrize("handoff_gap_s", [0.0, 0.03])
+def test_timeline_ticks_count_whole_tokens(handoff_gap_s: float) -> None:
+    """A zoom over a dozen tokens would get ticks every 2.5 tokens by default."""
+    figure = handoff_timeline_figure([relayed(handoff_gap_s)])
+    assert len(figure.axes) == 2
+    for axes in figure.axes:
+        low, high = axes.get_ylim()
+        ticks = [t for t in axes.get_yticks() if low <= t <= high]
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
+
+
+@pytest.mark.parametrize("handoff_gap_s", [0.0, 0.03])
+def test_timeline_marks_the_handoff_at_mds_first_token_in_both_panels(
+    handoff_gap_s: float,
+) -> None:
+    """The dashed line of each panel is at the recorded handoff's token time, and the zoom's
+    x range holds it: no line of the top panel crosses the zoom at another time."""
+    record = relayed(handoff_gap_s)
+    handoff = record.token_times_s[record.handoff_position] - record.arrival_s
+    top, zoom = handoff_timeline_figure([record]).axes
+    for axes in (top, zoom):
+        dashed = [line for line in axes.get_lines() if line.get_linestyle() == "--"]
+        assert [line.get_xdata()[0] for line in dashed] == [handoff]
+    low, high = zoom.get_xlim()
+    assert low < handoff < high
+    assert not zoom.child_axes and not top.child_axes  # the zoom is no inset over `top`
+
+
+def test_timeline_names_gap_and_stall_as_the_record_does() -> None:
+    """stall = max(0, gap - TPOT), gap = time between consecutive delivered tokens: the title
+    spells the stall out from the record's figures, the zoom names the same gap."""
+    record = relayed(0.03)
+    top, zoom = handoff_timeline_figure([record]).axes
+    gap, tpot, stall = (x * 1000 for x in (0.03, record.tpot_s, record.handoff_stall_s))
+    assert stall == pytest.approx(gap - tpot) and stall > 0
+    assert top.get_title() == (
+        f"Request relayed: handoff stall {stall:.1f} ms\n"
+        f"= max(0, handoff gap {gap:.1f} ms - TPOT {tpot:.1f} ms)"
+    )
+    assert f"gap {gap:.1f} ms from the RLD's last token to MD's first" in zoom.get_title()
+    assert f"TPOT {tpot:.1f} ms" in zoom.get_title() and "stall" not in zoom.get_title()
+    labels = [text.get_text() for text in top.get_legend().get_texts()]
+    assert f"largest gap: {gap:.1f} ms, at {record.token_times_s[421] - 1.0:.2f} s" in labels
+    assert "handoff: MD's first token (catch_up, 2 round(s))" in labels
+    zero = relayed(0.0)
+    assert "handoff stall 0.0 ms" in handoff_timeline_figure([zero]).axes[0].get_title()
 
 
 def test_timeline_of_a_named_request_and_of_none(tmp_path: Path) -> None:
