@@ -173,11 +173,6 @@ class Channel:
         message = await read_message(self.reader)
         if not isinstance(message, Control):
             return message
-        received = None
-        wall = getattr(self.reader, "received_wall", None)
-        if wall is not None and self.modelled_at is not None:
-            received = self.modelled_at(wall)
-        exact = received is not None and bool(getattr(self.reader, "exact", False))
         count = message.body.get("attach", 0)
         if (
             isinstance(count, bool)
@@ -196,6 +191,12 @@ class Channel:
                     f"{message.kind}: attachments exceed {MAX_ATTACHED_BYTES >> 20} MiB"
                 )
             attachments.append(attachment)
+        # dated by its last frame: the message had wholly reached the host only then
+        received = None
+        wall = getattr(self.reader, "received_wall", None)
+        if wall is not None and self.modelled_at is not None:
+            received = self.modelled_at(wall)
+        exact = received is not None and bool(getattr(self.reader, "exact", False))
         return Envelope(message.kind, message.body, attachments, self, received, exact)
 
     async def serve(self, handle: Callable[[Envelope | Message, Channel], Awaitable[None]]) -> None:

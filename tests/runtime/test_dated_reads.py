@@ -15,7 +15,7 @@ import uvloop
 from pddemu.roles.base import DatedServer
 from pddemu.runtime.channel import Channel
 from pddemu.runtime.dated_reads import DatedReader
-from pddemu.wire import Control
+from pddemu.wire import Control, TokenIds, encode
 
 GAP_S = 0.3  # wall seconds between the sender's frames
 
@@ -164,3 +164,32 @@ def test_a_dated_server_leaves_no_connection_pending_when_closed(
     assert ended == ["served"] * 3
     noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not noise, noise
+
+
+async def _attachment_after_a_gap() -> tuple[float, float | None]:
+    """A control message whose attachment follows its header GAP_S later."""
+    sender, accepted = await _connected()
+    receiver = Channel.dated(accepted, peer="sender", purpose="kv")
+    receiver.modelled_at = lambda wall: wall
+    writer = Channel.dated(sender, peer="receiver", purpose="kv")
+    await _until_the_kernel_dates(writer, receiver)
+    reading = asyncio.ensure_future(receiver.receive())  # reads the header as it comes
+    for buffer in encode(Control("part", {"attach": 1})):
+        writer.writer.write(buffer)
+    await writer.writer.drain()
+    await asyncio.sleep(GAP_S)
+    attached = time.monotonic()
+    for buffer in encode(TokenIds.from_ints("r", 0, [1, 2, 3])):
+        writer.writer.write(buffer)
+    await writer.writer.drain()
+    envelope = await reading
+    writer.close()
+    receiver.close()
+    return attached, envelope.received  # type: ignore[union-attr]
+
+
+def test_a_message_is_dated_by_its_last_frame() -> None:
+    """A message with attachments had wholly reached the host only with its last frame: its
+    date is that frame's, not its header's (a KV-delta part's KV follows its header)."""
+    attached, received = uvloop.run(_attachment_after_a_gap())
+    assert received is not None and received >= attached - 0.005, (attached, received)
