@@ -356,11 +356,72 @@ def test_the_command_prints_its_own_job_time_not_the_merged_files(
     fresh = {"setup": setup, "cells": [grid_cell("fifo", runs=[0])], "runs": [{"wall_s": 440.0}]}
     monkeypatch.setattr(bench_handoff, "benchmark", lambda *args: fresh)
     args = argparse.Namespace(
-        report=False, doc=None, samples=5, eager_tokens=100, seed=0, qdisc=None, jitter_ms=None
+        report=False,
+        doc=None,
+        samples=5,
+        eager_tokens=100,
+        seed=0,
+        qdisc=None,
+        jitter_ms=None,
+        payload=None,
     )
     bench_handoff.run_cli(argparse.Namespace(**vars(args), out=out))
     assert f"wrote {out} (this job 444 s)" in capsys.readouterr().err
     assert json.loads(out.read_text())["wall_s"] == 4440.0
+
+
+def test_one_payload_is_measured_again_and_the_other_payloads_cells_are_kept(
+    tmp_path, monkeypatch
+) -> None:
+    """`--payload kv-delta` re-measures that payload's cells only (runs 27, 29 and 31 had dated
+    the delta's part by its header): one deployment, of kv-delta; merged into the file, the
+    extend cells keep their figures and their deployments, the kv-delta cells point at the new
+    one, and the earlier kv-delta deployment, over the lag bound, no longer stands behind a
+    figure."""
+    payloads_deployed = []
+
+    def fake_run_payload(config, plan, eager, seed, scratch):
+        payloads_deployed.append(config.policy.handoff_payload)
+        cells = {}
+        for k, phase in enumerate(plan):
+            samples = [
+                record(f"sample:{k}:{slot}", eager, at=phase.slot_arrival(slot) + 1.0)
+                for slot in phase.slots
+            ]
+            cells[phase.cell] = fake_cell(phase, samples, [])
+        valid = len(payloads_deployed) != 2  # the first job's kv-delta deployment is not
+        return cells, {"valid": valid, "wall_s": 1.0, "payload": config.policy.handoff_payload}
+
+    monkeypatch.setattr(bench_handoff, "run_payload", fake_run_payload)
+    out = tmp_path / "handoff.json"
+    part = {"only_qdiscs": ("prio",), "only_jitters_ms": (2.0,)}
+    bench_handoff.write(benchmark(5, 100, **part), out)
+    earlier = json.loads(out.read_text())
+    assert payloads_deployed == ["extend", "kv-delta"]
+    assert not earlier["targets"]["every deployment within the lag bound"]
+
+    fresh = benchmark(5, 100, **part, only_payloads=("kv-delta",))
+    assert payloads_deployed[2:] == ["kv-delta"]  # no extend deployment
+    assert [c["payload"] for c in fresh["cells"]] == ["kv-delta"]
+    combined = merged(fresh, out)
+    assert [(c["payload"], c["runs"]) for c in combined["cells"]] == [
+        ("extend", [0]),
+        ("kv-delta", [2]),
+    ]
+    assert combined["cells"][0] == earlier["cells"][0]  # extend's cell, figures and all
+    assert [r["payload"] for r in combined["runs"]] == ["extend", "kv-delta", "kv-delta"]
+    assert combined["targets"]["every deployment within the lag bound"]
+    assert combined["wall_s"] == 2.0  # runs 0 and 2, not the replaced run 1
+
+
+def test_the_payload_flag_is_repeatable_and_checked() -> None:
+    parser = argparse.ArgumentParser()
+    bench_handoff.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["handoff", "--payload", "kv-delta", "--payload", "extend"])
+    assert args.payload == ["kv-delta", "extend"]
+    assert parser.parse_args(["handoff"]).payload is None  # both
+    with pytest.raises(SystemExit):
+        parser.parse_args(["handoff", "--payload", "kv"])
 
 
 def fake_cell(phase, samples: list[RequestRecord], warm: list[RequestRecord]) -> dict:

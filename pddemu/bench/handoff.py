@@ -5,10 +5,11 @@ the eager tokens' KV). PDD reports, for a 100-token handoff: KV-delta mean 185 m
 ("slower on average, immune to jitter and queueing").
 
     pddemu bench handoff [--samples N] [--eager-tokens 100] [--out FILE]
-                         [--qdisc fifo|prio]... [--jitter-ms MS]...
+                         [--payload extend|kv-delta]... [--qdisc fifo|prio]... [--jitter-ms MS]...
 
-`--qdisc` and `--jitter-ms` run part of the grid; the cells measured are merged into FILE,
-replacing the same cells of an earlier run of the same setup.
+`--payload`, `--qdisc` and `--jitter-ms` run part of the grid; the cells measured are merged
+into FILE, replacing the same cells of an earlier run of the same setup and keeping the others
+(another payload's cells among them) with their deployments.
 
 Real runs of the emulator (namespaces, the shaper, one process per instance), on the default
 config except what the setup states. A cell is a payload x WAN jitter x queueing discipline.
@@ -543,13 +544,15 @@ def benchmark(
     seed: int = 0,
     only_qdiscs: tuple[str, ...] = (),
     only_jitters_ms: tuple[float, ...] = (),
+    only_payloads: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The grid (or the part asked for), at least `samples` handoffs per cell."""
     overrides = [*OVERRIDES, f"policy.handoff_after_eager_tokens={eager}"]
     base = load_config(None, overrides)
+    payloads = tuple(p for p in PAYLOADS if not only_payloads or p in only_payloads)
     qdiscs = tuple(q for q in QDISCS if not only_qdiscs or q in only_qdiscs)
     jitters = tuple(j for j in JITTERS_MS if not only_jitters_ms or j in only_jitters_ms)
-    grid = [Cell(p, j, q) for p in PAYLOADS for q in qdiscs for j in jitters]
+    grid = [Cell(p, j, q) for p in payloads for q in qdiscs for j in jitters]
     result: dict[str, Any] = {
         "setup": {
             "config": "configs/default.toml",
@@ -786,6 +789,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--eager-tokens", type=int, default=100, help="eager tokens per handoff")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--payload",
+        action="append",
+        choices=PAYLOADS,
+        help="only this handoff payload (repeatable; default both)",
+    )
+    parser.add_argument(
         "--qdisc", action="append", choices=QDISCS, help="only this discipline (repeatable)"
     )
     parser.add_argument(
@@ -848,6 +857,7 @@ def run_cli(args: argparse.Namespace) -> int:
             args.seed,
             tuple(args.qdisc or ()),
             tuple(args.jitter_ms or ()),
+            tuple(args.payload or ()),
         )
     except ShortCellError as error:
         raise SystemExit(f"pddemu bench handoff: {error}") from None
