@@ -57,6 +57,7 @@ class DatedReader:
         self._eof = False
         self._closed = False
         self._waiter: asyncio.Future | None = None
+        self._fd = -1  # the number the waiting read registered with the loop
         self.received_wall: float | None = None
         self.exact = False
 
@@ -95,14 +96,17 @@ class DatedReader:
             if not waiter.done():
                 waiter.set_result(None)
 
-        loop.add_reader(self._sock.fileno(), ready)
+        # the registration is taken off by this number even if the socket is closed under the
+        # read (fileno -1 then): uvloop keeps a watcher per number, and one left behind would
+        # never wake the next socket given the number
+        self._fd = fd = self._sock.fileno()
+        loop.add_reader(fd, ready)
         try:
             await waiter
         finally:
             self._waiter = None
-            # the socket may have been closed under it (fileno -1), its registration with it
-            if not self._closed and self._sock.fileno() >= 0:
-                loop.remove_reader(self._sock.fileno())
+            if not self._closed:
+                loop.remove_reader(fd)
 
     def at_eof(self) -> bool:
         return self._eof and not self._buffer
@@ -113,8 +117,7 @@ class DatedReader:
             return
         self._closed = True
         if self._waiter is not None:
-            if self._sock.fileno() >= 0:
-                self._waiter.get_loop().remove_reader(self._sock.fileno())
+            self._waiter.get_loop().remove_reader(self._fd)
             if not self._waiter.done():
                 self._waiter.set_result(None)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import socket
 import time
 
@@ -193,3 +194,39 @@ def test_a_message_is_dated_by_its_last_frame() -> None:
     date is that frame's, not its header's (a KV-delta part's KV follows its header)."""
     attached, received = uvloop.run(_attachment_after_a_gap())
     assert received is not None and received >= attached - 0.005, (attached, received)
+
+
+def test_a_socket_closed_under_a_read_leaves_its_fd_number_to_the_next_reader() -> None:
+    """A read waiting when its socket is closed under it must take its registration off the
+    loop even so (by the fd number it registered): uvloop keeps a watcher for that number, and
+    a later socket given the same number would never be woken for its reads."""
+
+    async def scenario() -> bytes:
+        right, left = await _connected()
+        left.setblocking(False)
+        reading = asyncio.ensure_future(DatedReader(left).readexactly(4))
+        await asyncio.sleep(0.05)  # waiting in the loop for the socket to become readable
+        number = left.fileno()
+        left.close()
+        reading.cancel()
+        try:
+            await reading
+        except asyncio.CancelledError:
+            pass
+        right.close()
+        ours, theirs = socket.socketpair()
+        if ours.fileno() != number:  # the next socket takes the closed one's number
+            os.dup2(ours.fileno(), number)
+            ours.close()
+            ours = socket.socket(fileno=number)
+        try:
+            ours.setblocking(False)
+            reading = asyncio.ensure_future(DatedReader(ours).readexactly(4))
+            await asyncio.sleep(0.05)  # waiting in the loop, as the first read was
+            theirs.sendall(b"abcd")
+            return await asyncio.wait_for(reading, 2.0)
+        finally:
+            ours.close()
+            theirs.close()
+
+    assert uvloop.run(scenario()) == b"abcd"
