@@ -143,19 +143,21 @@ class Instance:
             # A Python-level handler, not the loop's: it runs before any coroutine goes on
             # after the resume (the loop's would be queued behind what woke with it).
             signal.signal(signal.SIGCONT, self._resumed)
-        await self.start()
-        if self.role != "FE":
-            self.start_heartbeats()
         try:
+            await self.start()
+            if self.role != "FE":
+                self.start_heartbeats()
             await self.stopping.wait()
         finally:
-            await self.close_connections(server)
-            await runner.cleanup()
-            if public is not None:
-                await public.cleanup()
-            self._compute.shutdown(wait=True)
-            self.stop_heartbeats()
-            self.clock.close()
+            try:
+                await self.close_connections(server)
+                await runner.cleanup()
+                if public is not None:
+                    await public.cleanup()
+            finally:  # a failed close still ends the heartbeat thread before the clock's page
+                self._compute.shutdown(wait=True)
+                self.stop_heartbeats()
+                self.clock.close()
 
     async def close_connections(self, server: asyncio.Server | DatedServer) -> None:
         """Stop accepting and end every connection, and the tasks serving them: none is left
@@ -194,8 +196,10 @@ class Instance:
         """Heartbeats come from a thread of their own, on a connection of their own: they prove
         the process runs (a kill or a SIGSTOP ends them), not that its event loop is free
         (genuine compute may hold the loop for longer than a heartbeat period, and a busy
-        instance is not a lost one)."""
+        instance is not a lost one). The caller waits until the thread's loop runs or the
+        thread has failed (then raises), with no time limit a slow host could exceed."""
         started = threading.Event()
+        failed: list[BaseException] = []
 
         async def beat() -> None:
             self._heartbeat_loop = asyncio.get_running_loop()
@@ -206,11 +210,24 @@ class Instance:
             except asyncio.CancelledError:  # stopped (`stop_heartbeats`)
                 pass
 
-        self._heartbeat_thread = threading.Thread(
-            target=lambda: asyncio.run(beat()), name="heartbeats", daemon=True
-        )
+        def thread() -> None:
+            try:
+                asyncio.run(beat())
+            except BaseException as error:
+                if started.is_set():
+                    raise
+                failed.append(error)  # handed to the caller, which waits for it
+                started.set()
+
+        self._heartbeat_thread = threading.Thread(target=thread, name="heartbeats", daemon=True)
         self._heartbeat_thread.start()
         started.wait()
+        if failed:
+            self._heartbeat_thread.join()
+            self._heartbeat_thread = None
+            raise RuntimeError(
+                f"the heartbeat thread failed before its loop ran: {failed[0]!r}"
+            ) from failed[0]
 
     def stop_heartbeats(self) -> None:
         """End the heartbeat thread and wait for it: it reads the clock's page, which must

@@ -4,12 +4,14 @@ cancelling what is left): no task serving a connection is left pending."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import signal
 import socket
 import threading
 import time
+from typing import Any
 
 import pytest
 import uvloop
@@ -52,13 +54,11 @@ def test_an_instance_stopping_leaves_no_connection_task_pending(
     assert not noise, noise
 
 
-def test_an_instance_stopping_ends_its_heartbeats_before_closing_the_clock(tmp_path) -> None:
-    """An instance on a run's clock page, beating to a router that refuses connections, runs
-    and stops (`Instance.run`): its heartbeat thread is over when the stop returns, and does
-    not read the page after the stop unmapped it. On the code before, the thread outlived the
-    stop and its next wake-up raised `ValueError: mmap closed or invalid`."""
+def _beating_to_a_closed_port(tmp_path) -> Instance:  # type: ignore[no-untyped-def]
+    """An instance on a run's clock page whose router refuses connections: every heartbeat
+    is refused."""
     SharedClock.create(tmp_path / "clock")
-    with socket.socket() as closed:  # a port nothing listens on: every heartbeat is refused
+    with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         router_port = closed.getsockname()[1]
     me = Address("P0", "P", "127.0.0.1", 0, 0)
@@ -67,9 +67,14 @@ def test_an_instance_stopping_ends_its_heartbeats_before_closing_the_clock(tmp_p
         me, "pdd", "", {"P0": me, "FE0": router}, config_to_json(load_config()), 0.0
     )
     spec.clock = str(tmp_path / "clock")
-    made = Instance(spec)
+    return Instance(spec)
+
+
+def _run_and_stop(made: Instance, raised: list[BaseException | None]) -> None:
+    """`made.run()` for a few heartbeat periods, stopped, and as long again after (the
+    heartbeat thread, had it outlived the stop, would have woken), what the threads raise
+    meanwhile kept in `raised`. What the run raises is raised."""
     period = made.config.faults.heartbeat_period_s
-    raised: list[BaseException | None] = []
     previous_hook = threading.excepthook
     previous_sigcont = signal.getsignal(signal.SIGCONT)
     threading.excepthook = lambda args: raised.append(args.exc_value)
@@ -83,10 +88,68 @@ def test_an_instance_stopping_ends_its_heartbeats_before_closing_the_clock(tmp_p
     loop = uvloop.new_event_loop()
     try:
         loop.run_until_complete(scenario())
-        time.sleep(3 * period)  # the thread, had it outlived the stop, would have woken
     finally:
+        time.sleep(3 * period)
         loop.close()
         threading.excepthook = previous_hook
         signal.signal(signal.SIGCONT, previous_sigcont)
+
+
+def test_an_instance_stopping_ends_its_heartbeats_before_closing_the_clock(tmp_path) -> None:
+    """An instance on a run's clock page, beating to a router that refuses connections, runs
+    and stops (`Instance.run`): its heartbeat thread is over when the stop returns, and does
+    not read the page after the stop unmapped it. On the code before, the thread outlived the
+    stop and its next wake-up raised `ValueError: mmap closed or invalid`."""
+    raised: list[BaseException | None] = []
+    _run_and_stop(_beating_to_a_closed_port(tmp_path), raised)
     assert not raised, raised
     assert not [t for t in threading.enumerate() if t.name == "heartbeats"]
+
+
+def test_a_failed_close_still_ends_the_heartbeats_and_the_clock(tmp_path) -> None:
+    """Closing the connections fails at the stop: the failure is raised, and the heartbeat
+    thread is still over and the clock's page given back (on the code before, both were
+    skipped)."""
+    made = _beating_to_a_closed_port(tmp_path)
+
+    async def failing_close(_server: object) -> None:
+        raise OSError("closing failed")
+
+    made.close_connections = failing_close  # type: ignore[method-assign]
+    raised: list[BaseException | None] = []
+    with pytest.raises(OSError, match="closing failed"):
+        _run_and_stop(made, raised)
+    assert not raised, raised
+    assert not [t for t in threading.enumerate() if t.name == "heartbeats"]
+    assert made.clock.slot is None and made.clock.source._page.closed
+
+
+def test_a_heartbeat_thread_failing_before_its_loop_runs_is_raised_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heartbeat thread cannot make its loop (here: no file descriptor left): starting the
+    heartbeats raises an error naming it. On the code before, the caller waited forever (the
+    wait is bounded here so that the test fails, not hangs)."""
+    made = instance(RelayInstance, "RLD")
+
+    def no_descriptor_left(coroutine: Any) -> None:
+        coroutine.close()
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(asyncio, "run", no_descriptor_left)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            made.start_heartbeats()
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    starting.join(5.0)
+    assert outcome, "start_heartbeats still waits 5 s after its thread failed"
+    assert isinstance(outcome[0], RuntimeError), outcome
+    assert "heartbeat thread failed" in str(outcome[0]) and "Too many open files" in str(outcome[0])
+    assert made._heartbeat_thread is None
