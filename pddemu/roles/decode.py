@@ -21,10 +21,18 @@ tokens and the extend's tokens, costed by `CostModel.forward_step`. The same ste
 stream another instance lost (`resume_stream`): the outputs the user already has are extended
 and checked against this model's own prediction, and decoding goes on from the next position.
 
+No oracle: an instance does not know how long a request's output will be. It plans with the
+router's prediction (`predicted_output_tokens` in the leg's meta; absent for a system without a
+predictor, which plans no output at all) and learns the end only when it comes: the leg's
+`output_tokens` is the position at which the model emits EOS (the workload's), read only by
+`DecodeRequest.ended`, once per produced position.
+
 Memory is admitted before anything is allocated: a KV transfer waits at its `kv_begin` (the
-connection, one per transfer, is held back meanwhile) until the request's whole KV fits beside
-the others', and only then is its buffer made. Every size a peer announces is bounded by what
-this instance can hold.
+connection, one per transfer, is held back meanwhile) until the request's prompt and predicted
+output fit beside the others', and only then is its buffer made. A request that outlives its
+prediction grows its reservation token by token as it decodes (never waiting: a running request
+is not stalled; `kv_grown_tokens` counts the growth, and admission waits while it leaves too
+little room). Every size a peer announces is bounded by what this instance can hold.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import KVChunk
 from pddemu.wire.tensors import kv_tensor
-from pddemu.workload.expansion import output_group_start, output_index
+from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
 
 log = logging.getLogger("pddemu.decode")
 
@@ -69,9 +77,15 @@ class DecodeRequest:
     on_step: Callable[[DecodeRequest], Awaitable[None]] | None = None  # role hook after each step
 
     @property
-    def total(self) -> int:
-        """Modelled output tokens to produce."""
-        return int(self.meta["output_tokens"])
+    def planned(self) -> int:
+        """Modelled output tokens the router predicts (0 without a prediction): what planning
+        here (memory, the relay's handoff) goes by."""
+        return round(float(self.meta.get("predicted_output_tokens", 0)))
+
+    def ended(self, position: int) -> bool:
+        """Whether the token at modelled `position` - 1 was the last (the model's EOS): asked
+        of each position as it is produced, never to plan."""
+        return position >= int(self.meta["output_tokens"])
 
     @property
     def position(self) -> int:
@@ -89,6 +103,7 @@ class DecodeInstance(Instance):
         self.tokens_generated = 0  # modelled
         self.memory = asyncio.Condition()
         self.kv_reserved = 0  # modelled tokens of KV held by the requests here
+        self.kv_grown_tokens = 0  # reserved beyond predictions, as requests outlived them
         self.admission_waits = 0
         self.last_end = -math.inf
         self.last_step_s = 0.0  # modelled duration of the last step
@@ -107,8 +122,11 @@ class DecodeInstance(Instance):
         P's single modelled token; every later one stands for `token_scale` tokens)."""
         return output_group_start(index, self.config.scale.token_scale)
 
-    def group_end(self, request: DecodeRequest, index: int) -> int:
-        return min(request.total, self.group_start(index + 1))
+    def group_done(self, request: DecodeRequest) -> bool:
+        """Whether the current genuine output's group is complete: all its modelled tokens
+        produced, or the request's last token (EOS) among them."""
+        position = request.position
+        return position >= self.group_start(len(request.outputs)) or request.ended(position)
 
     def modelled_context(self, request: DecodeRequest) -> int:
         return int(request.meta["input_tokens"]) + request.position
@@ -172,7 +190,7 @@ class DecodeInstance(Instance):
     ) -> None:
         """One forward pass: the batch's decode tokens and the extends' tokens together."""
         duration = self.cost.forward_step(self.step_chunks(batch, extends))
-        starting = [r for r in batch if r.position >= self.group_end(r, len(r.outputs) - 1)]
+        starting = [r for r in batch if self.group_done(r)]
         with self.genuine_work(started, duration):
             for extend in extends:
                 extend.run()
@@ -193,7 +211,8 @@ class DecodeInstance(Instance):
                 continue
             request.produced.append(end)
             self.tokens_generated += 1
-            if request.position >= self.group_end(request, len(request.outputs) - 1):
+            self.cover(request)
+            if self.group_done(request):
                 await self.flush(request)
             if request.on_step is not None and not request.finished:
                 await request.on_step(request)
@@ -208,6 +227,7 @@ class DecodeInstance(Instance):
         """Join the batch from modelled time `at` (now by default: a handoff, a resumed
         stream), which its next step cannot start before."""
         at = self.clock.now() if at is None else at
+        self.cover(request)
         request.arrived = max(request.arrived, at)
         self.events.begin("decode", request.rid, at)
         request.decoding = True
@@ -238,7 +258,7 @@ class DecodeInstance(Instance):
                 "role": self.role,
             }
             await self.send_tokens(request, body)
-        if request.emitted >= request.total:
+        if request.ended(request.emitted):
             request.finished = True
             request.decoding = False
             await self.finished(request)
@@ -264,10 +284,21 @@ class DecodeInstance(Instance):
     # -- memory ---------------------------------------------------------------------------
 
     async def reserve_memory(self, request: DecodeRequest) -> None:
-        """Reserve the request's whole KV (prompt and outputs), waiting until it fits."""
+        """Reserve the request's KV as planned (prompt and predicted outputs), waiting until it
+        fits."""
         request.reserved = await self.reserve_tokens(
-            int(request.meta["input_tokens"]) + request.total
+            int(request.meta["input_tokens"]) + request.planned
         )
+
+    def cover(self, request: DecodeRequest) -> None:
+        """Grow the request's reservation to its KV so far, when it has outlived its
+        prediction: at once (a running request does not wait for memory), so the instance may
+        hold more than its capacity until requests end; new ones are admitted only below it."""
+        short = self.modelled_context(request) - request.reserved
+        if short > 0:
+            request.reserved += short
+            self.kv_reserved += short
+            self.kv_grown_tokens += short
 
     async def reserve_tokens(self, need: int) -> int:
         """Wait until `need` modelled tokens of KV (a request's prompt and outputs) fit beside
@@ -312,13 +343,17 @@ class DecodeInstance(Instance):
         modelled = self.cost.kv_capacity_tokens()
         prompt_len = self.bounded(body, "prompt_tokens", 1, genuine)
         offset = self.bounded(body, "offset", 0, prompt_len)
-        outputs = self.bounded(meta, "genuine_output_tokens", 1, genuine)
-        need = self.bounded(meta, "input_tokens", 1, modelled) + self.bounded(
-            meta, "output_tokens", 1, modelled
+        planned = meta.get("predicted_output_tokens", 0)
+        if isinstance(planned, bool) or not isinstance(planned, int | float):
+            raise ValueError(f"predicted_output_tokens must be a number, got {planned!r}")
+        planned = round(min(max(planned, 0), modelled))  # a prediction, bounded as a size
+        need = self.bounded(meta, "input_tokens", 1, modelled) + planned
+        outputs = min(
+            genuine, genuine_output_length(max(1, planned), self.config.scale.token_scale)
         )
         reserved = await self.reserve_tokens(need)
         try:
-            kv = KV.empty(self.model_config, capacity=prompt_len + outputs + 1)
+            kv = KV.empty(self.model_config, capacity=prompt_len + outputs + 1)  # grows past it
             prefix = self.prefix_for(body["rid"], offset)
             if prefix is not None:
                 kv.append(prefix)
@@ -462,7 +497,7 @@ class DecodeInstance(Instance):
         extend inside the next step (`have` of them are in the KV already), the model's
         prediction after them must be the last, and decoding goes on, streaming from
         `position`."""
-        if len(ids) > request.total or not 0 <= have < len(ids) or position > request.total:
+        if not 0 <= have < len(ids) or position < self.group_start(len(ids) - 1):
             raise ValueError(f"{request.rid}: cannot resume {len(ids)} outputs at {position}")
         self.requests[request.rid] = request
         self.resumed += 1
@@ -484,7 +519,7 @@ class DecodeInstance(Instance):
             request.emitted = request.stream_from = position
             request.produced = []
             request.streaming = True
-            if position >= request.total:
+            if request.ended(position):
                 request.finished = True
                 await self.finished(request)
             else:
@@ -528,6 +563,7 @@ class DecodeInstance(Instance):
             "tokens_generated": self.tokens_generated,
             "active": len(self.requests),
             "kv_reserved_tokens": self.kv_reserved,
+            "kv_grown_tokens": self.kv_grown_tokens,
             "admission_waits": self.admission_waits,
         }
 

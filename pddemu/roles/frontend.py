@@ -675,7 +675,7 @@ class Frontend(Instance):
             else 0
         )
         destinations = []
-        meta = {**meta, "pipeline": pipeline, "md": flight.decode}
+        meta = {**meta, **self.leg_meta(flight), "pipeline": pipeline, "md": flight.decode}
         if pipeline in ("P-RLD-MD", "RLD-only"):
             flight.rld = self.pick_least_loaded(self.rld_names)
             meta["rld"] = flight.rld
@@ -702,15 +702,20 @@ class Frontend(Instance):
                 pass
 
     def leg_meta(self, flight: Flight) -> dict[str, Any]:
-        """What every instance a leg goes to is told of the request."""
+        """What every instance a leg goes to is told of the request: what it plans with is the
+        router's prediction of the output length (once made); `output_tokens` is the position
+        of the model's EOS, which an instance reads only as each position is produced
+        (`DecodeRequest.ended`)."""
         record = flight.record
-        return {
+        meta = {
             "input_tokens": record.input_tokens,
             "output_tokens": record.expected_output_tokens,
-            "genuine_output_tokens": flight.genuine_output,
             "frontend": self.name,
             "session": flight.session,
         }
+        if flight.prediction is not None:
+            meta["predicted_output_tokens"] = round(flight.prediction.tokens)
+        return meta
 
     @staticmethod
     def routing_features(flight: Flight) -> PromptFeatures:

@@ -344,7 +344,7 @@ class MainDecodeInstance(DecodeInstance):
         request.produced = []
         self.known.pop(rid, None)
         request.streaming = True
-        if request.emitted >= request.total:
+        if request.ended(request.emitted):
             request.finished = True
             await self.finished(request)
         else:  # from when the part was absorbed, however late this process got here

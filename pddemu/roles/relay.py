@@ -58,7 +58,7 @@ class Handoff:
     pace_s: float = 0.0  # the lead's positions reach the user at least this far apart
     paced_from: int = 0  # the lead's first position (the relay's position at the final part)
     delivered_at: float = 0.0  # when the last paced position reaches the user
-    finishing: bool = False  # the relay ends the request before any switch could come
+    finishing: bool = False  # predicted to end here before any switch could come
     started_at: float | None = None  # modelled time the first part was sent
     rounds: int = 0
     bytes: int = 0
@@ -208,8 +208,12 @@ class RelayInstance(DecodeInstance):
 
     async def after_step(self, request: DecodeRequest) -> None:
         handoff = self.handoffs.get(request.rid)
-        if handoff is None or handoff.finishing:
+        if handoff is None:
             return
+        if handoff.finishing:
+            if request.position < request.planned:
+                return
+            handoff.finishing = False  # it outlived the prediction: hand it over after all
         if handoff.switch is not None:
             if request.position >= handoff.switch:
                 await self.hand_over(request)
@@ -224,7 +228,9 @@ class RelayInstance(DecodeInstance):
                 await self.send_part(request, handoff, None)
             return
         switch, pace = self.switch_position(request, handoff)
-        if switch >= request.total:  # the relay ends the request first: nothing to hand over
+        if request.position < request.planned <= switch:
+            # predicted to end here before the switch: nothing to hand over (unless it outlives
+            # the prediction; the true end is known only when it comes)
             handoff.finishing = True
             return
         now = self.clock.now()

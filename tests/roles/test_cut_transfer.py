@@ -34,7 +34,7 @@ def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> Non
         connection = Connection()
         ids = [TokenIds.from_ints("r1", 0, prompt)]
         await md.on_match(Envelope("match", {"rid": "r1"}, ids, Connection()))
-        meta = {"input_tokens": 4096, "output_tokens": 512, "genuine_output_tokens": 16}
+        meta = {"input_tokens": 4096, "output_tokens": 512, "predicted_output_tokens": 300}
         begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
         await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
         reserved = md.kv_reserved
@@ -45,7 +45,7 @@ def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> Non
         return md, reserved
 
     md, reserved = asyncio.run(scenario())
-    assert reserved == 4096 + 512
+    assert reserved == 4096 + 300  # the prompt and the predicted output, not the true one
     assert md.kv_reserved == 0 and md.receiving == {} and md.transfers_cut == 1
     assert md.stats()["transfers_cut"] == 1
     hit, _node, _handles = md.store.match(list(range(1, 4 * md.page_tokens + 1)))

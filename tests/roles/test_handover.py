@@ -48,8 +48,8 @@ class SteeredRelay(RelayInstance):
     def switch_position(self, request: DecodeRequest, handoff: Any) -> tuple[int, float]:
         offset = self.offsets[request.rid]
         self.finals[request.rid] = request.position
-        if offset < 0:
-            return request.total, 0.0
+        if offset < 0:  # the switch as far as the relay expects the request to go
+            return request.planned, 0.0
         switch = request.position + (offset - (request.position - 1)) % G
         return switch, (PACE_S if offset % 4 == 1 else TOO_FAST_S) if offset % 2 else 0.0
 
@@ -92,7 +92,7 @@ async def serve(offsets: dict[str, int]) -> tuple[dict[str, Any], list[str], dic
         meta = {
             "input_tokens": len(ids) * G,
             "output_tokens": OUTPUT,
-            "genuine_output_tokens": genuine_output_length(OUTPUT, G),
+            "predicted_output_tokens": OUTPUT,
             "frontend": "FE0",
             "pipeline": "P-RLD-MD",
             "rld": "RLD0",

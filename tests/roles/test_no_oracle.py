@@ -1,0 +1,148 @@
+"""No oracle at the instances, driven in-process: the relay's choice to keep a request rather
+than hand it over, and the KV memory a decode instance reserves, follow the router's
+prediction of the output length whatever the true length (which the leg's meta may even lack);
+the true end is learnt only when it comes (the stream ends there, a request that outlives its
+prediction grows its reservation token by token, and is handed over after all)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+
+from pddemu.config import load_config
+from pddemu.model import greedy
+from pddemu.model.kv import KV
+from pddemu.policy.handoff import ONE_SHOT
+from pddemu.policy.output_length import OutputPrediction
+from pddemu.roles.decode import DecodeRequest
+from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.roles.relay import Handoff, RelayInstance
+from pddemu.runtime.channel import Envelope
+from tests.roles.in_process import admit, frontend, instance
+
+CONFIG = load_config(None, ["scale.time_scale=20"])
+G = CONFIG.scale.token_scale
+INPUT = 30 * G  # modelled prompt tokens
+SWITCH = 45  # where the relay's (steered) final part would name MD's switch
+
+
+class SteeredRelay(RelayInstance):
+    """A relay whose final part would name SWITCH; the parts it would send are recorded."""
+
+    parts: list[int | None]
+
+    def switch_position(self, request: DecodeRequest, handoff: Any) -> tuple[int, float]:
+        return SWITCH, 0.0
+
+    async def send_part(self, request: DecodeRequest, handoff: Handoff, switch: int | None) -> None:
+        self.parts.append(switch)
+        handoff.switch = switch
+
+
+def leg_meta(predicted: int, truth: int | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"input_tokens": INPUT, "frontend": "FE0", "md": "MD0"}
+    meta["predicted_output_tokens"] = predicted
+    if truth is not None:
+        meta["output_tokens"] = truth
+    return meta
+
+
+def relay_decisions(predicted: int, truth: int | None) -> list[tuple[bool, list[int | None]]]:
+    """(keeps the request, parts sent) after the relay's step at position 30, then at 41."""
+
+    async def scenario() -> list[tuple[bool, list[int | None]]]:
+        relay = instance(SteeredRelay, "RLD", CONFIG)
+        relay.parts = []
+        request = DecodeRequest("r", leg_meta(predicted, truth), KV.empty(relay.model_config), 30)
+        request.outputs, request.decoding = [1, 2], True
+        handoff = relay.handoffs["r"] = Handoff(ONE_SHOT, [])
+        seen = []
+        for position in (30, 41):
+            request.emitted = position
+            await relay.after_step(request)
+            seen.append((handoff.finishing, list(relay.parts)))
+        return seen
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("truth", [None, 35, 400, 10_000])
+def test_the_relay_keeps_a_request_by_its_prediction_and_hands_it_over_once_it_outlives_it(
+    truth: int | None,
+) -> None:
+    # predicted to end (at 40) before the switch (45): kept, whatever the truth; once it has
+    # outlived the prediction (at 41, no EOS came), handed over as any other
+    assert relay_decisions(40, truth) == [(True, []), (False, [SWITCH])]
+    # predicted to outlive the switch: handed over at once, whatever the truth (a truth of
+    # 35 ends the stream before the switch: the relay learns it only when it comes)
+    assert relay_decisions(400, truth) == [(False, [SWITCH]), (False, [SWITCH])]
+
+
+@pytest.mark.parametrize("truth", [1, 400, 10_000])
+def test_memory_admitted_for_a_transfer_is_the_prompt_and_the_predicted_output(truth: int) -> None:
+    async def scenario() -> int:
+        md = instance(MainDecodeInstance, "MD", CONFIG)
+        body = {"rid": "r", "prompt_tokens": 30, "offset": 0, "meta": leg_meta(40, truth)}
+        body["meta"]["pipeline"] = "P-MD"
+        await md.on_kv_begin(Envelope("kv_begin", body, [], object()))
+        return md.kv_reserved
+
+    assert asyncio.run(scenario()) == INPUT + 40
+
+
+@pytest.mark.parametrize("predicted", [1, 4 * (1 + 2 * G)])
+def test_a_stream_ends_at_its_eos_and_outliving_the_prediction_grows_the_reservation(
+    predicted: int,
+) -> None:
+    truth = 1 + 2 * G  # P's token, then two genuine outputs of G modelled tokens
+
+    async def scenario() -> tuple[list[int], int, int, list[str]]:
+        md = instance(MainDecodeInstance, "MD", CONFIG)
+        await md.start()
+        prompt = list(range(30))
+        kv, logits = md.model.prefill(prompt, None, 64)
+        meta = {**leg_meta(predicted, truth), "pipeline": "P-MD"}
+        request = DecodeRequest("r", meta, kv, len(prompt))
+        await md.reserve_memory(request)
+        held = [md.kv_reserved]
+        assert held == [INPUT + predicted]
+        cover = md.cover
+
+        def covered(request: DecodeRequest) -> None:  # the reservation after every step
+            cover(request)
+            held.append(md.kv_reserved)
+
+        md.cover = covered
+        await md.start_stream(request, greedy(logits))
+        for _ in range(2000):
+            if "r" not in md.requests:
+                break
+            await asyncio.sleep(0.005)
+        positions = [
+            first
+            for _, kind, body in md.told
+            if kind == "tokens"
+            for first in range(body["first"], body["first"] + len(body["times"]))
+        ]
+        return positions, max(held), md.kv_grown_tokens, md.errors + [f"left {md.kv_reserved}"]
+
+    positions, most, grown, errors = asyncio.run(scenario())
+    assert errors == ["left 0"]
+    assert positions == list(range(truth))  # every position once, nothing past the EOS
+    assert grown == max(0, truth - predicted)
+    assert most == INPUT + max(truth, predicted)
+
+
+def test_a_leg_tells_its_instances_the_prediction_and_no_length_to_plan_with() -> None:
+    fe = frontend()
+    flight = admit(fe, "r")
+    assert "predicted_output_tokens" not in fe.leg_meta(flight)  # none made yet
+    flight.prediction = OutputPrediction(math.log(40.4), 0.5)
+    meta = fe.leg_meta(flight)
+    assert meta["predicted_output_tokens"] == 40
+    # the EOS position (the workload's) is all of the true length an instance is told
+    assert meta["output_tokens"] == flight.record.expected_output_tokens
+    assert "genuine_output_tokens" not in meta
