@@ -40,6 +40,7 @@ _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_DROPS.size)
 RECEIVE_BUFFER_BYTES = 32 << 20  # over 2.5 s at 100 Mbit/s: longer than any stall seen here
 DATING_WAIT_S = 2.0  # the kernel's worker normally turns timestamping on within microseconds
 REFUSED_LIMIT_S = 1.0  # a host queue that refuses every datagram this long is not draining
+RECEIVER_GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)  # ICMP, IP_RECVERR
 
 _dating_keeper: socket.socket | None = None  # held open for the process's life
 _dating_lock = threading.Lock()
@@ -176,7 +177,8 @@ def send_at_rate(
     A datagram the sending host's own queue refuses (ENOBUFS, which Linux reports for UDP only
     with IP_RECVERR, set here) is sent again after a pause, so every datagram counted left the
     host's queue; returns the datagrams sent. Raises RuntimeError when the queue refused every
-    datagram for REFUSED_LIMIT_S."""
+    datagram for REFUSED_LIMIT_S, and when the receiver is gone: IP_RECVERR also makes sendto
+    report an ICMP error an earlier datagram met (its port closed, its host unreachable)."""
     sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
     payload = bytes(payload_bytes)
     per_second = rate_bps / (8 * (payload_bytes + ip_overhead))
@@ -190,6 +192,11 @@ def send_at_rate(
             try:
                 sock.sendto(payload, to)
             except OSError as exc:
+                if exc.errno in RECEIVER_GONE:
+                    raise RuntimeError(
+                        f"the receiver at {to[0]}:{to[1]} is gone ({errno.errorcode[exc.errno]} "
+                        f"for an earlier datagram) after {sent} of {total} datagrams left"
+                    ) from exc
                 if exc.errno != errno.ENOBUFS:
                     raise
                 refused_since = refused_since or time.monotonic()

@@ -152,6 +152,19 @@ def test_a_host_queue_that_never_drains_is_an_error_not_a_hang(
         send_at_rate(sock, ("127.0.0.1", 9), 8e6, PAYLOAD, 0.1)  # type: ignore[arg-type]
 
 
+def test_a_receiver_gone_is_an_error_that_says_so() -> None:
+    """A receiver's port closed on loopback: the ICMP error an earlier datagram met (which
+    IP_RECVERR makes sendto report) is raised as the receiver gone, not a bare
+    ConnectionRefusedError (as on the code before)."""
+    gone = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    gone.bind(("127.0.0.1", 0))
+    to = gone.getsockname()
+    gone.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        with pytest.raises(RuntimeError, match=r"receiver at 127.0.0.1:\d+ is gone \(ECONNREFUSED"):
+            send_at_rate(sender, to, 8e6, PAYLOAD, 0.1)
+
+
 @pytest.mark.netns
 def test_a_real_host_queue_that_refuses_a_datagram_gets_it_again() -> None:
     """A namespace's veth behind a 4 Mbit/s tbf whose queue holds 3 datagrams, sent 8
