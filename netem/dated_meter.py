@@ -54,7 +54,11 @@ def hold_kernel_dating(wait_s: float = DATING_WAIT_S) -> None:
     date and `recvmsg` fills in the time of the read (__sock_recv_timestamp), so a meter
     started then would count its first datagrams late and not know it. A socket of this
     process's own, kept open, holds timestamping on from then on; it sends itself datagrams
-    until one comes back dated before the read began. Raises RuntimeError after `wait_s`."""
+    until one comes back dated before the read began. Raises RuntimeError after `wait_s`.
+
+    The socket is made in the calling thread's network namespace and kept for the process's
+    life, so it would keep that namespace alive: call this (or make the first `DatedMeter`)
+    outside namespaces. A namespace whose loopback is down is an error that says so."""
     global _dating_keeper
     with _dating_lock:
         if _dating_keeper is not None:
@@ -62,9 +66,17 @@ def hold_kernel_dating(wait_s: float = DATING_WAIT_S) -> None:
         keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            keeper.bind(("127.0.0.1", 0))
-            keeper.setblocking(False)
-            if not _dated_before_read(keeper, wait_s):
+            try:
+                keeper.bind(("127.0.0.1", 0))
+                keeper.setblocking(False)
+                dated = _dated_before_read(keeper, wait_s)
+            except OSError as exc:
+                raise RuntimeError(
+                    "the socket that holds the kernel's receive timestamping on cannot send "
+                    f"itself a datagram on this thread's loopback ({exc}): is the thread "
+                    "inside a network namespace? hold it from outside namespaces"
+                ) from exc
+            if not dated:
                 raise RuntimeError(
                     f"the kernel still dated datagrams when they were read after {wait_s:g} s "
                     "of timestamping on (SO_TIMESTAMPNS): arrival times cannot be measured"

@@ -219,6 +219,24 @@ def test_a_meter_counts_only_while_kernel_dating_is_held() -> None:
     assert keeper.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) == 1
 
 
+@pytest.mark.netns
+def test_kernel_dating_held_from_a_namespace_without_loopback_is_an_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first meter made by a thread inside a namespace whose loopback is down: an error
+    that says where it was held from, and no keeper left (a bare OSError before)."""
+    require_namespaces()
+    monkeypatch.setattr(dated_meter, "_dating_keeper", None)
+    name = "netem-t" + uuid.uuid4().hex[:10] + "-keeper"
+    subprocess.run(["ip", "netns", "add", name], check=True)  # its lo is down
+    try:
+        with nsutil.inside(name), pytest.raises(RuntimeError, match="inside a network namespace"):
+            dated_meter.hold_kernel_dating()
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+    assert dated_meter._dating_keeper is None
+
+
 class _DatingSocket:
     """A socket whose datagrams come back dated `lag_s` after their read began (0 or more:
     the kernel filled the date in at the read) or before it (negative: dated on arrival)."""
