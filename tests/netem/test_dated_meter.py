@@ -211,8 +211,8 @@ def test_a_real_host_queue_that_refuses_a_datagram_gets_it_again() -> None:
 def test_a_meter_counts_only_while_kernel_dating_is_held() -> None:
     """A meter's socket turns timestamping on; before it counts, this process holds it on
     with a socket of its own, seen to date a datagram before its read."""
-    receiver, _ = _pair()
-    with receiver:
+    receiver, sender = _pair()
+    with receiver, sender:
         DatedMeter(receiver, 0.1, time.time())
     keeper = dated_meter._dating_keeper
     assert keeper is not None and keeper.fileno() != -1
@@ -270,6 +270,6 @@ def test_kernel_dating_that_never_comes_on_is_an_error(monkeypatch: pytest.Monke
 
 
 def test_an_interval_that_is_not_positive_is_refused() -> None:
-    receiver, _ = _pair()
-    with receiver, pytest.raises(ValueError, match="interval must be positive"):
+    receiver, sender = _pair()
+    with receiver, sender, pytest.raises(ValueError, match="interval must be positive"):
         DatedMeter(receiver, 0.0, 0.0)

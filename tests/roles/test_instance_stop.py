@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
-import logging
 import signal
 import socket
 import threading
@@ -21,6 +19,7 @@ from pddemu.config import config_to_json, load_config
 from pddemu.roles.base import Instance
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address, InstanceSpec
+from tests.process_loop import run_and_close_the_loop
 from tests.roles.in_process import instance
 
 
@@ -42,16 +41,7 @@ def test_an_instance_stopping_leaves_no_connection_task_pending(
         assert not rld._accepting
         return clients
 
-    loop = uvloop.new_event_loop()
-    try:
-        clients = loop.run_until_complete(scenario())
-    finally:
-        loop.close()
-    gc.collect()
-    for client in clients:
-        client.close()
-    noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert not noise, noise
+    run_and_close_the_loop(scenario, caplog)
 
 
 def _beating_to_a_closed_port(tmp_path) -> Instance:  # type: ignore[no-untyped-def]

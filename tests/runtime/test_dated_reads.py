@@ -4,8 +4,6 @@ by when it reached the host, not by when it was read."""
 from __future__ import annotations
 
 import asyncio
-import gc
-import logging
 import os
 import socket
 import time
@@ -17,6 +15,7 @@ from pddemu.roles.base import DatedServer
 from pddemu.runtime.channel import Channel
 from pddemu.runtime.dated_reads import DatedReader
 from pddemu.wire import Control, TokenIds, encode
+from tests.process_loop import run_and_close_the_loop
 
 GAP_S = 0.3  # wall seconds between the sender's frames
 
@@ -154,17 +153,8 @@ def test_a_dated_server_leaves_no_connection_pending_when_closed(
         await server.wait_closed()
         return clients
 
-    loop = uvloop.new_event_loop()
-    try:
-        clients = loop.run_until_complete(scenario())
-    finally:
-        loop.close()
-    gc.collect()
-    for client in clients:
-        client.close()
+    run_and_close_the_loop(scenario, caplog)
     assert ended == ["served"] * 3
-    noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert not noise, noise
 
 
 async def _attachment_after_a_gap() -> tuple[float, float | None]:
