@@ -56,7 +56,7 @@ class Handoff:
     sent_position: int = 0  # modelled output position those parts cover
     switch: int | None = None  # where MD takes over the stream (set with the final part)
     pace_s: float = 0.0  # the lead's positions reach the user at least this far apart
-    paced_from: int = 0  # the lead's first position (the relay's position at the final part)
+    paced_from: float = 0  # the lead's first position (the relay's at the final part; inf: none)
     delivered_at: float = 0.0  # when the last paced position reaches the user
     finishing: bool = False  # predicted to end here before any switch could come
     started_at: float | None = None  # modelled time the first part was sent
@@ -180,10 +180,16 @@ class RelayInstance(DecodeInstance):
             await message.channel.control("stream_lost", {"rid": rid, "instance": self.name})
 
     def give_up_handoff(self, rid: str) -> None:
-        """No handoff to MD (lost): the request is finished here."""
+        """No handoff to MD (lost): the request is finished here, and a lead held back for
+        MD's takeover goes on at once, at the times its tokens were produced: there is no MD
+        to pace it to."""
         self.md_lost.add(rid)
         self.handoffs.pop(rid, None)
         self.md_ready_early.pop(rid, None)
+        held = self.leads.get(rid)
+        if held is not None:  # kept, so that its groups still leave in order
+            held.paced_from = math.inf  # no position is the lead's any more
+            held.replan.set()  # the group waiting for its paced time goes now
 
     async def on_md_eta(self, message: Envelope) -> None:
         """MD's prediction of when it produces the token at the switch, from its own steps as

@@ -8,7 +8,7 @@ from typing import Any
 
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
-from pddemu.roles.relay import RelayInstance
+from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from tests.roles.in_process import instance
@@ -177,3 +177,40 @@ def test_a_failed_step_tells_the_frontend_its_requests_streams_are_lost() -> Non
     told = asyncio.run(scenario())
     lost = sorted(body["rid"] for name, kind, body in told if kind == "stream_lost")
     assert lost == ["a", "b"], told
+
+
+def test_md_lost_during_a_paced_lead_sends_what_the_relay_holds_at_once() -> None:
+    """The relay holds its lead's token groups back, paced to end one MD step before MD's
+    first token (MD said: 60 s from now). MD is then lost: the relay finishes the request, and
+    the groups it holds go at once, at the times they were produced. On the code before, they
+    stayed paced toward that MD's token (none left by the end of the test)."""
+
+    async def scenario() -> tuple[list[dict], list[list[float]]]:
+        rld = instance(RelayInstance, "RLD")
+        await rld.start()
+        request = prompt_request(rld, "r")
+        rld.requests["r"] = request
+        now = rld.clock.now()
+        lead = Handoff("catch_up", [], switch=3 * 32, pace_s=1.0, paced_from=1, delivered_at=now)
+        lead.md_first_at, lead.md_step_s = now + 60.0, 0.05
+        rld.leads["r"] = lead
+        produced = [
+            [now + 0.001 * i for i in range(1, 33)],
+            [now + 0.05 + 0.001 * i for i in range(32)],
+        ]
+        for index, times in enumerate(produced, start=1):
+            body = {"rid": "r", "index": index, "id": 5 + index, "first": 1 + 32 * (index - 1)}
+            await rld.send_tokens(
+                request, {**body, "times": times, "source": "RLD0", "role": "RLD"}
+            )
+        await asyncio.sleep(0.2)
+        held_before = [body for name, kind, body in rld.told if kind == "tokens"]
+        assert held_before == []  # paced: the first group is due some 20 s on
+        await rld.on_md_lost(Envelope("md_lost", {"rid": "r"}, [], None))
+        deadline = time.monotonic() + 5
+        while len(rld.told) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return [body for name, kind, body in rld.told if kind == "tokens"], produced
+
+    sent, produced = asyncio.run(scenario())
+    assert [body["times"] for body in sent] == produced
