@@ -237,16 +237,17 @@ class Frontend(Instance):
         for flight in list(self.flights.values()):
             await self.fail_over_one(flight, lost)
 
-    async def fail_over_one(self, flight: Flight, lost: str) -> None:
+    async def fail_over_one(self, flight: Flight, lost: str, why: str = "") -> None:
+        """`why`: `lost` said it no longer holds the request (not merely silent)."""
         if flight.recorded or lost not in (flight.p, flight.decode, flight.rld):
             return
         try:
-            await self.fail_over_flight(flight, lost)
+            await self.fail_over_flight(flight, lost, why)
         except Exception as error:  # noqa: BLE001 - one request's failover, not the others'
             self.errors.append(f"failover of {flight.record.request_id}: {error!r}")
             flight.abandon(f"{lost} was lost and its failover failed: {error}")
 
-    async def fail_over_flight(self, flight: Flight, lost: str) -> None:
+    async def fail_over_flight(self, flight: Flight, lost: str, why: str = "") -> None:
         record = flight.record
         leg = flight.leg
         if not record.pipeline or (lost == flight.p and not flight.ids):
@@ -293,9 +294,9 @@ class Frontend(Instance):
             self.relieve(flight, lost)
             flight.decode = ""
             return
-        if lost == flight.rld and flight.md_took_over:
-            return  # the relay had handed the request over
-        await self.move(flight, lost)
+        if lost == flight.rld and flight.md_took_over and flight.decode:
+            return  # the relay had handed the request over (not moved to it: MD lost)
+        await self.move(flight, lost, why)
 
     def relieve(self, flight: Flight, lost: str) -> None:
         """`lost` no longer streams this leg (its survivor streams from the user's position on):
@@ -868,13 +869,14 @@ class Frontend(Instance):
             self.count_message_lag("heartbeat", message.channel.peer, float(at))
 
     async def on_stream_lost(self, message: Envelope) -> None:
-        """An instance asked to go on with a request (resume it, or finish it alone) no longer
-        holds it: the request moves elsewhere."""
+        """An instance no longer holds a request (asked to resume it or finish it alone, or
+        its step failed): the request fails over as from a lost instance, so that what the
+        leg's other instances hold is resumed or released and P's transfers to it are cut."""
         flight = self.legs.get(message.body["rid"])
         if flight is None or flight.recorded or message.body["rid"] != flight.leg:
             return
         instance = str(message.body["instance"])
-        await self.move(flight, instance, f"{instance} does not hold it")
+        await self.fail_over_one(flight, instance, f"{instance} does not hold it")
 
     async def on_p_hit(self, message: Envelope) -> None:
         self._reply(message, "p_hit")

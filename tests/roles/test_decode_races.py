@@ -6,12 +6,14 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
-from tests.roles.in_process import instance
+from tests.roles.in_process import admit, frontend, instance, tokens
 
 META = {
     "input_tokens": 40 * 32,
@@ -179,6 +181,44 @@ def test_a_failed_step_tells_the_frontend_its_requests_streams_are_lost() -> Non
     assert lost == ["a", "b"], told
 
 
+@pytest.mark.parametrize(
+    ("failed", "expected"),
+    [
+        # the relay's step failed: MD, which holds (or gets) the prompt's KV, resumes the stream
+        ("RLD0", {("MD0", "resume"), ("RLD0", "release")}),
+        # MD's step failed before it took over: the relay finishes it, P's transfer to MD is cut
+        ("MD0", {("RLD0", "md_lost"), ("P0", "cut"), ("MD0", "release")}),
+    ],
+)
+def test_a_failed_step_before_md_took_over_fails_the_request_over(
+    failed: str, expected: set[tuple[str, str]]
+) -> None:
+    """A P-RLD-MD request, the relay streaming, MD to take over: the step of one of them fails
+    and it says it no longer holds the request (`stream_lost`). The frontend fails it over as
+    from a lost instance: the other goes on with the leg, and what the failed one held is
+    released. On the code before, the request moved to a new leg with only the failed instance
+    released: the other's reservation for the old leg was never released, nor P's transfer to
+    MD cut (here, with no other decode instance, the request failed)."""
+
+    async def scenario() -> tuple[set[tuple[str, str]], str, str, list[str]]:
+        fe = frontend()
+        flight = admit(fe, "r")
+        flight.record.pipeline = "P-RLD-MD"
+        flight.p, flight.rld, flight.decode = "P0", "RLD0", "MD0"
+        flight.transfers = {"RLD0", "MD0"}
+        for name in ("P0", "RLD0", "MD0"):
+            fe.liveness.state[name] = "up"
+        await fe.on_tokens(tokens("r", 0, "RLD"))
+        lost = {"rid": "r", "instance": failed}
+        await fe.on_stream_lost(Envelope("stream_lost", lost, [], None))
+        told = {(name, kind) for name, kind, body in fe.told if body.get("rid") == "r"}
+        return told, flight.leg, flight.abandoned, flight.legs
+
+    told, leg, abandoned, legs = asyncio.run(scenario())
+    assert expected <= told, told
+    assert (leg, abandoned, legs) == ("r", "", ["r"])
+
+
 def test_md_lost_during_a_paced_lead_sends_what_the_relay_holds_at_once() -> None:
     """The relay holds its lead's token groups back, paced to end one MD step before MD's
     first token (MD said: 60 s from now). MD is then lost: the relay finishes the request, and
@@ -214,3 +254,24 @@ def test_md_lost_during_a_paced_lead_sends_what_the_relay_holds_at_once() -> Non
 
     sent, produced = asyncio.run(scenario())
     assert [body["times"] for body in sent] == produced
+
+
+def test_a_failed_step_of_a_relay_streaming_alone_after_md_was_lost_moves_the_request() -> None:
+    """MD took the stream over, was lost, and the request moved to the relay (no MD left).
+    The relay's step then fails: the request does not wait for tokens that never come (here,
+    with no instance left to move to, it fails at once)."""
+
+    async def scenario() -> tuple[str, list[str]]:
+        fe = frontend()
+        flight = admit(fe, "r")
+        flight.record.pipeline = "P-RLD-MD"
+        flight.p, flight.rld, flight.decode = "P0", "RLD0", ""  # moved to the relay
+        flight.record.md_tokens = 1  # MD had taken over before it was lost
+        for name in ("P0", "RLD0"):
+            fe.liveness.state[name] = "up"
+        lost = {"rid": "r", "instance": "RLD0"}
+        await fe.on_stream_lost(Envelope("stream_lost", lost, [], None))
+        return flight.abandoned, flight.legs
+
+    abandoned, legs = asyncio.run(scenario())
+    assert abandoned or len(legs) > 1, "left waiting for the failed relay's tokens"
