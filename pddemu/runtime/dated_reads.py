@@ -4,15 +4,19 @@ round to reading it, so the reader's own wake-up, its interpreter lock and its o
 show in when the message arrived.
 
 A connection's transport (uvloop's) reads the socket itself, from its first moment, and drops
-the kernel's ancillary data, so a dated connection has none: `DatedReader` pulls what
-`read_message` asks for with non-blocking recvmsg calls, each asking for no more than the part
-still missing, and `SocketWriter` writes the same socket. TCP reports
-the receive time of the last segment a recvmsg copied from, so the read that completes a frame
-reports the segment that held the frame's last byte: when the frame had wholly arrived.
+the kernel's ancillary data, so a dated connection has none: `DatedReader` reads it with
+non-blocking recvmsg calls, each taking whatever is waiting (at least the part still missing),
+and serves `read_message`'s parts from that; `SocketWriter` writes the same socket. TCP reports
+the receive time of the last segment a recvmsg copied from, and a part is dated by the read that
+completed it: when nothing follows it in what that read took, the segment that held its last
+byte, so when the part had wholly arrived. One read for what is waiting, rather than one for
+each part, and the socket left registered with the loop between waits, keep the reading cheap:
+the frontend reads a message every few milliseconds and is judged on how late it reads them.
 
 But the kernel merges a segment into the one before it while both wait unread (TCP's receive
-coalescing), and the merged one takes the later time. So a date is exact only when nothing
-was waiting behind it when it was read (`exact`): a reader that comes late to several frames
+coalescing), and the merged one takes the later time, and a read that took more than the part
+it completed dates the part by its own last segment. So a date is exact only when nothing was
+waiting behind the part when it was read (`exact`): a reader that comes late to several frames
 dates them late (by no more than its own lateness), and says so. And the kernel turns receive
 timestamps on for the whole host a moment after the first socket asks (a deferred static key):
 on a host where no other socket had them on, the first frames come undated (`received_wall`
@@ -37,6 +41,7 @@ SO_TIMESTAMPNS = 35  # Linux's (socket.h); Python's socket module does not name 
 SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 _TIMESPEC = struct.Struct("=qq")  # tv_sec, tv_nsec (64-bit Linux)
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
+READ_BYTES = 1 << 16  # the least one recvmsg asks for: what is waiting, not one part at a time
 
 
 def dated(sock: socket.socket) -> None:
@@ -54,17 +59,21 @@ class DatedReader:
         self._sock = sock
         dated(sock)
         self._buffer = bytearray()
+        # the date of the last recvmsg: of the buffer's tail, which that read brought
+        self._stamp: float | None = None
         self._eof = False
         self._closed = False
         self._waiter: asyncio.Future | None = None
-        self._fd = -1  # the number the waiting read registered with the loop
+        self._loop: asyncio.AbstractEventLoop | None = None  # set while registered with it
+        self._fd = -1  # the number registered with it: taken off by it even once closed
         self.received_wall: float | None = None
         self.exact = False
 
     async def readexactly(self, n: int) -> bytes:
         if n == 0:
             return b""
-        stamp: float | None = None
+        if self._closed:  # what was read ahead is dropped: reading stops at the close
+            raise asyncio.IncompleteReadError(b"", n)
         while len(self._buffer) < n:
             if self._eof or self._closed:
                 partial = bytes(self._buffer)
@@ -72,7 +81,7 @@ class DatedReader:
                 raise asyncio.IncompleteReadError(partial, n)
             try:
                 data, ancillary, _flags, _ = self._sock.recvmsg(
-                    n - len(self._buffer), _ANCILLARY_BYTES
+                    max(n - len(self._buffer), READ_BYTES), _ANCILLARY_BYTES
                 )
             except (BlockingIOError, InterruptedError):
                 await self._readable()
@@ -81,32 +90,44 @@ class DatedReader:
                 self._eof = True
                 continue
             self._buffer += data
-            stamp = _monotonic_of(ancillary)
+            self._stamp = _monotonic_of(ancillary)
         out = bytes(self._buffer[:n])
         del self._buffer[:n]
-        self.received_wall = stamp
-        self.exact = stamp is not None and not self._buffer and _unread(self._sock) == 0
+        self.received_wall = self._stamp
+        self.exact = self._stamp is not None and not self._buffer and _unread(self._sock) == 0
         return out
 
     async def _readable(self) -> None:
+        """Until the socket is readable (or the reader closed). The socket stays registered
+        after the wait, as long as it is readable only while a read waits: each registration
+        and removal is a system call and a loop handle, per message."""
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
-
-        def ready() -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        # the registration is taken off by this number even if the socket is closed under the
-        # read (fileno -1 then): uvloop keeps a watcher per number, and one left behind would
-        # never wake the next socket given the number
-        self._fd = fd = self._sock.fileno()
-        loop.add_reader(fd, ready)
+        if self._loop is None:
+            # uvloop keeps a watcher per number, and one left behind when the socket is closed
+            # would never wake the next socket given the number: it is taken off by this one
+            self._fd = self._sock.fileno()
+            loop.add_reader(self._fd, self._ready)
+            self._loop = loop
         try:
             await waiter
         finally:
             self._waiter = None
-            if not self._closed:
-                loop.remove_reader(fd)
+            if self._sock.fileno() < 0:  # closed under the read
+                self._unregister()
+
+    def _ready(self) -> None:
+        if self._waiter is None:
+            # readable while no read waits (the owner is handling a message): off the loop
+            # until the next wait, or the loop would call this on every turn meanwhile
+            self._unregister()
+        elif not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _unregister(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._loop = None
 
     def at_eof(self) -> bool:
         return self._eof and not self._buffer
@@ -116,10 +137,9 @@ class DatedReader:
         if self._closed:
             return
         self._closed = True
-        if self._waiter is not None:
-            self._waiter.get_loop().remove_reader(self._fd)
-            if not self._waiter.done():
-                self._waiter.set_result(None)
+        self._unregister()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 class SocketWriter:

@@ -220,3 +220,41 @@ def test_a_socket_closed_under_a_read_leaves_its_fd_number_to_the_next_reader() 
             theirs.close()
 
     assert uvloop.run(scenario()) == b"abcd"
+
+
+def test_a_socket_readable_while_no_read_waits_does_not_spin_the_loop() -> None:
+    """The socket stays registered with the loop between reads; data that comes while its
+    owner is busy with the last message wakes the reader once, which then leaves the loop
+    until the next read waits (a level-triggered registration would call it on every turn),
+    and that read still gets the data."""
+
+    async def scenario() -> tuple[int, bytes]:
+        right, left = await _connected()
+        left.setblocking(False)
+        reader = DatedReader(left)
+        calls = 0
+        ready = reader._ready
+
+        def counted() -> None:
+            nonlocal calls
+            calls += 1
+            ready()
+
+        reader._ready = counted  # type: ignore[method-assign]
+        reading = asyncio.ensure_future(reader.readexactly(4))
+        await asyncio.sleep(0.01)
+        right.sendall(b"one.")
+        assert await reading == b"one."
+        right.sendall(b"two.")  # no read waits: the owner is busy elsewhere
+        for _ in range(200):  # loop turns
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        second = await reader.readexactly(4)
+        reader.close()
+        left.close()
+        right.close()
+        return calls, second
+
+    calls, second = uvloop.run(scenario())
+    assert second == b"two."
+    assert calls <= 3, calls  # one wake for each message, one to leave the loop
