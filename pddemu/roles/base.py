@@ -358,7 +358,7 @@ class Instance:
 
     async def _accept_channel(self, channel: Channel) -> None:
         reader = channel.reader
-        try:  # the hello is read alone, under caps sized for it: nothing else before it is proven
+        try:  # the hello is read under caps sized for it: nothing after it is parsed before it is proven
             hello = await asyncio.wait_for(read_message(reader, HELLO_LIMITS), HELLO_TIMEOUT_S)
             if not isinstance(hello, Control) or hello.kind != HELLO or "attach" in hello.body:
                 raise AuthError("the first frame is not a hello")
