@@ -111,6 +111,10 @@ class DatedReader:
             self._loop = loop
         try:
             await waiter
+        except asyncio.CancelledError:
+            # the socket may be closed after, not through close(): off the loop by its number
+            self._unregister()
+            raise
         finally:
             self._waiter = None
             if self._sock.fileno() < 0:  # closed under the read

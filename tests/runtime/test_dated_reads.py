@@ -186,10 +186,14 @@ def test_a_message_is_dated_by_its_last_frame() -> None:
     assert received is not None and received >= attached - 0.005, (attached, received)
 
 
-def test_a_socket_closed_under_a_read_leaves_its_fd_number_to_the_next_reader() -> None:
-    """A read waiting when its socket is closed under it must take its registration off the
-    loop even so (by the fd number it registered): uvloop keeps a watcher for that number, and
-    a later socket given the same number would never be woken for its reads."""
+@pytest.mark.parametrize("cancel_first", [False, True], ids=["close-cancel", "cancel-close"])
+def test_a_socket_closed_under_a_read_leaves_its_fd_number_to_the_next_reader(
+    cancel_first: bool,
+) -> None:
+    """A read waiting when its socket is closed under it, or cancelled and its socket closed
+    afterwards (not through the reader's close), must take its registration off the loop even
+    so (by the fd number it registered): uvloop keeps a watcher for that number, and a later
+    socket given the same number would never be woken for its reads."""
 
     async def scenario() -> bytes:
         right, left = await _connected()
@@ -197,12 +201,14 @@ def test_a_socket_closed_under_a_read_leaves_its_fd_number_to_the_next_reader() 
         reading = asyncio.ensure_future(DatedReader(left).readexactly(4))
         await asyncio.sleep(0.05)  # waiting in the loop for the socket to become readable
         number = left.fileno()
-        left.close()
+        if not cancel_first:
+            left.close()
         reading.cancel()
         try:
             await reading
         except asyncio.CancelledError:
             pass
+        left.close()
         right.close()
         ours, theirs = socket.socketpair()
         if ours.fileno() != number:  # the next socket takes the closed one's number
