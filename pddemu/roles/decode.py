@@ -343,9 +343,15 @@ class DecodeInstance(Instance):
         modelled = self.cost.kv_capacity_tokens()
         prompt_len = self.bounded(body, "prompt_tokens", 1, genuine)
         offset = self.bounded(body, "offset", 0, prompt_len)
+        # the true end (read only at each step, as the model's EOS) checked here, not in a step
+        self.bounded(meta, "output_tokens", 1, 2**31 - 1)
         planned = meta.get("predicted_output_tokens", 0)
-        if isinstance(planned, bool) or not isinstance(planned, int | float):
-            raise ValueError(f"predicted_output_tokens must be a number, got {planned!r}")
+        if (
+            isinstance(planned, bool)
+            or not isinstance(planned, int | float)
+            or not math.isfinite(planned)
+        ):
+            raise ValueError(f"predicted_output_tokens must be a finite number, got {planned!r}")
         planned = round(min(max(planned, 0), modelled))  # a prediction, bounded as a size
         need = self.bounded(meta, "input_tokens", 1, modelled) + planned
         outputs = min(

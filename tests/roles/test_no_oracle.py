@@ -93,6 +93,35 @@ def test_memory_admitted_for_a_transfer_is_the_prompt_and_the_predicted_output(t
     assert asyncio.run(scenario()) == INPUT + 40
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("output_tokens", None),
+        ("output_tokens", "40"),
+        ("output_tokens", 0),
+        ("predicted_output_tokens", math.nan),
+        ("predicted_output_tokens", math.inf),
+    ],
+)
+def test_a_transfer_with_a_bad_output_length_is_refused_at_its_begin(key: str, value: Any) -> None:
+    """Refused when it begins, naming the key, with no memory held: not inside a decode step
+    (which would drop the whole batch) nor at rounding a prediction."""
+
+    async def scenario() -> int:
+        md = instance(MainDecodeInstance, "MD", CONFIG)
+        body = {"rid": "r", "prompt_tokens": 30, "offset": 0, "meta": leg_meta(40, 400)}
+        body["meta"]["pipeline"] = "P-MD"
+        if value is None:
+            del body["meta"][key]
+        else:
+            body["meta"][key] = value
+        with pytest.raises(ValueError, match=key):
+            await md.on_kv_begin(Envelope("kv_begin", body, [], object()))
+        return md.kv_reserved
+
+    assert asyncio.run(scenario()) == 0
+
+
 @pytest.mark.parametrize("predicted", [1, 4 * (1 + 2 * G)])
 def test_a_stream_ends_at_its_eos_and_outliving_the_prediction_grows_the_reservation(
     predicted: int,
