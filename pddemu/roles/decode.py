@@ -503,7 +503,11 @@ class DecodeInstance(Instance):
         extend inside the next step (`have` of them are in the KV already), the model's
         prediction after them must be the last, and decoding goes on, streaming from
         `position`."""
-        if not 0 <= have < len(ids) or position < self.group_start(len(ids) - 1):
+        if (
+            not 0 <= have < len(ids)
+            or position < self.group_start(len(ids) - 1)
+            or position > self.group_start(len(ids))
+        ):
             raise ValueError(f"{request.rid}: cannot resume {len(ids)} outputs at {position}")
         self.requests[request.rid] = request
         self.resumed += 1

@@ -253,3 +253,26 @@ def test_a_lead_group_that_starts_before_the_lead_is_paced_evenly_from_its_last_
     assert times[:3] == [0.90, 0.95, 1.0]
     steps = np.diff([1.0, *times[3:]])
     assert np.allclose(steps, 0.05) and times[-1] == pytest.approx(1.5)
+
+
+def test_a_stream_is_resumed_only_where_the_users_last_output_stands() -> None:
+    """The user's genuine outputs `ids` cover modelled positions up to the end of the last
+    one's group: a stream resumed before that group begins, or after it ends (a position no
+    output the user holds stands for, which the next step would misplace), is refused."""
+    ids = [5, 6, 7]  # the last one's group: positions 1 + G .. 1 + 2G
+
+    async def resumed(position: int) -> bool:
+        md = instance(MainDecodeInstance, "MD", CONFIG)
+        meta = {"input_tokens": 30 * G, "output_tokens": 10 * G, "pipeline": "P-MD"}
+        request = DecodeRequest("r", meta, md.model.prefill(list(range(30)), None, 64)[0], 30)
+        try:
+            await md.resume_stream(request, ids, position, have=len(ids) - 1)
+        except ValueError as error:
+            assert "cannot resume" in str(error)
+            return False
+        return request.stream_from == position
+
+    async def scenario() -> list[bool]:
+        return [await resumed(p) for p in (G, 1 + G, 1 + 2 * G, 2 + 2 * G, 1 + 5 * G)]
+
+    assert asyncio.run(scenario()) == [False, True, True, False, False]
