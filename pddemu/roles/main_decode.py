@@ -18,6 +18,7 @@ for every output too): it pins exactly what it counts.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,9 @@ class Pinned:
     handles: list = field(default_factory=list)
 
 
+ENDED_KEPT = 4096  # requests ended here remembered for a late release (the oldest forgotten)
+
+
 class MainDecodeInstance(DecodeInstance):
     role = "MD"
     # A transfer's end (`kv_end`) and a handoff part take the time they reached the host, not
@@ -54,6 +58,8 @@ class MainDecodeInstance(DecodeInstance):
         self.matches: dict[str, Pinned] = {}
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
         self.released: set[str] = set()
+        # finished or dropped here: a release that comes after has no KV still on its way
+        self.ended: OrderedDict[str, None] = OrderedDict()
         self.known: dict[str, list[int]] = {}  # outputs received in handoff parts (KV computed)
         self.predicted: dict[str, int] = {}  # the next output the last extend predicts
         self.part_delays: dict[str, float] = {}  # relay -> how long its last part took to come
@@ -81,6 +87,9 @@ class MainDecodeInstance(DecodeInstance):
         if request is not None:
             await self.drop(request)
             self._release_held(rid)
+            self.ended.pop(rid, None)
+        elif self.ended.pop(rid, 0) is None:  # its KV came and it ended here before this
+            pass
         elif message.body.get("kv_expected"):
             self.released.add(rid)
 
@@ -388,6 +397,16 @@ class MainDecodeInstance(DecodeInstance):
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)
         self._release_held(request.rid)
+        self._ended(request.rid)
+
+    async def drop(self, request: DecodeRequest) -> None:
+        await super().drop(request)
+        self._ended(request.rid)
+
+    def _ended(self, rid: str) -> None:
+        self.ended[rid] = None
+        if len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "drc_tokens": self.store.size_tokens}

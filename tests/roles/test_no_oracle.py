@@ -175,3 +175,24 @@ def test_a_leg_tells_its_instances_the_prediction_and_no_length_to_plan_with() -
     # the EOS position (the workload's) is all of the true length an instance is told
     assert meta["output_tokens"] == flight.record.expected_output_tokens
     assert "genuine_output_tokens" not in meta
+
+
+@pytest.mark.parametrize("ended", ["finished", "dropped"])
+def test_a_release_after_md_ended_the_request_leaves_nothing_behind(ended: str) -> None:
+    """The true EOS may come before the relay's switch: MD finishes the request, and the
+    frontend's release (KV expected) comes after. Nothing of it is still on its way, so nothing
+    of it is kept; a release for a request whose KV has not come yet is still remembered."""
+
+    async def scenario() -> tuple[set[str], set[str]]:
+        md = instance(MainDecodeInstance, "MD", CONFIG)
+        meta = {**leg_meta(40, 400), "pipeline": "P-RLD-MD"}
+        request = DecodeRequest("r", meta, KV.empty(md.model_config), 30)
+        md.requests["r"] = request
+        await md.reserve_memory(request)
+        await (md.finished(request) if ended == "finished" else md.drop(request))
+        for rid in ("r", "coming"):
+            body = {"rid": rid, "kv_expected": True}
+            await md.on_release(Envelope("release", body, [], object()))
+        return md.released, set(md.ended)
+
+    assert asyncio.run(scenario()) == ({"coming"}, set())
