@@ -59,7 +59,7 @@ from pddemu.runtime.channel import Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S, REPORT_KIND, InstantHold
 from pddemu.runtime.liveness import DOWN, Change, Liveness
 from pddemu.wire import TokenIds
-from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
+from pddemu.workload.expansion import output_group_start, output_index
 
 DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
 WAN_DECODE = {"pdd": True, "naive": True, "indc": False}
@@ -80,7 +80,6 @@ class Flight:
 
     record: RequestRecord
     prompt: list[int]
-    genuine_output: int
     session: str | None
     p: str = ""
     decode: str = ""
@@ -501,7 +500,6 @@ class Frontend(Instance):
         session = body.get("session")
         if session is not None and not isinstance(session, str):
             raise ValueError("session must be a string")
-        genuine_output = genuine_output_length(output_tokens, self.config.scale.token_scale)
         record = RequestRecord(
             request_id=rid,
             system=self.system,
@@ -509,7 +507,7 @@ class Frontend(Instance):
             input_tokens=input_tokens,
             expected_output_tokens=output_tokens,
         )
-        flight = Flight(record, prompt, genuine_output, session)
+        flight = Flight(record, prompt, session)
         flight.arrival_hold = self.clock.hold_instant()  # until route() has P's hit
         self.flights[rid] = flight
         self.new_leg(flight, rid)

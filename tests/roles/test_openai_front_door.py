@@ -16,13 +16,15 @@ from aiohttp import web
 from pddemu.config import ServeConfig
 from pddemu.model import VOCAB_SIZE, ByteTokenizer
 from pddemu.roles.frontend import Flight, Frontend
+from pddemu.workload.expansion import genuine_output_length
 from tests.roles.in_process import OUTPUT, frontend, tokens
 
 Play = Callable[[Frontend, Flight], Awaitable[None]]
 
 
 async def answer(fe: Frontend, flight: Flight) -> None:
-    for index in range(flight.genuine_output):
+    scale = fe.config.scale.token_scale
+    for index in range(genuine_output_length(flight.record.expected_output_tokens, scale)):
         await fe.on_tokens(tokens(flight.record.request_id, index, "MD"))
 
 
