@@ -106,26 +106,32 @@ def test_a_dated_connection_ends_cleanly_when_its_peer_closes() -> None:
     assert uvloop.run(scenario()) == "bye|"
 
 
+async def _close_and_cancel_a_waiting_read(cancel_first: bool) -> int:
+    """A read left waiting on its socket, then the socket closed under it (not through the
+    reader's close) and the read cancelled, in either order; returns the socket's fd number."""
+    right, left = await _connected()
+    left.setblocking(False)
+    reading = asyncio.ensure_future(DatedReader(left).readexactly(4))
+    await asyncio.sleep(0.05)  # waiting in the loop for the socket to become readable
+    number = left.fileno()
+    if not cancel_first:
+        left.close()
+    reading.cancel()
+    try:
+        await reading
+    except asyncio.CancelledError:
+        pass
+    left.close()
+    right.close()
+    return number
+
+
 def test_a_read_cancelled_after_its_socket_closed_ends_cancelled() -> None:
     """A read waiting when its socket is closed under it (not through the reader's close, as
     at a process's teardown) ends as cancelled when cancelled: no ValueError for fd -1 from
     taking the closed socket off the loop."""
 
-    async def scenario() -> None:
-        right, left = await _connected()
-        left.setblocking(False)
-        reader = DatedReader(left)
-        reading = asyncio.ensure_future(reader.readexactly(4))
-        await asyncio.sleep(0.05)  # waiting in the loop for the socket to become readable
-        left.close()
-        reading.cancel()
-        try:
-            await reading
-        except asyncio.CancelledError:
-            pass
-        right.close()
-
-    uvloop.run(scenario())
+    uvloop.run(_close_and_cancel_a_waiting_read(cancel_first=False))
 
 
 def test_a_dated_server_leaves_no_connection_pending_when_closed(
@@ -196,20 +202,7 @@ def test_a_socket_closed_under_a_read_leaves_its_fd_number_to_the_next_reader(
     socket given the same number would never be woken for its reads."""
 
     async def scenario() -> bytes:
-        right, left = await _connected()
-        left.setblocking(False)
-        reading = asyncio.ensure_future(DatedReader(left).readexactly(4))
-        await asyncio.sleep(0.05)  # waiting in the loop for the socket to become readable
-        number = left.fileno()
-        if not cancel_first:
-            left.close()
-        reading.cancel()
-        try:
-            await reading
-        except asyncio.CancelledError:
-            pass
-        left.close()
-        right.close()
+        number = await _close_and_cancel_a_waiting_read(cancel_first)
         ours, theirs = socket.socketpair()
         if ours.fileno() != number:  # the next socket takes the closed one's number
             os.dup2(ours.fileno(), number)
