@@ -41,3 +41,18 @@ def test_without_network_privileges_only_the_network_benchmarks_fail(
     handoff = json.loads((tmp_path / "handoff.json").read_text())
     assert handoff["error"] == "RootlessError: not root, and user namespaces are refused here"
     assert "error" not in json.loads((tmp_path / "costmodel.json").read_text())
+
+
+def test_the_jobs_wall_time_is_job_wall_s_and_a_benchmarks_own_wall_s_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def timed(quick: bool) -> dict:
+        return {"wall_s": 1234.5, "targets": {"ran": True}}  # its deployments', summed
+
+    monkeypatch.setattr(pddemu.bench.costmodel, "run", timed)
+    assert main(["--only", "costmodel", "--only", "wire", "--quick", "--out", str(tmp_path)]) == 0
+    timed_result = json.loads((tmp_path / "costmodel.json").read_text())
+    assert timed_result["wall_s"] == 1234.5
+    assert 0 <= timed_result["job_wall_s"] < 1234.5
+    wire = json.loads((tmp_path / "wire.json").read_text())
+    assert "wall_s" not in wire and wire["job_wall_s"] > 0
