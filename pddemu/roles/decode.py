@@ -107,6 +107,7 @@ class DecodeInstance(Instance):
         self.admission_waits = 0
         self.last_end = -math.inf
         self.last_step_s = 0.0  # modelled duration of the last step
+        self.admitting: set[str] = set()  # KV transfers begun, waiting for memory
         self.receiving: dict[str, dict[str, Any]] = {}  # KV transfers in progress, by request
         self.arriving: set[str] = set()  # KV complete, being taken in (kv_arrived)
         self.transfers_cut = 0  # transfers that ended before their kv_end (sender lost or cut)
@@ -357,7 +358,11 @@ class DecodeInstance(Instance):
         outputs = min(
             genuine, genuine_output_length(max(1, planned), self.config.scale.token_scale)
         )
-        reserved = await self.reserve_tokens(need)
+        self.admitting.add(body["rid"])
+        try:
+            reserved = await self.reserve_tokens(need)
+        finally:
+            self.admitting.discard(body["rid"])
         try:
             kv = KV.empty(self.model_config, capacity=prompt_len + outputs + 1)  # grows past it
             prefix = self.prefix_for(body["rid"], offset)
@@ -447,8 +452,9 @@ class DecodeInstance(Instance):
             self.arriving.discard(request.rid)
 
     def expects(self, rid: str) -> bool:
-        """Whether a request's KV is on its way here or being taken in."""
-        return rid in self.receiving or rid in self.arriving
+        """Whether a request's KV is on its way here (its transfer begun, perhaps waiting for
+        memory) or being taken in."""
+        return rid in self.admitting or rid in self.receiving or rid in self.arriving
 
     def channel_closed(self, channel: Any) -> None:
         """A transfer cut off mid-way (P cancelled it, or died): its memory is released, what

@@ -79,7 +79,9 @@ class MainDecodeInstance(DecodeInstance):
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,
-        and, if its KV is still on its way, drop that when it comes (keeping it in the DRC)."""
+        and, if its KV is still on its way, drop that when it comes (keeping it in the DRC).
+        The router's `kv_expected` may not know of KV that is already here: a failed request's
+        transfer may have ended before P read its cancel, so a transfer begun here counts."""
         rid = message.body["rid"]
         self._unpin_match(rid)
         self.pending_resume.pop(rid, None)
@@ -90,7 +92,7 @@ class MainDecodeInstance(DecodeInstance):
             self.ended.pop(rid, None)
         elif self.ended.pop(rid, 0) is None:  # its KV came and it ended here before this
             pass
-        elif message.body.get("kv_expected"):
+        elif message.body.get("kv_expected") or self.expects(rid):
             self.released.add(rid)
 
     def _unpin_match(self, rid: str) -> None:

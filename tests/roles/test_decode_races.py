@@ -13,6 +13,7 @@ from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
+from pddemu.wire.tensors import kv_chunk_from_tensor
 from tests.roles.in_process import admit, frontend, instance, tokens
 
 META = {
@@ -275,3 +276,56 @@ def test_a_failed_step_of_a_relay_streaming_alone_after_md_was_lost_moves_the_re
 
     abandoned, legs = asyncio.run(scenario())
     assert abandoned or len(legs) > 1, "left waiting for the failed relay's tokens"
+
+
+class KvConnection:
+    """A KV transfer's connection as MD sees it: its identity, and a peer without a date."""
+
+    peer = "P0"
+    received = None
+
+
+@pytest.mark.parametrize("stage", ["admitting", "receiving", "arriving"])
+def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stage: str) -> None:
+    """A P-RLD-MD request fails at the frontend after P had sent MD all its KV: the release
+    says no KV is expected (P was told to cancel), but the transfer is already at MD, waiting
+    for memory (`admitting`), read up to its end (`receiving`) or being taken in (`arriving`).
+    MD drops it when it is complete: no memory held, nothing told the relay. On the code
+    before, MD kept the request (and its 1580 tokens of memory) for good and told the relay,
+    which had released it, that its KV was ready."""
+
+    async def scenario() -> tuple[int, list[str], set[str], list[str]]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        prompt = list(range(1, 41))
+        kv, _ = md.model.prefill(prompt, None, len(prompt))
+        connection = KvConnection()
+        meta = {**META, "predicted_output_tokens": 300}
+        begin = Envelope(
+            "kv_begin",
+            {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": meta},
+            [],
+            connection,
+        )
+        release = Envelope("release", {"rid": "r", "kv_expected": False}, [], None)
+        if stage == "admitting":  # the memory is full: the transfer waits at its begin
+            others = await md.reserve_tokens(md.cost.kv_capacity_tokens())
+            beginning = asyncio.ensure_future(md.on_kv_begin(begin))
+            await asyncio.sleep(0.02)
+            await md.on_release(release)
+            await md.release_tokens(others)
+            await beginning
+        else:
+            await md.on_kv_begin(begin)
+        await md.on_kv_chunk(kv_chunk_from_tensor("r", 0, 0, kv.tensor), connection)
+        if stage == "receiving":
+            await md.on_release(release)
+        await md.on_kv_end(Envelope("kv_end", {"rid": "r", "first_token": 7}, [], connection))
+        if stage == "arriving":
+            await md.on_release(release)
+        await asyncio.sleep(0.2)
+        told = [kind for name, kind, body in md.told if name == "RLD0"]
+        return md.kv_reserved, sorted(md.requests), md.released, told
+
+    reserved, requests, released, told_relay = asyncio.run(scenario())
+    assert (reserved, requests, released, told_relay) == (0, [], set(), [])
