@@ -74,6 +74,11 @@ CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its conne
 REPORTS = frozenset({"transfer_done", "kv_arrived", "handoff_sent"})
 
 
+class Unanswered(Exception):
+    """An instance did not answer the routing exchange in time: alive perhaps (its handler
+    failed, or it does not know the leg), but not judged down, so no failover ends the wait."""
+
+
 @dataclass
 class Flight:
     """A request in the frontend, from arrival to its end state."""
@@ -376,10 +381,9 @@ class Frontend(Instance):
         loop = asyncio.get_running_loop()
         flight.replies = {"matched": loop.create_future()}
         await self.tell(target, "match", {"rid": leg}, TokenIds.from_ints(leg, 0, flight.prompt))
-        patience = self.config.faults.down_after_s / self.config.scale.time_scale
         try:
-            reply = await asyncio.wait_for(flight.replies["matched"], patience)
-        except TimeoutError:
+            reply = await self.answer(flight, "matched", target)
+        except Unanswered:
             return 0
         hit = int(reply["hit"])
         flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
@@ -587,10 +591,14 @@ class Frontend(Instance):
                 task = asyncio.current_task()
                 if not flight.reroute or (task is not None and task.cancelling()):
                     raise
-            except ConnectionError as error:  # an instance it was routed to is gone
+            except (ConnectionError, Unanswered) as error:  # gone, or silent on this leg
                 if flight.ids or flight.routings >= MAX_ROUTINGS:
                     raise
-                flight.reroute = f"an instance could not be reached ({error})"
+                flight.reroute = (
+                    str(error)
+                    if isinstance(error, Unanswered)
+                    else f"an instance could not be reached ({error})"
+                )
             reason, flight.reroute = flight.reroute, ""
             await self.forget_leg(flight)
             flight.record.retries += 1
@@ -634,7 +642,7 @@ class Frontend(Instance):
             await self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt)
             if not self.exact(flight.p):
                 hold.release()
-            p_hit = (await flight.replies["p_hit"])["hit"]
+            p_hit = (await self.answer(flight, "p_hit", flight.p))["hit"]
             if not self.exact(flight.decode):
                 hold.release()  # its answer crosses modelled time (the WAN)
             await match
@@ -643,13 +651,26 @@ class Frontend(Instance):
                 match.cancel()
             elif not match.cancelled():
                 match.exception()  # raised above when it failed; retrieved either way
-        md_hit = (await flight.replies["matched"])["hit"]
+        md_hit = (await self.answer(flight, "matched", flight.decode))["hit"]
         if hold.released and self.exact(flight.p):
             hold = self.clock.hold_instant()  # the decision and the route take no time
         try:
             await self.decide_and_route(flight, p_hit, md_hit, meta)
         finally:
             hold.release()
+
+    async def answer(self, flight: Flight, kind: str, instance: str) -> dict[str, Any]:
+        """`instance`'s reply `kind` for the flight's leg, waited for no longer than the router
+        gives a silent instance before it is down (`faults.down_after`, modelled): only that
+        reply or a failover ends the wait, and an instance that is heard from but never
+        answers this leg would otherwise hold the request until its timeout."""
+        patience = self.config.faults.down_after_s
+        try:
+            return await self.clock.within(flight.replies[kind], patience)
+        except TimeoutError:
+            raise Unanswered(
+                f"{instance} did not answer {kind} for {flight.leg} within {patience:g} modelled s"
+            ) from None
 
     async def decide_and_route(
         self, flight: Flight, p_hit: int, md_hit: int, meta: dict[str, Any]

@@ -1,0 +1,139 @@
+"""The routing exchange waits for an instance's answer (P's prefix hit, the decode side's
+match) only as long as the router waits for a silent instance before it is down: an instance
+heard from but not answering a leg no longer holds its request to the request timeout, and a
+request given up so ends failed, with the reason, its instances told to let it go. Driven
+in-process: the frontend's messages are recorded, the instances' answers made up."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from pddemu.config import load_config
+from pddemu.roles.frontend import Flight, Frontend
+from pddemu.roles.sizing import cost_model
+from pddemu.runtime.channel import Envelope
+from pddemu.runtime.liveness import UP, Liveness
+from tests.roles.in_process import admit, instance, tokens
+
+DOWN_AFTER_S = 0.5  # modelled (real time in-process): the patience for an answer
+WALL_BOUND_S = 10.0  # the request must have ended by then (its timeout is 600 s)
+
+
+def deployment(silent: set[str], time_scale: float | None = None) -> Frontend:
+    """A frontend routing to P0, P1, RLD0, MD0 and MD1, all up; the instances named in `silent`
+    never answer, the others answer at once with no hit."""
+    config = load_config()
+    config = config.model_copy(
+        update={
+            "faults": config.faults.model_copy(
+                update={"suspect_after_s": 0.3, "down_after_s": DOWN_AFTER_S}
+            ),
+            "scale": config.scale.model_copy(update={"time_scale": time_scale}),
+        }
+    )
+    fe = instance(Frontend, "FE", config)
+    fe.p_names, fe.decode_names, fe.rld_names = ["P0", "P1"], ["MD0", "MD1"], ["RLD0"]
+    fe.relay_cost = cost_model(config, "pdd", "RLD")
+    fe.load = {name: 0 for name in [*fe.p_names, *fe.decode_names, *fe.rld_names]}
+    fe.liveness = Liveness(list(fe.load), 0.3, DOWN_AFTER_S)
+    for name in fe.load:
+        fe.liveness.state[name] = UP
+    answers = {"prefill": ("p_hit", fe.on_p_hit), "match": ("matched", fe.on_matched)}
+
+    async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+        fe.told.append((name, kind, body))
+        if kind in answers and name not in silent:
+            reply, handler = answers[kind]
+            answer = Envelope(reply, {"rid": body["rid"], "hit": 0, "instance": name}, [], None)
+            fe.spawn(handler(answer), f"{name}'s {reply}")
+        return 0
+
+    fe.tell = tell
+    return fe
+
+
+async def until_told(fe: Frontend, name: str, kind: str) -> None:
+    while not any((n, k) == (name, kind) for n, k, _ in fe.told):
+        await asyncio.sleep(0.01)
+
+
+async def ended(fe: Frontend, flight: Flight, task: asyncio.Task) -> bool:
+    """Whether the request ended within the wall bound (it is stopped if not)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), WALL_BOUND_S)
+        return True
+    except TimeoutError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+
+
+@pytest.mark.parametrize(
+    ("silent", "lose_p0", "reason"),
+    [
+        # P0 dies mid-prefill; the retried leg's P (P1) is alive but never answers
+        ({"P1"}, True, "P1 did not answer p_hit for r~1"),
+        # P0 never answers either leg (the second goes to P0 again: least loaded, first name)
+        ({"P0"}, False, "P0 did not answer p_hit for r~1"),
+        # MD0 never answers its match, on either leg (session-less: MD0 both times)
+        ({"MD0"}, False, "MD0 did not answer matched for r~1"),
+    ],
+)
+def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
+    silent: set[str], lose_p0: bool, reason: str
+) -> None:
+    """Routed again once, then failed with the reason; every leg's P is told to cancel and its
+    decode instance to release (its pinned match), and no load is left counted. On the code
+    before, the request was still waiting for the answer after 10 s (its timeout is 600 s)."""
+
+    async def scenario() -> tuple[bool, Flight, list[tuple[str, str, dict]], dict[str, int]]:
+        fe = deployment(silent)
+        flight = admit(fe, "r")
+        task = asyncio.ensure_future(fe.serve_flight(flight))
+        await until_told(fe, "P0", "prefill")
+        if lose_p0:
+            fe.liveness_changed(fe.liveness.lost("P0", fe.clock.now(), "killed"))
+        done = await ended(fe, flight, task)
+        return done, flight, fe.told, dict(fe.load)
+
+    done, flight, told, load = asyncio.run(scenario())
+    assert done, "still waiting for the answer"
+    record = flight.record
+    assert record.state == "failed" and reason in record.failure_reason
+    assert record.retries == 1 and flight.legs == ["r", "r~1"]
+    said = {(name, kind, body["rid"]) for name, kind, body in told}
+    p_again = "P1" if lose_p0 else "P0"
+    assert {("P0", "cancel", "r"), ("MD0", "release", "r")} <= said
+    assert {(p_again, "cancel", "r~1"), ("MD0", "release", "r~1")} <= said
+    assert set(load.values()) == {0}
+
+
+def test_a_move_whose_target_never_answers_its_match_sends_the_whole_prompt() -> None:
+    """MD0, streaming a P-MD request, is lost; MD1 never answers the match the move asks: the
+    move goes on after the patience, with the whole prompt, also at `time_scale = "auto"`
+    (the default). On the code before, the patience was down_after / time_scale, a TypeError
+    under "auto": the failover failed and the request was given up."""
+
+    async def scenario() -> tuple[Flight, list[tuple[str, str, dict]]]:
+        fe = deployment({"MD1"}, time_scale=None)
+        flight = admit(fe, "r")
+        flight.record.pipeline = "P-MD"
+        flight.p, flight.decode = "P0", "MD0"
+        await fe.on_tokens(tokens("r", 0, "MD"))
+        fe.liveness_changed(fe.liveness.lost("MD0", fe.clock.now(), "killed"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WALL_BOUND_S
+        while not any(kind == "route" for _, kind, _ in fe.told) and loop.time() < deadline:
+            if flight.abandoned:
+                break
+            await asyncio.sleep(0.01)
+        return flight, fe.told
+
+    flight, told = asyncio.run(scenario())
+    assert flight.abandoned == "", flight.abandoned
+    (route,) = [body for name, kind, body in told if kind == "route"]
+    assert route["rid"] == "r~1" and route["destinations"][0]["name"] == "MD1"
+    assert route["destinations"][0]["offset"] == 0
