@@ -331,6 +331,7 @@ def instance_reports(
                 busy_s=own.get("busy_s", 0.0),
                 tokens_generated=own.get("tokens_generated", 0),
                 prefill_tokens=own.get("prefill_tokens", 0),
+                kv_peak_over_capacity_tokens=own.get("kv_peak_over_capacity_tokens", 0),
             )
         )
     return reports

@@ -108,3 +108,4 @@ class InstanceReport:
     busy_s: float = 0.0  # modelled seconds spent in steps
     tokens_generated: int = 0  # modelled output tokens produced (decode roles)
     prefill_tokens: int = 0  # modelled prompt tokens computed (P)
+    kv_peak_over_capacity_tokens: int = 0  # decode roles: most KV reserved beyond capacity

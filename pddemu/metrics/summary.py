@@ -143,6 +143,7 @@ def summarize(
             "failovers": sum(r.failovers for r in records),
         },
         "emulator_lag_s": _lag(instances),
+        "kv_peak_over_capacity_tokens": sum(i.kv_peak_over_capacity_tokens for i in instances),
         "cost_per_hour": cost,
         "cost_per_hour_by_role": _cost_by_role(instances, wan_cost_per_hour),
         "bcr": goodput / cost if goodput is not None and cost > 0 else None,

@@ -104,6 +104,7 @@ class DecodeInstance(Instance):
         self.memory = asyncio.Condition()
         self.kv_reserved = 0  # modelled tokens of KV held by the requests here
         self.kv_grown_tokens = 0  # reserved beyond predictions, as requests outlived them
+        self.kv_peak_over_capacity_tokens = 0  # the most reserved beyond capacity at once
         self.admission_waits = 0
         self.last_end = -math.inf
         self.last_step_s = 0.0  # modelled duration of the last step
@@ -298,7 +299,7 @@ class DecodeInstance(Instance):
         short = self.modelled_context(request) - request.reserved
         if short > 0:
             request.reserved += short
-            self.kv_reserved += short
+            self.hold_tokens(short)
             self.kv_grown_tokens += short
 
     async def reserve_tokens(self, need: int) -> int:
@@ -315,8 +316,16 @@ class DecodeInstance(Instance):
             await self.memory.wait_for(
                 lambda: self.kv_reserved == 0 or self.kv_reserved + need <= capacity
             )
-            self.kv_reserved += need
+            self.hold_tokens(need)
             return need
+
+    def hold_tokens(self, tokens: int) -> None:
+        """Add to the KV reserved here, keeping the most it ever was beyond capacity: what
+        growing requests (and one too long, admitted alone) hold that the modelled chip has
+        no room for, which a real engine would preempt (not modelled)."""
+        self.kv_reserved += tokens
+        over = self.kv_reserved - self.cost.kv_capacity_tokens()
+        self.kv_peak_over_capacity_tokens = max(self.kv_peak_over_capacity_tokens, over)
 
     async def release_tokens(self, tokens: int) -> None:
         async with self.memory:
@@ -580,6 +589,7 @@ class DecodeInstance(Instance):
             "active": len(self.requests),
             "kv_reserved_tokens": self.kv_reserved,
             "kv_grown_tokens": self.kv_grown_tokens,
+            "kv_peak_over_capacity_tokens": self.kv_peak_over_capacity_tokens,
             "admission_waits": self.admission_waits,
         }
 

@@ -184,6 +184,17 @@ def test_emulator_lag_pools_every_instance() -> None:
     )
 
 
+def test_kv_beyond_capacity_is_summed_over_the_instances() -> None:
+    instances = [
+        InstanceReport("RLD0", "RLD", "A", 2, 5.0, kv_peak_over_capacity_tokens=7),
+        InstanceReport("MD0", "MD", "B", 8, 12.0, kv_peak_over_capacity_tokens=30),
+        InstanceReport("MD1", "MD", "B", 8, 12.0),
+    ]
+    summary = summarize("pdd", sample_records(), instances, SAMPLE_SLO, SAMPLE_SCALE, None)
+    assert summary["kv_peak_over_capacity_tokens"] == 37
+    assert pdd_summary()["kv_peak_over_capacity_tokens"] == 0
+
+
 def test_scale_holds_the_factors_and_the_wan_rate() -> None:
     assert pdd_summary()["scale"] == {
         "token_scale": 0.0625,

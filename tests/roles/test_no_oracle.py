@@ -196,3 +196,29 @@ def test_a_release_after_md_ended_the_request_leaves_nothing_behind(ended: str) 
         return md.released, set(md.ended)
 
     assert asyncio.run(scenario()) == ({"coming"}, set())
+
+
+def test_the_most_kv_held_beyond_capacity_is_kept_in_the_stats() -> None:
+    """A request admitted just below capacity outlives its reservation by 20 tokens: 15 beyond
+    capacity; once it is gone, one longer than the capacity is admitted alone: 100 beyond. The
+    stats keep the peak, 100, after both have left."""
+
+    async def scenario() -> tuple[list[int], dict[str, Any]]:
+        md = instance(MainDecodeInstance, "MD", CONFIG)
+        capacity = md.cost.kv_capacity_tokens()
+        prompt = list(range(30))
+        kv, _ = md.model.prefill(prompt, None, 64)
+        growing = DecodeRequest("a", {"input_tokens": capacity - 5}, kv, len(prompt))
+        await md.reserve_memory(growing)
+        growing.emitted = 20  # it outlived its (absent) prediction by 20 tokens
+        md.cover(growing)
+        peaks = [md.kv_peak_over_capacity_tokens]
+        await md.release_memory(growing)
+        alone = await md.reserve_tokens(capacity + 100)
+        peaks.append(md.kv_peak_over_capacity_tokens)
+        await md.release_tokens(alone)
+        return peaks, md.stats()
+
+    peaks, stats = asyncio.run(scenario())
+    assert peaks == [15, 100]
+    assert stats["kv_peak_over_capacity_tokens"] == 100 and stats["kv_reserved_tokens"] == 0
