@@ -24,8 +24,8 @@ VLLM_CLIENT_DEPS := torch==2.13.0 numpy packaging regex pyyaml tqdm psutil cache
   'fastapi>=0.133.0,<0.137.0' uvicorn 'prometheus_client>=0.18.0' partial-json-parser \
   watchfiles 'orjson>=3.11.6' einops 'apache-tvm-ffi==0.1.11'
 
-.PHONY: install aiperf vllm-client emulate test bench bench-netem bench-faults bench-vllm lint \
-  docs reproduce clean
+.PHONY: install aiperf vllm-client emulate test bench bench-netem bench-faults bench-vllm \
+  bench-reproduce lint docs reproduce clean
 
 install: $(STAMP)
 
@@ -73,6 +73,13 @@ bench: install aiperf
 # vLLM's `vllm bench serve` against `pddemu serve` (bench/results/vllm_serve.json)
 bench-vllm: install vllm-client
 	$(BIN)/python -m pddemu.bench --only vllm_serve --out bench/results
+
+# Every experiment's quick variant as one sweep job each, its wall time, points, valid points
+# and mean speed-up in bench/results/reproduce_quick.json (about 75 min on 2 cores: not part of
+# `make bench`); EXPERIMENTS="kv-transfer handoff" runs some of them.
+bench-reproduce: install
+	$(BIN)/python -m pddemu.bench --only reproduce_quick --experiments $(EXPERIMENTS) \
+	  --out bench/results
 
 bench-faults: install
 	$(BIN)/python -m pddemu.bench --only faults --out bench/results

@@ -9,6 +9,7 @@ import pytest
 
 import pddemu.bench.__main__ as bench_main
 import pddemu.bench.costmodel
+import pddemu.bench.reproduce_quick
 from netem.rootless import RootlessError
 from pddemu.bench.__main__ import main
 
@@ -56,3 +57,48 @@ def test_the_jobs_wall_time_is_job_wall_s_and_a_benchmarks_own_wall_s_is_kept(
     assert 0 <= timed_result["job_wall_s"] < 1234.5
     wire = json.loads((tmp_path / "wire.json").read_text())
     assert "wall_s" not in wire and wire["job_wall_s"] > 0
+
+
+def test_the_quick_experiments_run_only_when_named() -> None:
+    names = ["costmodel", "reproduce_quick", "wire"]
+    assert bench_main.chosen(names, None) == ["costmodel", "wire"]
+    assert bench_main.chosen(names, ["reproduce_quick"]) == ["reproduce_quick"]
+
+
+def test_reproduce_quick_runs_the_experiments_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    swept = []
+
+    def sweep(name: str) -> dict:
+        swept.append(name)
+        return {"exit_status": 4, "wall_s": 60.0, "points": 2, "points_done": 2}
+
+    monkeypatch.setattr(bench_main, "ensure_network_privileges", lambda: None)
+    monkeypatch.setattr(pddemu.bench.reproduce_quick, "sweep", sweep)
+    argv = ["--only", "reproduce_quick", "--experiments", "kv-transfer", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "reproduce_quick.json").read_text())
+    assert swept == ["kv-transfer"] and list(result["experiments"]) == ["kv-transfer"]
+    assert result["total_wall_s"] == 60.0 and result["targets"]["every_point_has_results"]
+    assert main([*argv[:3], "no-such-experiment", *argv[4:]]) == 1
+    failed = json.loads((tmp_path / "reproduce_quick.json").read_text())
+    assert "unknown experiment(s) no-such-experiment" in failed["error"]
+    with pytest.raises(SystemExit):
+        main(["--only", "wire", "--experiments", "kv-transfer", "--out", str(tmp_path)])
+
+
+def test_reproduce_quick_counts_valid_points_and_the_mean_speedup() -> None:
+    def point(status: str, valid: bool | None, speed: float | None, wall: float) -> dict:
+        return {
+            "point": {"status": status, "wall_s": wall},
+            "valid": valid,
+            "scale": {"time_scale": speed},
+        }
+
+    entries = [point("done", True, 0.5, 20.0), point("done", False, 0.3, 40.0)]
+    entries.append(point("failed", None, None, 5.0))
+    figures = pddemu.bench.reproduce_quick.point_figures(entries)
+    assert figures["points"] == 3 and figures["points_done"] == 2
+    assert figures["points_valid"] == 1 and figures["mean_speedup"] == 0.4
+    assert figures["point_wall_s"] == {"min": 20.0, "mean": 30.0, "max": 40.0}

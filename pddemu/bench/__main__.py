@@ -1,7 +1,7 @@
 """`make bench`: runs every benchmark module of this package and writes one JSON file each.
 
 A benchmark module is any module here with a `run(quick: bool) -> dict` function; its result
-goes to `<out>/<module>.json`. Targets are checked inside the result (`"targets": {...: bool}`)
+goes to `<out>/<module>.json`. Those in `OPT_IN_BENCHMARKS` run only when named with `--only`. Targets are checked inside the result (`"targets": {...: bool}`)
 so a reader sees measured figure and verdict side by side. A module that fails writes its error
 there instead (target `ran` missed), and the others still run.
 
@@ -30,7 +30,9 @@ NETWORK_BENCHMARKS = (
     "faults",
     "validate",
     "wan_tcp",
+    "reproduce_quick",
 )  # they make namespaces: root, or a user namespace
+OPT_IN_BENCHMARKS = ("reproduce_quick",)  # about 75 minutes: `make bench-reproduce`
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--only", action="append", help="run only these benchmark modules")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument(
+        "--experiments",
+        nargs="+",
+        metavar="NAME",
+        help="reproduce_quick: only these experiments (experiments/NAME.toml)",
+    )
     args = parser.parse_args(argv)
+    if args.experiments and args.only != ["reproduce_quick"]:
+        parser.error("--experiments goes with --only reproduce_quick alone")
     args.out.mkdir(parents=True, exist_ok=True)
     names = [m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_")]
     if args.only:
@@ -47,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 f"unknown benchmark(s): {', '.join(sorted(unknown))}; have {', '.join(names)}"
             )
-        names = [n for n in names if n in args.only]
+    names = chosen(names, args.only)
     no_network = None
     if set(names) & set(NETWORK_BENCHMARKS):
         try:
@@ -61,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if no_network is not None and name in NETWORK_BENCHMARKS:
                 raise no_network
-            result = importlib.import_module(f"pddemu.bench.{name}").run(quick=args.quick)
+            module = importlib.import_module(f"pddemu.bench.{name}")
+            if args.experiments:
+                result = module.run(quick=args.quick, experiments=args.experiments)
+            else:
+                result = module.run(quick=args.quick)
         except Exception as error:  # noqa: BLE001 - one broken benchmark must not hide the rest
             result = {"error": f"{type(error).__name__}: {error}", "targets": {"ran": False}}
         result.setdefault(
@@ -84,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print("targets missed:\n  " + "\n  ".join(failed), file=sys.stderr)
     return 1 if failed else 0
+
+
+def chosen(names: list[str], only: list[str] | None) -> list[str]:
+    """The benchmarks to run: those named, or every one but the opt-in ones."""
+    if only:
+        return [n for n in names if n in only]
+    return [n for n in names if n not in OPT_IN_BENCHMARKS]
 
 
 if __name__ == "__main__":

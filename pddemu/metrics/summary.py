@@ -126,6 +126,7 @@ def summarize(
         },
         "handoffs": _handoffs(records),
         "wan_bytes": _wan_bytes(records),
+        "kv_transfer_s": _kv_transfers(records),
         "anomaly_filtered": sum(1 for r in records if r.anomaly_filtered),
         "anomaly_filter": _anomaly_filter(records),
         "output_length_prediction": _prediction_error(records),
@@ -263,6 +264,22 @@ def _wan_bytes(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "drc_reduction": without_drc / sent if sent else None,
         "cancelled": sum(r.wan_bytes_cancelled for r in records),
         "genuine": sum(r.wan_bytes_genuine for r in records),
+    }
+
+
+def _kv_transfers(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The KV transfers P→decode that ended (PDD's latency of an increment): `to_ready` from
+    the routing (P starts prefilling and streaming) to the decode side holding the whole KV,
+    ready to decode; `first_to_last_chunk` from its first KV chunk to its last, as the decode
+    side had them (0 for a transfer of one chunk)."""
+    ended = [r for r in records if r.kv_arrived_s is not None]
+    return {
+        "to_ready": describe(
+            [r.kv_arrived_s - r.routed_s for r in ended if r.routed_s is not None]
+        ),
+        "first_to_last_chunk": describe(
+            [r.kv_arrived_s - r.kv_first_chunk_s for r in ended if r.kv_first_chunk_s is not None]
+        ),
     }
 
 

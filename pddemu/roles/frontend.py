@@ -961,6 +961,7 @@ class Frontend(Instance):
         self.wan.arrived(body["rid"], float(body["at"]) - float(body["first_chunk_at"]))
         flight = self.flights.get(body["rid"])
         if flight is not None:
+            flight.record.kv_first_chunk_s = float(body["first_chunk_at"])
             flight.record.kv_arrived_s = float(body["at"])
 
     async def on_handoff_sent(self, message: Envelope) -> None:

@@ -37,9 +37,13 @@ seed alone with its code instead (no mean across code versions):
   only, each below both neighbours by more than 1 % of the curve's size (none claimed from
   fewer than 3 values);
 - `transfer`: for every value of `key`, `system`'s `metric` minus `versus`'s (the WAN's share
-  of a latency), beside the closed-form time of the increment: input tokens x the target's KV
-  bytes per token / the WAN rate + twice the one-way delay (`workload.synthetic_input_tokens`,
-  `wan.rate` and `wan.delay` must be swept, one value being enough, so sweep.json has them).
+  of a latency), or `system`'s `metric` alone without `versus` (a transfer time of
+  `kv_transfer_s`), beside the closed-form time of the increment: input tokens x the target's KV
+  bytes per token / the WAN rate, plus the one-way delay twice (`closed_form = "round-trip"`,
+  the default: the KV's way there and the first token's way back), once (`"one-way"`: to the
+  decode side holding the KV) or not at all (`"rate"`: the bytes' serialisation alone)
+  (`workload.synthetic_input_tokens`, `wan.rate` and `wan.delay` must be swept, one value being
+  enough, so sweep.json has them).
 """
 
 from __future__ import annotations
@@ -87,14 +91,16 @@ CLAIM_KEYS = {
     "find_system": str,
     "find_metric": str,
     "target": (int, float),
+    "closed_form": str,
 }
+CLOSED_FORMS = {"round-trip": 2, "one-way": 1, "rate": 0}  # one-way delays the form adds
 NEEDS = {
     "value": ("system", "metric"),
     "change": ("system", "metric", "versus"),
     "at-nearest": ("system", "metric", "key", "find_system", "find_metric", "target"),
     "search-change": ("system", "metric", "versus"),
     "curve": ("system", "metric", "key"),
-    "transfer": ("system", "metric", "versus", "key"),
+    "transfer": ("system", "metric", "key"),
 }
 
 
@@ -136,6 +142,8 @@ def check_claims(path: Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{where}: kind {claim['kind']} needs {', '.join(missing)}")
         if claim.get("format", "number") not in FORMATS:
             raise ConfigError(f"{where}: format must be one of {', '.join(FORMATS)}")
+        if claim.get("closed_form", "round-trip") not in CLOSED_FORMS:
+            raise ConfigError(f"{where}: closed_form must be one of {', '.join(CLOSED_FORMS)}")
     return claims
 
 
@@ -365,28 +373,30 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
             return f"peaks at {key} = {', '.join(peaks) or 'none'}", lines
         return f"local minima at {key} = {', '.join(local_minima(curve)) or 'none'}", lines
     # transfer
-    lines = [
-        f"| {key} | {system} − {claim['versus']} {name} (mean; range) | closed form |",
-        "|---|---|---|",
-    ]
+    versus, delays = claim.get("versus"), CLOSED_FORMS[claim.get("closed_form", "round-trip")]
+    measured = f"{system} − {versus} {name}" if versus else f"{system} {name}"
+    lines = [f"| {key} | {measured} (mean; range) | closed form |", "|---|---|---|"]
     for value in key_values(entries, key):
         mine = by_seed(entries, system, name, {**(where or {}), key: value})
-        theirs = by_seed(entries, claim["versus"], name, {**(where or {}), key: value})
-        seeds = sorted(set(mine) & set(theirs))
-        spread = Spread.of([mine[s] - theirs[s] for s in seeds])
-        lines.append(
-            f"| {value} | {spread_text(spread, 'seconds')} | "
-            f"{number(closed_form(entries, system, key, value), 'seconds')} |"
-        )
-    return f"{len(lines) - 2} increment sizes, below", lines
+        if versus:
+            theirs = by_seed(entries, versus, name, {**(where or {}), key: value})
+            spread = Spread.of([mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs))])
+        else:
+            spread = Spread.of(list(mine.values()))
+        form = closed_form(entries, system, {**(where or {}), key: value}, delays)
+        lines.append(f"| {value} | {spread_text(spread, 'seconds')} | {number(form, 'seconds')} |")
+    return f"{len(lines) - 2} value(s) of {key}, below", lines
 
 
-def closed_form(entries: list[dict[str, Any]], system: str, key: str, value: str) -> float | None:
-    """Input tokens x KV bytes per token / WAN rate + 2 x one-way delay, from the point's swept
-    values: `workload.synthetic_input_tokens`, `wan.rate` and `wan.delay` must be swept (one
-    value is enough) so that sweep.json holds them."""
+def closed_form(
+    entries: list[dict[str, Any]], system: str, where: dict[str, Any], delays: int
+) -> float | None:
+    """Input tokens x KV bytes per token / WAN rate + `delays` x the one-way delay, from the
+    values of `system`'s first finished point at `where`: `workload.synthetic_input_tokens`,
+    `wan.rate` and `wan.delay` must be swept (one value is enough) so that sweep.json holds
+    them."""
     for e in done(entries):
-        if e["system"] != system or e["settings"].get(key) != value:
+        if e["system"] != system or not matches(e, where):
             continue
         values = e["values"]
         tokens = values.get("workload.synthetic_input_tokens")
@@ -394,7 +404,7 @@ def closed_form(entries: list[dict[str, Any]], system: str, key: str, value: str
         rate, delay = values.get("wan.rate"), values.get("wan.delay")
         if None in (tokens, kv, rate, delay):
             return None
-        return tokens * kv * 8 / rate + 2 * delay
+        return tokens * kv * 8 / rate + delays * delay
     return None
 
 

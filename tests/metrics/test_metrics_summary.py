@@ -176,6 +176,21 @@ def test_hit_rates_per_request_and_token_weighted() -> None:
     assert hit["md_side_buckets"] == [1, 0, 1, 1, 0, 0, 0]
 
 
+def test_kv_transfer_times_from_routing_and_from_the_first_chunk() -> None:
+    records = [  # routed at 0.1 / 2.1, first chunk at 0.5 / 2.2, whole KV at 0.9 / 3.2
+        completed("a", 0.0, [1.0, 1.1], routed_s=0.1, kv_first_chunk_s=0.5, kv_arrived_s=0.9),
+        completed("b", 2.0, [3.5], routed_s=2.1, kv_first_chunk_s=2.2, kv_arrived_s=3.2),
+        completed("c", 4.0, [4.5], routed_s=4.1),  # the relay's alone: no transfer ended
+    ]
+    kv = summarize("pdd", records, [], SAMPLE_SLO, SAMPLE_SCALE, SAMPLE_WAN_RATE)["kv_transfer_s"]
+    assert kv["to_ready"]["count"] == 2 and kv["first_to_last_chunk"]["count"] == 2
+    assert kv["to_ready"]["mean"] == pytest.approx((0.8 + 1.1) / 2)
+    assert kv["to_ready"]["max"] == pytest.approx(1.1)
+    assert kv["first_to_last_chunk"]["mean"] == pytest.approx((0.4 + 1.0) / 2)
+    empty = summarize("pdd", [], [], SAMPLE_SLO, SAMPLE_SCALE, None)["kv_transfer_s"]
+    assert empty["to_ready"]["mean"] is None and empty["first_to_last_chunk"]["count"] == 0
+
+
 def test_emulator_lag_pools_every_instance() -> None:
     lag = pdd_summary()["emulator_lag_s"]
     # samples 0, 0.01, 0.02, 0, 0.5 -> sorted rank 3.96 lies between 0.02 and 0.5

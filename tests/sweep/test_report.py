@@ -230,3 +230,45 @@ def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: 
     (run / "search.json").write_text(json.dumps({"results": results}))
     text = render(experiments, tmp_path / "results")
     assert "indc: probe-limit, maximum in [2, 6) req/s)" in text
+
+
+def test_transfer_rows_set_each_value_beside_its_closed_form(tmp_path: Path) -> None:
+    """Against a baseline (the WAN's share of TTFT, round trip) and alone (a transfer time,
+    one way or the bytes' serialisation alone), per value of the key, at that value's delay."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    claim = '[[claim]]\nclaim = "{0}"\npaper = "-"\nkind = "transfer"\nsystem = "naive"\n'
+    claim += 'key = "wan.delay"\nexplain = "why"\n'
+    (experiments / "kv.toml").write_text(
+        '[experiment]\nsystems = ["naive", "indc"]\nseeds = 2\n'
+        + claim.format("wan share")
+        + 'versus = "indc"\nmetric = "ttft_s.mean"\n'
+        + claim.format("to ready")
+        + 'metric = "kv_transfer_s.to_ready.mean"\nclosed_form = "one-way"\n'
+        + claim.format("serialisation")
+        + 'metric = "kv_transfer_s.first_to_last_chunk.mean"\nclosed_form = "rate"\n'
+    )
+    points = []
+    for seed in (0, 1):
+        for delay in ("0.02", "0.05"):
+            # 1000 tokens x 1000 bytes x 8 / 8e6 bit/s = 1 s on the wire
+            settings = {"workload.synthetic_input_tokens": "1000", "wan.rate": "8e6"}
+            settings["wan.delay"] = delay
+            scale = {"target_kv_bytes_per_token": 1000.0}
+            kv = {"to_ready": {"mean": 1.5 + seed}, "first_to_last_chunk": {"mean": 0.9}}
+            points.append(
+                entry("naive", seed, settings, ttft_s={"mean": 2.0}, kv_transfer_s=kv, scale=scale)
+            )
+            points.append(entry("indc", seed, settings, ttft_s={"mean": 0.5 + seed}, scale=scale))
+    write_sweep(tmp_path / "results" / "kv", points)
+    text = render(experiments, tmp_path / "results")
+    assert "| wan.delay | naive − indc ttft_s.mean (mean; range) | closed form |" in text
+    assert "| 0.05 | 1.00 s (500 ms to 1.50 s, 2 seeds) | 1.10 s |" in text  # 1 s + 2 x 50 ms
+    assert "| 0.02 | 2.00 s (1.50 s to 2.50 s, 2 seeds) | 1.02 s |" in text  # 1 s + 20 ms
+    assert "| 0.05 | 900 ms (900 ms to 900 ms, 2 seeds) | 1.00 s |" in text  # no delay
+    assert text.count("2 value(s) of wan.delay, below") == 3
+    (experiments / "kv.toml").write_text(
+        "[experiment]\nseeds = 1\n" + claim.format("x") + 'metric = "m"\nclosed_form = "two"\n'
+    )
+    with pytest.raises(ConfigError, match="closed_form must be one of"):
+        check_claims(experiments / "kv.toml")
