@@ -243,7 +243,13 @@ class Frontend(Instance):
 
     async def fail_over_one(self, flight: Flight, lost: str, why: str = "") -> None:
         """`why`: `lost` said it no longer holds the request (not merely silent)."""
-        if flight.recorded or lost not in (flight.p, flight.decode, flight.rld):
+        if flight.recorded:  # over: only the reports of its P's transfers may be awaited
+            if lost == flight.p and flight.transfers:
+                self.log_failover(flight, lost, "transfers from it dropped")
+                self.wan.forget(flight.leg)
+                self.transfers_over(flight, set(flight.transfers))
+            return
+        if lost not in (flight.p, flight.decode, flight.rld):
             return
         try:
             await self.fail_over_flight(flight, lost, why)

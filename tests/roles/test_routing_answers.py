@@ -1,8 +1,9 @@
 """The routing exchange waits for an instance's answer (P's prefix hit, the decode side's
 match) only as long as the router waits for a silent instance before it is down: an instance
 heard from but not answering a leg no longer holds its request to the request timeout, and a
-request given up so ends failed, with the reason, its instances told to let it go. Driven
-in-process: the frontend's messages are recorded, the instances' answers made up."""
+request given up so ends failed, with the reason, its instances told to let it go. A request
+that is over no longer waits for the transfer reports of a P that was lost. Driven in-process:
+the frontend's messages are recorded, the instances' answers made up."""
 
 from __future__ import annotations
 
@@ -137,3 +138,27 @@ def test_a_move_whose_target_never_answers_its_match_sends_the_whole_prompt() ->
     (route,) = [body for name, kind, body in told if kind == "route"]
     assert route["rid"] == "r~1" and route["destinations"][0]["name"] == "MD1"
     assert route["destinations"][0]["offset"] == 0
+
+
+def test_a_request_over_whose_p_is_lost_before_reporting_its_transfers_settles_at_once() -> None:
+    """A request has all its tokens, but P0 has not yet reported its KV transfers (their bytes
+    belong to the record) when it is lost: they will never be reported, so the request settles
+    (its final record goes to the client) at once. On the code before, a failover skipped a
+    request already recorded, and it waited for the reports to its timeout (600 s)."""
+
+    async def scenario() -> tuple[bool, Flight, list[str]]:
+        fe = deployment(set())
+        flight = admit(fe, "r")
+        task = asyncio.ensure_future(fe.serve_flight(flight))
+        await until_told(fe, "P0", "route")
+        for index in range(3):  # every position, from the decode side
+            await fe.on_tokens(tokens("r", index, "MD"))
+        while not flight.recorded:
+            await asyncio.sleep(0.01)
+        fe.liveness_changed(fe.liveness.lost("P0", fe.clock.now(), "killed"))
+        return await ended(fe, flight, task), flight, fe.errors
+
+    done, flight, errors = asyncio.run(scenario())
+    assert done, "still waiting for the lost P's transfer reports"
+    assert flight.record.state == "completed" and flight.settled.is_set()
+    assert errors == []
