@@ -164,13 +164,15 @@ class DecodeInstance(Instance):
             self.errors.append(f"step for {[r.rid for r in requests]}: {error!r}")
             log.exception("%s: step failed; dropping %s", self.name, [r.rid for r in requests])
             for request in requests:
-                await self.drop(request)
-                # the frontend moves it elsewhere (or fails it): nothing else would tell it
-                # that these tokens stop, and it would wait for them to its timeout
-                lost = {"rid": request.rid, "instance": self.name}
-                self.spawn(
-                    self.tell(request.meta["frontend"], "stream_lost", lost), f"{request.rid} lost"
-                )
+                await self.lose(request)
+
+    async def lose(self, request: DecodeRequest) -> None:
+        """Drop a request this instance cannot go on with, and tell the frontend, which moves
+        it elsewhere (or fails it): nothing else would tell it that these tokens stop, and it
+        would wait for them to its timeout."""
+        await self.drop(request)
+        lost = {"rid": request.rid, "instance": self.name}
+        self.spawn(self.tell(request.meta["frontend"], "stream_lost", lost), f"{request.rid} lost")
 
     def _start_time(self, ready_at: float = -math.inf) -> float:
         """A step starts when the engine is free (the last step's end: back to back, however

@@ -19,6 +19,7 @@ for every output too): it pins exactly what it counts.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +89,6 @@ class MainDecodeInstance(DecodeInstance):
         request = self.requests.get(rid)
         if request is not None:
             await self.drop(request)
-            self._release_held(rid)
             self.ended.pop(rid, None)
         elif self.ended.pop(rid, 0) is None:  # its KV came and it ended here before this
             pass
@@ -252,12 +252,28 @@ class MainDecodeInstance(DecodeInstance):
     # -- handoff from the relay -----------------------------------------------------------
 
     async def on_handoff(self, message: Envelope) -> None:
-        body = message.body
-        rid = body["rid"]
-        request = self.requests.get(rid)
-        known = self.known.get(rid)
+        """A part of the relay's handoff. One this instance cannot take (out of order,
+        malformed) loses the request here, so that the relay finishes it rather than hand it
+        over at the switch to an instance that never streams; the error still counts."""
+        request = self.requests.get(message.body["rid"])
+        known = self.known.get(message.body["rid"])
         if request is None or known is None:  # released meanwhile: the relay finished it
             return
+        await self._or_lose(request, self._take_part(request, known, message))
+
+    async def _or_lose(self, request: DecodeRequest, work: Awaitable[None]) -> None:
+        """`work` on a handoff part; if it fails, the request is lost here (and the error
+        raised on)."""
+        try:
+            await work
+        except Exception:
+            if self.requests.get(request.rid) is request:
+                await self.lose(request)
+            raise
+
+    async def _take_part(self, request: DecodeRequest, known: list[int], message: Envelope) -> None:
+        body = message.body
+        rid = request.rid
         if int(body["start"]) != len(known):
             raise ValueError(
                 f"{rid}: handoff part starts at output {body['start']}, MD has {len(known)}"
@@ -285,7 +301,8 @@ class MainDecodeInstance(DecodeInstance):
         else:
             chunks = message.kv_chunks()
             ids = [int(x) for x in body["ids"]]
-            self.spawn(self._copy(request, body, chunks, ids, arrived), f"KV-delta part of {rid}")
+            copy = self._copy(request, body, chunks, ids, arrived)
+            self.spawn(self._or_lose(request, copy), f"KV-delta part of {rid}")
 
     def _extend(self, request: DecodeRequest, ids: list[int]) -> None:
         """Recompute the KV of the relay's eager outputs in one forward pass (Extend-Decode)."""
@@ -402,7 +419,9 @@ class MainDecodeInstance(DecodeInstance):
         self._ended(request.rid)
 
     async def drop(self, request: DecodeRequest) -> None:
+        """Whatever dropped it (a release, a failed step), its prompt in the DRC is unpinned."""
         await super().drop(request)
+        self._release_held(request.rid)
         self._ended(request.rid)
 
     def _ended(self, rid: str) -> None:

@@ -329,3 +329,80 @@ def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stag
 
     reserved, requests, released, told_relay = asyncio.run(scenario())
     assert (reserved, requests, released, told_relay) == (0, [], set(), [])
+
+
+class Answers:
+    """The frontend's end of MD's control connection: what MD answers is dropped."""
+
+    async def control(self, kind: str, body: dict) -> None:
+        pass
+
+
+def test_a_request_dropped_by_a_failed_step_unpins_its_prompt_in_the_drc() -> None:
+    """A P-MD request's prompt, in MD's DRC since its KV came, is pinned while it decodes. Its
+    step fails: the request is dropped and the frontend told, and the prompt's pages are
+    unpinned (evictable again). On the code before, MD kept them pinned for good (the
+    frontend's later release found no request left to unpin them for)."""
+
+    async def scenario() -> tuple[dict, int, list[str]]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+
+        def broken(*_args: Any) -> Any:
+            raise RuntimeError("a step that fails")
+
+        md.model.decode_batch = broken
+        prompt = list(range(1, 4 * md.page_tokens + 1))
+        kv, _ = md.model.prefill(prompt, None, len(prompt))
+        ids = [TokenIds.from_ints("r", 0, prompt)]
+        await md.on_match(Envelope("match", {"rid": "r"}, ids, Answers()))
+        connection = KvConnection()
+        meta = {**META, "pipeline": "P-MD", "predicted_output_tokens": 300}
+        begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
+        await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
+        await md.on_kv_chunk(kv_chunk_from_tensor("r", 0, 0, kv.tensor), connection)
+        await md.on_kv_end(Envelope("kv_end", {"rid": "r", "first_token": 7}, [], connection))
+        deadline = time.monotonic() + 10
+        while not any(kind == "stream_lost" for _, kind, _ in md.told):
+            assert time.monotonic() < deadline, "the step never failed"
+            await asyncio.sleep(0.02)
+        await md.on_release(Envelope("release", {"rid": "r", "kv_expected": True}, [], None))
+        return md.held, md.store.cache.pinned_size, sorted(md.released)
+
+    held, pinned, released = asyncio.run(scenario())
+    assert (held, pinned, released) == ({}, 0, [])
+
+
+@pytest.mark.parametrize("payload", ["extend", "kv-delta"])
+def test_a_handoff_part_md_cannot_take_loses_the_request_there(payload: str) -> None:
+    """MD gets a handoff part it cannot take (here one out of order: from output 3, MD has
+    none; for KV-delta, KV of 2 tokens for 3 ids): the error still counts, and MD drops the
+    request and says it no longer holds it (`stream_lost`), so the frontend has the relay
+    finish it (or moves it) rather than wait for MD's tokens after the switch. On the code
+    before, MD kept the request and its memory, and told no one."""
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        request = prompt_request(md, "r")
+        await md.reserve_memory(request)
+        md.requests["r"] = request
+        md.known["r"] = []
+        part = {"rid": "r", "end": 3, "final": False, "sent_at": md.clock.now()}
+        if payload == "extend":
+            part.update(start=3, payload="extend")
+            attachments = [TokenIds.from_ints("r", 0, [1, 2, 3])]
+        else:
+            part.update(start=0, payload="kv_delta", ids=[1, 2, 3])
+            kv, _ = md.model.prefill([1, 2], None, 2)
+            attachments = [kv_chunk_from_tensor("r", 0, 0, kv.tensor)]
+        try:
+            await md.on_handoff(Envelope("handoff", part, attachments, None))
+        except ValueError as error:
+            md.errors.append(repr(error))  # as the dispatch counts a handler's error
+        await asyncio.sleep(0.1)
+        told = [kind for name, kind, body in md.told if name == "FE0"]
+        return sorted(md.requests), told, md.kv_reserved
+
+    requests, told, reserved = asyncio.run(scenario())
+    assert (requests, told, reserved) == ([], ["stream_lost"], 0)
