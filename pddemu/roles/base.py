@@ -396,14 +396,16 @@ class Instance:
                     )
                 await handler(item)
             elif isinstance(item, KVChunk):
-                await self.on_kv_chunk(item, channel)
+                await self.on_kv_chunk(item, channel, channel.read_date())
             elif isinstance(item, TokenIds):
                 await self.on_token_ids(item, channel)
         except Exception as error:  # noqa: BLE001 - one bad message must not stop the channel
             self.errors.append(f"{channel.peer}: {error!r}")
             log.exception("%s: handling a message from %s", self.name, channel.peer)
 
-    async def on_kv_chunk(self, chunk: KVChunk, channel: Channel) -> None:
+    async def on_kv_chunk(
+        self, chunk: KVChunk, channel: Channel, received: float | None = None
+    ) -> None:
         raise ValueError(f"{self.role} does not take KV chunks")
 
     async def on_token_ids(self, ids: TokenIds, channel: Channel) -> None:
@@ -556,16 +558,19 @@ class Instance:
         if sent is not None and self.clock.shared and self.transit.get(peer, (0.0, False))[1]:
             at = float(sent) if ready is None else min(float(ready), float(sent))
             return max(at, self.resumed_at)  # a frozen instance takes it when it resumes
-        if message.received is not None and self.clock.shared:  # dated by the kernel
-            # The shaper releases packets a little early and the kernel's date is converted
-            # with an error: keep it between the least transit after sending and now.
-            now = self.clock.now()
-            earliest = -math.inf
-            if sent is not None:
-                earliest = float(sent) + self.transit.get(peer, (0.0, False))[0]
-            received = min(max(message.received, earliest), now)
-            return max(received, self.resumed_at)
-        return self.clock.now()
+        earliest = -math.inf
+        if sent is not None:
+            earliest = float(sent) + self.transit.get(peer, (0.0, False))[0]
+        return self.kernel_dated(message.received, earliest)
+
+    def kernel_dated(self, received: float | None, earliest: float = -math.inf) -> float:
+        """A kernel receive date (modelled) as an arrival: the shaper releases packets a
+        little early and the date is converted with an error, so it is kept between
+        `earliest` (the least transit after sending) and now, and not before a pause fault
+        ended. Without a date, or without a shared clock, now."""
+        if received is None or not self.clock.shared:
+            return self.clock.now()
+        return max(min(max(received, earliest), self.clock.now()), self.resumed_at)
 
     def lag_kind(self, kind: str) -> str:
         """Which lag a message of `kind` counts as (the frontend's deliveries are its own)."""

@@ -350,6 +350,7 @@ class DecodeInstance(Instance):
         """A transfer begins: it waits here (its connection held back) until the request's
         memory is admitted, then its buffer is made."""
         body = message.body
+        begun_at = self.arrival(message)  # the transfer's first byte, not its admission
         meta = body["meta"]
         genuine = self.kv_capacity_genuine()
         modelled = self.cost.kv_capacity_tokens()
@@ -388,7 +389,7 @@ class DecodeInstance(Instance):
             "bytes": 0,
             "reserved": reserved,
             "channel": message.channel,
-            "begun_at": self.clock.now(),  # the transfer's first byte arrived
+            "begun_at": begun_at,
         }
 
     def received_kv(self, chunk: KVChunk) -> KV:
@@ -406,7 +407,11 @@ class DecodeInstance(Instance):
             )
         return KV(tensor)
 
-    async def on_kv_chunk(self, chunk: KVChunk, channel: Any) -> None:
+    async def on_kv_chunk(
+        self, chunk: KVChunk, channel: Any, received: float | None = None
+    ) -> None:
+        """`received`: the chunk's kernel receive date, as kv_begin's and kv_end's are dated
+        (`arrival`), so the reader's lateness in taking it shows in none of the three."""
         state = self.receiving.get(chunk.request_id)
         if state is None:
             raise ValueError(f"KV chunk for {chunk.request_id} without kv_begin")
@@ -419,8 +424,9 @@ class DecodeInstance(Instance):
             )
         state["kv"].append(self.received_kv(chunk))
         state["bytes"] += chunk.nbytes
-        state.setdefault("arrivals", []).append((self.clock.now(), chunk.nbytes))  # timelines
-        state["body"].setdefault("first_chunk_at", self.clock.now())
+        at = max(state["begun_at"], self.kernel_dated(received))
+        state.setdefault("arrivals", []).append((at, chunk.nbytes))  # timelines
+        state["body"].setdefault("first_chunk_at", at)
 
     async def on_kv_end(self, message: Envelope) -> None:
         rid = message.body["rid"]
@@ -433,16 +439,20 @@ class DecodeInstance(Instance):
             raise ValueError(
                 f"{rid}: KV has {state['kv'].tokens} tokens, prompt has {body['prompt_tokens']}"
             )
-        body["ended_at"] = self.arrival(message, ready=message.body.get("ready"))
-        body.setdefault("first_chunk_at", body["ended_at"])
+        ended = body["ended_at"] = self.arrival(message, ready=message.body.get("ready"))
+        # Kernel dates come in order on a connection (each read is dated by its last
+        # segment), so across a shaped path nothing here is after the end. On a path without
+        # modelled time the transfer takes none and ends when its sender had the KV ready,
+        # which may be before its first parts were read: they are dated by that end.
+        body["first_chunk_at"] = min(body.get("first_chunk_at", ended), ended)
         self.events.record(
             "kv_transfer",
             rid,
-            state["begun_at"],
-            body["ended_at"],
+            min(state["begun_at"], ended),
+            ended,
             source=body.get("p"),
             genuine_bytes=state["bytes"],
-            chunks=state.get("arrivals", []),
+            chunks=[(min(at, ended), size) for at, size in state.get("arrivals", [])],
         )
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
         request.reserved = state["reserved"]

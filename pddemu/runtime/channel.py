@@ -192,12 +192,18 @@ class Channel:
                 )
             attachments.append(attachment)
         # dated by its last frame: the message had wholly reached the host only then
-        received = None
-        wall = getattr(self.reader, "received_wall", None)
-        if wall is not None and self.modelled_at is not None:
-            received = self.modelled_at(wall)
+        received = self.read_date()
         exact = received is not None and bool(getattr(self.reader, "exact", False))
         return Envelope(message.kind, message.body, attachments, self, received, exact)
+
+    def read_date(self) -> float | None:
+        """When the last frame read had wholly reached the host (the kernel's receive time,
+        in modelled time), on a dated connection; None otherwise. A bare data frame has no
+        envelope to carry it: its handler asks here, before the next frame is read."""
+        wall = getattr(self.reader, "received_wall", None)
+        if wall is None or self.modelled_at is None:
+            return None
+        return self.modelled_at(wall)
 
     async def serve(self, handle: Callable[[Envelope | Message, Channel], Awaitable[None]]) -> None:
         """Read until the peer closes, handing every message to `handle` in order."""

@@ -16,13 +16,20 @@ SCALE = load_config().scale.token_scale
 OUTPUT = 1 + 2 * SCALE  # genuine outputs 0 (position 0), 1 and 2 (SCALE positions each)
 
 
-def instance(cls: type, role: str, config: Config | None = None, epoch: float | None = None) -> Any:
+def instance(
+    cls: type,
+    role: str,
+    config: Config | None = None,
+    epoch: float | None = None,
+    clock: str = "",
+) -> Any:
     """An instance of `cls` whose `tell` records what it says (`made.told`); instances meant
-    to talk (see `wire`) share one `epoch`, as a deployment's do."""
+    to talk (see `wire`) share one `epoch`, as a deployment's do. `clock`: a shared clock's
+    page to read (its slot is the caller's to give back: `made.clock.close()`)."""
     me = Address(f"{role}0", role, "127.0.0.1", 1, 2)
     config = config or load_config()
     epoch = time.monotonic() if epoch is None else epoch
-    spec = InstanceSpec(me, "pdd", "", {me.name: me}, config_to_json(config), epoch)
+    spec = InstanceSpec(me, "pdd", "", {me.name: me}, config_to_json(config), epoch, clock)
     made = cls(spec)
     made.told = []
 

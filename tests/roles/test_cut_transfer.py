@@ -17,7 +17,10 @@ from tests.roles.in_process import instance
 
 
 class Connection:
-    """Stands for a connection: its identity (a transfer's own) and the replies sent on it."""
+    """Stands for a connection: its identity (a transfer's own), its peer and the replies
+    sent on it."""
+
+    peer = "P0"
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, dict]] = []

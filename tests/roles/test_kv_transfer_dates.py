@@ -1,0 +1,70 @@
+"""A KV transfer is dated by when its parts reached the host, not by when the receiver read
+them: read late, its first chunk is still dated before its end (MD's kv_transfer event and
+the router's note of the transfer's time)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from netem.clock import SharedClock
+from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.runtime.channel import Channel
+from pddemu.wire.tensors import kv_chunk_from_tensor
+from tests.roles.in_process import instance
+from tests.runtime.test_dated_reads import _connected, _until_the_kernel_dates
+
+GAP_S = 0.2  # wall seconds between the chunk's sending and kv_end's, and before MD reads
+
+
+def test_a_first_chunk_read_late_is_dated_by_its_arrival_before_the_transfers_end(
+    tmp_path: Path,
+) -> None:
+    SharedClock.create(tmp_path / "clock", rate=1.0)
+    md = instance(MainDecodeInstance, "MD", clock=str(tmp_path / "clock"))
+
+    async def scenario() -> tuple[dict, dict, float]:
+        sender, accepted = await _connected()
+        reader = Channel.dated(accepted, peer="P0", purpose="kv")
+        reader.modelled_at = md.modelled_at
+        writer = Channel.dated(sender, peer="MD0", purpose="kv")
+        writer.stamp = md.clock.now  # the sender's send times, on the same clock
+        await _until_the_kernel_dates(writer, reader)
+        prompt = list(range(1, 2 * md.page_tokens + 1))
+        kv, _ = md.model.prefill(prompt, None, len(prompt))
+        meta = {
+            "input_tokens": 2048,
+            "output_tokens": 64,
+            "predicted_output_tokens": 64,
+            "pipeline": "P-RLD-MD",
+            "frontend": "FE0",
+            "rld": "RLD0",
+        }
+        begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": 0, "meta": meta, "p": "P0"}
+        await writer.control("kv_begin", begin)
+        await writer.send(kv_chunk_from_tensor("r1", 0, 0, kv.tensor))
+        await asyncio.sleep(GAP_S)
+        await writer.control("kv_end", {"rid": "r1", "first_token": 7, "ready": md.clock.now()})
+        await asyncio.sleep(GAP_S)
+        read_from = md.clock.now()  # MD comes to the transfer only now: all of it waits
+        for _ in range(3):
+            await md._dispatch(await reader.receive(), reader)
+        await asyncio.sleep(0.05)  # the arrival's bookkeeping runs beside
+        writer.close()
+        reader.close()
+        (event,) = [e for e in md.events.events if e["kind"] == "kv_transfer"]
+        (arrived,) = [body for _, kind, body in md.told if kind == "kv_arrived"]
+        return event, arrived, read_from
+
+    try:
+        event, arrived, read_from = asyncio.run(scenario())
+    finally:
+        md.clock.close()
+    assert md.errors == []
+    ((first_chunk_at, _size),) = event["chunks"]
+    assert event["start_s"] <= first_chunk_at <= event["end_s"], event
+    # its arrival (a read that takes what waits is dated by its last segment, here kv_end's,
+    # a GAP_S before MD read it), not its reading
+    assert first_chunk_at < read_from - GAP_S / 2
+    # what the router learns of the transfer's time on the WAN (frontend.on_kv_arrived)
+    assert arrived["first_chunk_at"] == first_chunk_at and arrived["at"] == event["end_s"]
