@@ -15,6 +15,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("config", "pddemu.config_docs"),
     ("tokenizer", "pddemu.hf_tokenizer"),
     ("export", "pddemu.export"),
+    ("plot", "pddemu.plot"),
     ("sweep", "pddemu.sweep.cli"),
     ("bench", "pddemu.bench.cli"),
     ("validate", "pddemu.validate.cli"),
@@ -35,6 +36,7 @@ examples:
   pddemu validate --out runs/validate         the emulator against its own model
   pddemu serve --port 8000                     an OpenAI endpoint for AIPerf or vLLM
   pddemu export runs/latest --format perfetto --out trace.json
+  pddemu plot runs/latest                       a run's figures, drawn again
   pddemu trace stats traces/pdd-janfeb-2000.jsonl.gz
   pddemu config show --set wan.rate=1gbit
 
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from pddemu.export.run import ExportError
     from pddemu.hardware.errors import HardwareError
     from pddemu.metrics.errors import MetricsError
+    from pddemu.plot import PlotError
     from pddemu.scale import ScaleError
     from pddemu.workload.arrivals import ArrivalError
     from pddemu.workload.expansion import ExpansionError
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         ScaleError,
         HardwareError,
         ExportError,
+        PlotError,
     ) as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 2

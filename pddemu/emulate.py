@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvloop
 
@@ -71,15 +71,11 @@ from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
-from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.runtime.events import EVENT_CAPACITY
 from pddemu.runtime.timekeeping import TYPICAL_CONTEXT, RunTiming
 from pddemu.scale import ScaleModel
 from pddemu.workload import load_workload
 from pddemu.workload.synthetic import SyntheticShape
-
-if TYPE_CHECKING:
-    from pddemu.metrics.plots import WanUse
 
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
@@ -141,6 +137,8 @@ async def run_system(
     """One system's replay. Whatever happens (an instance dying, its stats unreadable, the
     run interrupted) it returns the records of every request sent, with what went wrong in
     `partial`; only a second interrupt loses them."""
+    from pddemu.metrics.figure_inputs import wan_transfers
+
     epoch = time.monotonic()
     deployment = Deployment(system, config, network, out, epoch)
     result = ReplayResult([])
@@ -246,25 +244,6 @@ def typical_context(workload: list[Any]) -> int:
     """The median modelled context of a workload's requests halfway through their outputs."""
     contexts = [r.input_tokens + r.output_tokens // 2 for r in workload]
     return int(percentile(contexts, 50)) if contexts else TYPICAL_CONTEXT
-
-
-def wan_transfers(stats: dict[str, Any]) -> list[Any]:
-    """The KV transfers that crossed the WAN (those an MD received), for the WAN figure."""
-    from pddemu.metrics.plots import WanTransfer
-
-    return [
-        WanTransfer(
-            event["start_s"],
-            event["end_s"],
-            int(event.get("genuine_bytes") or 0),
-            [tuple(chunk) for chunk in event.get("chunks", [])],
-            str(event["rid"]).split(LEG_SEPARATOR, 1)[0],  # a later leg's is its request's
-        )
-        for report in stats.values()
-        if report.get("role") == "MD"
-        for event in report.get("events", [])
-        if event["kind"] == "kv_transfer"
-    ]
 
 
 def dropped_events(stats: dict[str, Any]) -> dict[str, int]:
@@ -425,6 +404,7 @@ def write_outputs(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """summary.json and requests.csv first (the results), then the plots and report.md;
     `warmup_ids` are the warm-up's requests (the workload's first `warmup_requests`)."""
+    from pddemu.metrics.figure_inputs import measured_wan_use, split_warmup
     from pddemu.metrics.plots import write_plots
 
     all_records = [record for run in runs.values() for record in run.records]
@@ -480,6 +460,7 @@ def write_outputs(
         "trace": config.workload.trace,
         "requests": config.workload.requests,
         "warmup_requests": config.workload.warmup_requests,
+        "warmup_request_ids": sorted(warmup_ids),  # for `pddemu plot`, which leaves them out
         "seed": config.workload.seed,
         "arrival_rate": config.workload.arrival_rate or "trace",
         "wan_modelled": {
@@ -493,33 +474,11 @@ def write_outputs(
         "faults": config.faults.schedule,
     }
     write_summary_json(out / "summary.json", summaries, meta)
-    wan = measured_wan_use(runs, measured, config.wan.rate_bps, scale.byte_scale)
+    transfers = {system: run.wan_transfers for system, run in runs.items()}
+    wan = measured_wan_use(transfers, measured, config.wan.rate_bps, scale.byte_scale)
     plots = write_plots(out, measured, config.slo.ttft_s, wan)
     write_report(out, summaries, meta, plots)
     return summaries, meta
-
-
-def measured_wan_use(
-    runs: dict[str, SystemRun],
-    measured: dict[str, list[RequestRecord]],
-    rate_bps: float | None,
-    byte_scale: float,
-) -> WanUse:
-    """The WAN figure's input: the transfers of the measured requests alone, timed from the
-    first measured arrival (a warm-up is in no figure)."""
-    from pddemu.metrics.plots import WanUse
-
-    crossing = [system for system in runs if system != "indc"]
-    ids = {system: {r.request_id for r in measured[system]} for system in crossing}
-    return WanUse(
-        {
-            system: [t for t in runs[system].wan_transfers if t.request_id in ids[system]]
-            for system in crossing
-        },
-        {system: min((r.arrival_s for r in measured[system]), default=0.0) for system in crossing},
-        rate_bps,
-        byte_scale,
-    )
 
 
 # a warm-up's own figures, kept apart from the measured ones (summary.json's `warmup`)
@@ -537,16 +496,6 @@ WARMUP_FIELDS = (
     "delivery",
     "failover",
 )
-
-
-def split_warmup(
-    records: list[RequestRecord], warmup_ids: Collection[str]
-) -> tuple[list[RequestRecord], list[RequestRecord]]:
-    """(the warm-up, the measured requests): those of `warmup_ids` (the workload's first
-    requests, in its own order: equal arrival times and ids such as r10 and r2 leave no
-    doubt), and the rest, each in the records' order."""
-    warm = [r for r in records if r.request_id in warmup_ids]
-    return warm, [r for r in records if r.request_id not in warmup_ids]
 
 
 def report(

@@ -372,7 +372,30 @@ def _bits_sent_by(
     return sent
 
 
+def in_flight(
+    transfers: Sequence[WanTransfer], origin: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The transfers in flight over time from `origin` (a step function's times and counts,
+    from 0 s), each from its first byte to its last; at one instant the transfers that start
+    are counted before those that end, so a transfer of no duration is not a dip below 0.
+    A transfer dated to end before it starts cannot be placed: it is left out and counted
+    (the third value), for the figure to say."""
+    placed = [t for t in transfers if t.start_s <= t.end_s]
+    moments = sorted(
+        [(t.start_s - origin, 1) for t in placed] + [(t.end_s - origin, -1) for t in placed],
+        key=lambda moment: (moment[0], -moment[1]),
+    )
+    times = np.asarray([0.0] + [at for at, _ in moments])
+    counts = np.cumsum([0] + [step for _, step in moments])
+    return times, counts, len(transfers) - len(placed)
+
+
 def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
+    """`wan_use_figure` written to `path`."""
+    return _save(wan_use_figure(wan, bins), path)
+
+
+def wan_use_figure(wan: WanUse, bins: int = 100) -> Figure:
     """The WAN over the run, per system that crosses it: top, its utilisation (modelled bits
     of the KV chunks P->MD per modelled second over the modelled rate, `_bits_sent_by`);
     bottom, the transfers in flight (first to last byte), the queue the link works through.
@@ -385,7 +408,7 @@ def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
         _say_empty(top, "no KV transfer crossed the WAN")
         bottom.set_axis_off()
         top.set_title("WAN use")
-        return _save(figure, path)
+        return figure
     end = max(
         t.end_s - wan.origins.get(system, 0.0)
         for system, transfers in wan.transfers.items()
@@ -393,6 +416,7 @@ def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
     )
     edges = np.linspace(0.0, max(end, 1e-3), bins + 1)
     width = edges[1] - edges[0]
+    unplaced = 0  # transfers dated to end before they start, over every system
     for number, (system, transfers) in enumerate(wan.transfers.items()):
         style = {"ls": ("-", "--", ":")[number % 3], "lw": 2.2 - 0.6 * (number % 3)}
         origin = wan.origins.get(system, 0.0)
@@ -404,13 +428,14 @@ def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
             top.step(edges[:-1], rate / wan.rate_bps * 100, where="post", label=system, **style)
         else:
             top.step(edges[:-1], rate / 1e9, where="post", label=system, **style)
-        moments = sorted(
-            [(t.start_s - origin, 1) for t in transfers]
-            + [(t.end_s - origin, -1) for t in transfers]
+        times, counts, backwards = in_flight(transfers, origin)
+        unplaced += backwards
+        label = system + (
+            f": {backwards} transfer(s) dated to end before they start, not counted"
+            if backwards
+            else ""
         )
-        times = [0.0] + [m for m, _ in moments]
-        counts = np.cumsum([0] + [step for _, step in moments])
-        bottom.step(times, counts, where="post", label=system, **style)
+        bottom.step(times, counts, where="post", label=label, **style)
     if wan.rate_bps:
         top.set_ylabel(f"utilisation of {wan.rate_bps / 1e9:g} Gbit/s (%)")
         top.axhline(100, color="grey", lw=0.8, ls=":")
@@ -419,10 +444,13 @@ def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
     top.set_title(f"WAN use: KV sent P->MD, {bins} bins of {width:.2f} s")
     top.grid(True, alpha=0.3)
     top.legend(loc="center right", fontsize="small")
+    if unplaced:  # the figure says what it could not draw
+        bottom.legend(loc="best", fontsize="small")
     bottom.set_ylabel("transfers in flight")
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("time since the system's first arrival (modelled seconds)")
     bottom.grid(True, alpha=0.3)
-    return _save(figure, path)
+    return figure
 
 
 def plot_hit_rate_histogram(path: Path | str, records: Sequence[RequestRecord]) -> Path:

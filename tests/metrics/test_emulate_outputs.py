@@ -19,14 +19,12 @@ from pddemu.emulate import (
     SystemRun,
     dropped_events,
     dropped_events_warning,
-    measured_wan_use,
     report,
-    split_warmup,
-    wan_transfers,
     workload_of,
     write_outputs,
 )
 from pddemu.emulated_network import scale_model, wan_link
+from pddemu.metrics.figure_inputs import measured_wan_use, split_warmup, wan_transfers
 
 
 def write(
@@ -196,9 +194,8 @@ def test_the_wan_figure_draws_the_measured_requests_transfers_alone() -> None:
     transfers = wan_transfers(stats)
     assert [t.request_id for t in transfers] == ["r1", "r3"]
     records = [replace(r, token_mismatch=False) for r in sample_records()]
-    runs = {"pdd": SystemRun("pdd", records, {}, wan_transfers=transfers)}
     _, measured = split_warmup(records, {"r1", "r2"})
-    wan = measured_wan_use(runs, {"pdd": measured}, 8e6, 1.0)
+    wan = measured_wan_use({"pdd": transfers}, {"pdd": measured}, 8e6, 1.0)
     assert [t.request_id for t in wan.transfers["pdd"]] == ["r3"]
     assert wan.origins == {"pdd": 2.0}  # r3's arrival, not r1's
 

@@ -18,6 +18,7 @@ from pddemu.metrics.plots import (
     WanUse,
     _bits_sent_by,
     handoff_timeline_figure,
+    in_flight,
     pick_handoff_request,
     plot_handoff_timeline,
     plot_hit_rate_histogram,
@@ -25,6 +26,7 @@ from pddemu.metrics.plots import (
     plot_ttft_cdf,
     plot_wan_use,
     share_at_least,
+    wan_use_figure,
     write_plots,
 )
 from pddemu.metrics.records import RequestRecord
@@ -222,3 +224,25 @@ def test_ttft_and_wan_figures_are_read_at_a_glance(tmp_path: Path) -> None:
     assert share_of_pixels_near(path, "tab:red") > 0.001
     wan = WanUse({"pdd": [WanTransfer(0.0, 2.0, 1000, [(2.0, 1000)])]}, {"pdd": 0.0}, 8e3, 1.0)
     assert_png(plot_wan_use(tmp_path / "wan.png", wan), 8.0)
+
+
+def test_transfers_in_flight_never_go_below_zero_and_backward_ones_are_counted() -> None:
+    """A transfer of no duration starts before it ends (no dip below 0, as one sorted by
+    (time, step) alone made); one dated to end before it starts is left out, counted and
+    named in the figure's legend."""
+    transfers = [
+        WanTransfer(1.0, 3.0, 1000, [(3.0, 1000)]),
+        WanTransfer(2.0, 2.0, 1000, [(2.0, 1000)]),  # no duration
+        WanTransfer(3.0, 4.0, 1000, [(4.0, 1000)]),  # starts as the first ends
+        WanTransfer(5.0, 4.5, 1000, [(4.5, 1000)]),  # ends before it starts
+    ]
+    times, counts, backwards = in_flight(transfers, origin=1.0)
+    assert backwards == 1 and counts.min() == 0
+    assert list(zip(times.tolist(), counts.tolist(), strict=True)) == [
+        (0.0, 0), (0.0, 1), (1.0, 2), (1.0, 1), (2.0, 2), (2.0, 1), (3.0, 0)
+    ]  # fmt: skip
+    figure = wan_use_figure(WanUse({"pdd": transfers}, {"pdd": 1.0}, 8e3, 1.0))
+    legend = figure.axes[1].get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "pdd: 1 transfer(s) dated to end before they start, not counted"
+    ]
