@@ -8,6 +8,7 @@ maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric agai
                  [--search goodput [--slo-attainment 0.9] [--rate-min R] [--rate-max R]
                   [--rate-start R|prefill-capacity] [--rate-tolerance F] [--max-probes N]]
     pddemu sweep --experiment experiments/NAME.toml [--quick] --out DIR
+    pddemu sweep ... --resume-from EARLIER_DIR   (its finished points kept, not run again)
     pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
     pddemu sweep report RESULTS [--experiments DIR] [--out docs/validation.md]
 
@@ -47,6 +48,7 @@ from pddemu.sweep.experiment import apply_experiment, experiment_parts
 from pddemu.sweep.grid import SEED_KEY, expand, grid_settings, parse_grid, sweep_seeds
 from pddemu.sweep.progress import Progress
 from pddemu.sweep.provenance import code_version
+from pddemu.sweep.restore import Earlier
 from pddemu.sweep.search import GoodputSearch, SearchError, rounded
 
 DEFAULT_CPUS_PER_POINT = 2.0
@@ -126,6 +128,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--experiment", type=Path, help="an experiment file giving these arguments (experiments/)"
     )
     parser.add_argument("--quick", action="store_true", help="the experiment's quick variant")
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        metavar="DIR",
+        help="take the finished points of an earlier sweep's DIR/sweep.json (an experiment's "
+        "parts: DIR/PART/sweep.json) instead of running them again (docs/sweep.md)",
+    )
     parser.set_defaults(func=run_cli, sweep_parser=parser)
     actions = parser.add_subparsers(dest="action")
     plot = actions.add_parser("plot", help="a metric of sweep.json against a swept key")
@@ -215,6 +224,7 @@ def run_cli(args: argparse.Namespace) -> int:
         one = copy.copy(args)
         apply_experiment(one, args.sweep_parser.get_default, args.experiment, part)
         one.out = args.out / str(part)
+        one.resume_from = args.resume_from / str(part) if args.resume_from else None
         part_args.append(one)
     status = 0
     for one in part_args:
@@ -231,6 +241,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.config = args.config.resolve()  # the same file from a Ray node's working directory
     overrides = base_overrides(args)
     base = load_config(args.config, overrides)  # the sweep-wide settings, checked once
+    earlier = Earlier(args.resume_from) if args.resume_from else None
     grid = parse_grid(args.grid)
     systems = systems_of(args.system)
     try:
@@ -255,9 +266,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     on_termination(raise_keyboard_interrupt)
     try:
         if args.search:
-            return search(args, overrides, grid, systems, executor, meta, base)
+            return search(args, overrides, grid, systems, executor, meta, base, earlier)
         points = expand(args.config, overrides, grid, args.seeds, systems)
-        sweep = Sweep(args.out, executor, meta, Progress())
+        sweep = Sweep(args.out, executor, meta, Progress(), earlier)
         try:
             sweep.run(points)
         finally:
@@ -284,6 +295,7 @@ def search(
     executor: LocalExecutor | RayExecutor,
     meta: dict[str, Any],
     base: Config,
+    earlier: Earlier | None,
 ) -> int:
     """Each system's (and grid setting's) max-goodput search; search.json and a table."""
     if RATE_KEY in grid:
@@ -329,7 +341,7 @@ def search(
         "rate_tolerance": args.rate_tolerance,
         "max_probes": args.max_probes,
     }
-    sweep = Sweep(args.out, executor, meta, Progress("search"))
+    sweep = Sweep(args.out, executor, meta, Progress("search"), earlier)
     try:
         results = run_searches(sweep, groups, args.config, overrides, seeds)
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 from pddemu.sweep.executors import Job
 from pddemu.sweep.points import Point, make_point
 from pddemu.sweep.progress import Progress
+from pddemu.sweep.restore import Earlier
 from pddemu.sweep.search import GoodputSearch
 from pddemu.sweep.store import SweepDir, entry
 
@@ -25,8 +26,16 @@ MISMATCH_EXIT = 3  # pddemu emulate's DEFECT_EXIT: a stream differs from the ref
 
 
 class Sweep:
-    def __init__(self, out: Path, executor: Any, meta: dict[str, Any], progress: Progress) -> None:
+    def __init__(
+        self,
+        out: Path,
+        executor: Any,
+        meta: dict[str, Any],
+        progress: Progress,
+        earlier: Earlier | None = None,
+    ) -> None:
         self.store = SweepDir(out)
+        self.earlier = earlier  # --resume-from: an earlier sweep's finished points
         self.executor = executor
         self.meta = meta
         self.progress = progress
@@ -41,6 +50,9 @@ class Sweep:
             if point.id in self.records or point.id in jobs:
                 continue
             record = self.store.finished(point)
+            if record is None and self.earlier is not None:
+                earlier = self.earlier.record_for(point)
+                record = None if earlier is None else self.store.restore(point, earlier)
             if record is not None:
                 self.records[point.id] = record
                 skipped += 1

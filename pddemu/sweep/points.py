@@ -30,6 +30,7 @@ class Point:
     id: str
     source: str  # the config's description, as summary.json states it
     values: dict[str, Any] = field(hash=False)  # the swept keys' checked values (base units)
+    resolved: dict[str, Any] = field(hash=False, default_factory=dict)  # what the id digests
 
     def emulate_args(self, out: Path, config_path: Path | None = None) -> list[str]:
         """`pddemu emulate` arguments for this point, writing into `out`; `config_path` stands
@@ -70,6 +71,7 @@ def make_point(
         id=f"{system}-seed{config.workload.seed}-{digest}",
         source=config.source,
         values={key: resolved_value(config, key) for key in settings},
+        resolved=resolved,
     )
 
 

@@ -71,6 +71,15 @@ class SweepDir:
         self.partial(point).mkdir(parents=True)
         return self.partial(point)
 
+    def restore(self, point: Point, record: dict[str, Any]) -> dict[str, Any]:
+        """Take a finished point's record from elsewhere (an earlier sweep's sweep.json) as
+        this directory's: what `finished` reads from now on."""
+        directory = self.points / point.id
+        directory.mkdir(parents=True, exist_ok=True)
+        record = {**record, "dir": f"{POINTS_DIR}/{point.id}"}  # point.json alone
+        (directory / POINT_FILE).write_text(json.dumps(record, indent=1))
+        return record
+
     def partial(self, point: Point) -> Path:
         return self.points / f"{point.id}.partial"
 
@@ -86,6 +95,7 @@ class SweepDir:
             "exit_status": exit_status,
             "wall_s": wall_s,
             **about,
+            "resolved": point.resolved,  # what --resume-from compares (pddemu/sweep/restore.py)
         }
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())["systems"][point.system]

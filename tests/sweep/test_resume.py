@@ -16,6 +16,7 @@ from pddemu.sweep.driver import Sweep
 from pddemu.sweep.executors import Job, SweepError
 from pddemu.sweep.grid import expand, parse_grid
 from pddemu.sweep.progress import Progress
+from pddemu.sweep.restore import Earlier
 
 
 class ScriptedExecutor:
@@ -205,3 +206,78 @@ def test_the_command_names_an_unreadable_sweep_json(tmp_path: Path, capsys) -> N
     error = capsys.readouterr().err
     assert f"pddemu sweep: {tmp_path / 'sweep.json'}: not a readable record" in error
     assert not (tmp_path / "points").exists()  # nothing ran
+
+
+def earlier_sweep(directory: Path, forget: str, same_ids: bool = False) -> list[dict]:
+    """A finished sweep of `points()` as code without the config key `forget` had written it:
+    each entry's resolved config lacks the key and (unless `same_ids`) its id differs."""
+    sweep(directory, ScriptedExecutor()).run(points())
+    data = read(directory)
+    for entry in data["points"]:
+        table, key = forget.rsplit(".", 1)
+        node = entry["point"]["resolved"]
+        for part in table.split("."):
+            node = node[part]
+        del node[key]
+        if not same_ids:
+            entry["point"]["id"] = entry["point"]["id"].replace("-seed0-", "-seed0-old")
+    (directory / "sweep.json").write_text(json.dumps(data))
+    return data["points"]
+
+
+def test_an_earlier_sweeps_points_are_kept_where_new_keys_take_their_defaults(
+    tmp_path: Path,
+) -> None:
+    """A key added since (wan.tcp_congestion, at its default) keeps every earlier point; the
+    points are restored with their records, and a resumed sweep into the same directory then
+    finds them finished."""
+    old = earlier_sweep(tmp_path / "old", "wan.tcp_congestion")
+    kept = ScriptedExecutor()
+    now = Sweep(tmp_path / "new", kept, {}, Progress(), Earlier(tmp_path / "old"))
+    now.run(points())
+    assert kept.ran == [] and now.progress.skipped == 4 and now.exit_status() == 0
+    entries = read(tmp_path / "new")["points"]
+    assert [e["point"]["restored_from"]["id"] for e in entries] == [e["point"]["id"] for e in old]
+    assert [e["point"]["id"] for e in entries] == [p.id for p in points()]
+    assert entries[0]["ttft_s"] == {"p99": 0.5} and entries[0]["point"]["status"] == "done"
+    again = ScriptedExecutor()
+    sweep(tmp_path / "new", again).run(points())
+    assert again.ran == []
+
+
+def test_an_earlier_point_is_run_again_unless_it_is_the_same_emulation(tmp_path: Path) -> None:
+    """A key the earlier entries lack that is not at its default (wan.delay_s, swept to 5 and
+    50 ms against 20 ms), or one whose value differs (the jitter), or an entry that recorded no
+    resolved config and whose id differs: run again. The same id is kept, recorded or not."""
+    earlier_sweep(tmp_path / "delay", "wan.delay_s")
+    ran = ScriptedExecutor()
+    Sweep(tmp_path / "a", ran, {}, Progress(), Earlier(tmp_path / "delay")).run(points())
+    assert ran.ran == [p.id for p in points()]
+
+    earlier_sweep(tmp_path / "unrecorded", "wan.tcp_congestion")
+    data = read(tmp_path / "unrecorded")
+    for entry in data["points"]:
+        del entry["point"]["resolved"]
+    data["points"][0]["point"]["id"] = points()[0].id  # this one's id is still the same
+    (tmp_path / "unrecorded" / "sweep.json").write_text(json.dumps(data))
+    ran = ScriptedExecutor()
+    Sweep(tmp_path / "b", ran, {}, Progress(), Earlier(tmp_path / "unrecorded")).run(points())
+    assert ran.ran == [p.id for p in points()[1:]]
+
+    earlier_sweep(tmp_path / "changed", "wan.tcp_congestion")
+    data = read(tmp_path / "changed")
+    for entry in data["points"]:  # a default changed since: the entries hold the old one
+        entry["point"]["resolved"]["wan"]["jitter_s"] = 0.005
+    (tmp_path / "changed" / "sweep.json").write_text(json.dumps(data))
+    ran = ScriptedExecutor()
+    Sweep(tmp_path / "c", ran, {}, Progress(), Earlier(tmp_path / "changed")).run(points())
+    assert ran.ran == [p.id for p in points()]
+
+
+def test_resume_from_names_a_missing_sweep(tmp_path: Path, capsys) -> None:
+    status = main(
+        ["sweep", "--grid", "wan.delay=5ms", "--out", str(tmp_path / "x")]
+        + ["--resume-from", str(tmp_path / "nothing")]
+    )
+    assert status == 2
+    assert "--resume-from: cannot read" in capsys.readouterr().err
