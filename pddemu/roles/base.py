@@ -525,6 +525,11 @@ class Instance:
                 transits[name] = (least, False)
         return transits
 
+    def exact(self, peer: str) -> bool:
+        """Whether a message to or from `peer` takes no modelled time (an instant hold may
+        wait for it)."""
+        return self.transit.get(peer, (0.0, False))[1]
+
     def count_message_lag(self, kind: str, peer: str, sent: float) -> float:
         """How late a message is handled: now, less its send time and its transit (exactly,
         on a path without modelled time; as a bound, `<kind>_wan`, across a shaped one)."""

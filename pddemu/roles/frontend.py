@@ -101,6 +101,7 @@ class Flight:
         default_factory=set
     )  # destinations whose transfer P has not reported
     transfers_reported: asyncio.Event = field(default_factory=asyncio.Event)
+    decode_reported: asyncio.Event = field(default_factory=asyncio.Event)  # its transfer's end
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # the record is final
     loaded: list[str] = field(default_factory=list)  # instances whose load counts this request
     recorded: bool = False  # the record is written: tokens arriving later are not the user's
@@ -114,6 +115,7 @@ class Flight:
     routings: int = 0
     moves: int = 0
     arrival_hold: InstantHold | None = None  # the present held from its arrival to its routing
+    end_held_by: str = ""  # the relay holding the present at its end until it is settled
 
     def abandon(self, reason: str) -> None:
         """Give the request up: it fails with `reason`, and what it holds is released."""
@@ -562,6 +564,7 @@ class Frontend(Instance):
             self.finish_record(flight)
             flight.stream.put_nowait(None)  # the user's stream is complete
             await self.settle(flight)
+            await self.let_end_go(flight)
             await self.await_transfers(flight, timeout)
             self.flights.pop(record.request_id, None)
             for leg in flight.legs:
@@ -620,11 +623,6 @@ class Frontend(Instance):
         finally:
             hold.release()
         await flight.done.wait()
-
-    def exact(self, peer: str) -> bool:
-        """Whether a message to or from `peer` takes no modelled time (an instant hold may
-        wait for it)."""
-        return self.transit.get(peer, (0.0, False))[1]
 
     async def route_exchange(self, flight: Flight, hold: InstantHold) -> None:
         """Ask P and the decode side, choose the pipeline, tell P: under `hold`, let go only
@@ -813,11 +811,11 @@ class Frontend(Instance):
         mid-way if still under way (the anomaly filter; what reached MD stays in its DRC).
         A completed request's delivered length teaches the output length predictor.
 
-        They leave when this frontend gets round to them. The cut says when it was decided
-        (`at`: the last token's time), and P counts as not sent what it handed over after
-        that, so the WAN bytes recorded do not move with this frontend's lateness; the bytes
-        still cross the link meanwhile, and the other messages leave late, which `delivery`
-        judges."""
+        Where such an end comes from the relay (a path without modelled time), the relay holds
+        the clock at it until this is done (`let_end_go`), so none of it moves with this
+        frontend's lateness in reading the last token. The cut also says when it was decided
+        (`at`: the last token's time): P counts as not sent what it handed over after that
+        (bytes the relay's own lateness let through, or, past the hold's cap, this one's)."""
         rid = flight.leg
         for name in flight.loaded:
             self.load[name] -= 1
@@ -857,6 +855,24 @@ class Frontend(Instance):
                     {"rid": rid, "kv_expected": routed_to_md and not failed},
                 )
             )
+
+    async def let_end_go(self, flight: Flight) -> None:
+        """The request is settled: the relay that holds the clock at its end
+        (`RelayInstance.to_frontend`) lets time go on, once P has applied the cut, if one was
+        sent (P's report on the transfer: cut, or ended before the cut came; the hold's cap
+        at most)."""
+        if not flight.end_held_by:
+            return
+        if flight.cut:
+            try:
+                await asyncio.wait_for(flight.decode_reported.wait(), INSTANT_HOLD_CAP_S)
+            except TimeoutError:
+                pass
+        await self.settled(flight.end_held_by, flight.leg)
+
+    async def settled(self, holder: str, rid: str) -> None:
+        """Tell the relay holding the clock at request `rid`'s end that time may go on."""
+        await self._quietly(self.tell(holder, "settled", {"rid": rid}))
 
     async def _quietly(self, coroutine: Any) -> None:
         """A cleanup message: an instance that cannot be reached (lost, or across a WAN that
@@ -931,6 +947,8 @@ class Frontend(Instance):
             if WAN_DECODE[self.system] and destination in self.decode_names:
                 self.add_wan_bytes(flight, int(message.body["bytes"]))
             return
+        if destination == flight.decode:
+            flight.decode_reported.set()
         if destination == flight.decode and WAN_DECODE[self.system]:
             self.add_wan_bytes(flight, int(message.body["bytes"]))
             if message.body["cancelled"]:
@@ -1004,13 +1022,20 @@ class Frontend(Instance):
         """
         body = message.body
         flight = self.legs.get(body["rid"])
+        held_by = str(body["source"]) if body.get("end_held") else ""
         if flight is None or flight.recorded:  # a failed request's stream is already closed
+            if held_by:
+                await self.settled(held_by, body["rid"])
             return
         if body["rid"] != flight.leg or body.get("source") in flight.relieved:
             # an abandoned leg's, or a relieved instance's: the stream is another's now (counted,
             # so that an instance streaming after its release stays visible)
             flight.record.dropped_stale_tokens += len(body["times"])
+            if held_by:
+                await self.settled(held_by, body["rid"])
             return
+        if held_by:  # the relay's last token: it holds the clock until this settles it
+            flight.end_held_by = held_by
         index, token, first = int(body["index"]), int(body["id"]), int(body["first"])
         known = flight.ids.setdefault(index, token)
         if known != token:

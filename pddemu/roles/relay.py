@@ -42,6 +42,7 @@ from pddemu.policy.handoff import (
 from pddemu.roles.decode import DecodeInstance, DecodeRequest
 from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Channel, Envelope
+from pddemu.runtime.clock import InstantHold
 from pddemu.wire import Control, TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
 
@@ -81,6 +82,8 @@ class RelayInstance(DecodeInstance):
         self.leads: dict[str, Handoff] = {}  # paced leads still delivering, by request
         self.released: set[str] = set()  # ended while their KV was on its way here
         self.md_lost: set[str] = set()  # their MD was lost: no handoff, finished here
+        # finished here before any handover: the clock held until the frontend settles them
+        self.ends_held: dict[str, InstantHold] = {}
         self.md_cost = cost_model(self.config, spec.system, "MD")
         self._kv_lock = asyncio.Lock()
         wan = self.config.wan
@@ -191,6 +194,13 @@ class RelayInstance(DecodeInstance):
             held.paced_from = math.inf  # no position is the lead's any more
             held.replan.set()  # the group waiting for its paced time goes now
 
+    async def on_settled(self, message: Envelope) -> None:
+        """The frontend has done what the end of a request finished here asks of it
+        (`to_frontend`): time goes on."""
+        hold = self.ends_held.pop(message.body["rid"], None)
+        if hold is not None:
+            hold.release()
+
     async def on_md_eta(self, message: Envelope) -> None:
         """MD's prediction of when it produces the token at the switch, from its own steps as
         they happen: the lead still held here is re-paced to end one MD step before that token
@@ -289,13 +299,31 @@ class RelayInstance(DecodeInstance):
         meanwhile) and each sent when its last position's delivery time comes."""
         handoff = self.leads.get(request.rid)
         if handoff is None:
-            await super().send_tokens(request, body)
+            await self.to_frontend(request, body)
             return
         handoff.held.append(body)
         if handoff.sender is None or handoff.sender.done():
             handoff.sender = self.spawn(
                 self._deliver_lead(request, handoff), f"paced tokens of {request.rid}"
             )
+
+    async def to_frontend(self, request: DecodeRequest, body: dict[str, Any]) -> None:
+        """Send a group of tokens to the frontend. The last of a P-RLD-MD request, which this
+        relay finishes before any handover, leaves under an instant hold (`end_held`) that
+        stands until the frontend has settled the request (`settled`): what it does at that
+        end (the anomaly filter's cut of P's transfer to MD, the release of MD's copy) then
+        acts at the end's modelled time, however late the frontend reads the token."""
+        frontend = request.meta["frontend"]
+        last = int(body["first"]) + len(body["times"])
+        ends_here = request.meta.get("pipeline") == "P-RLD-MD" and request.ended(last)
+        if ends_here and self.exact(frontend) and request.rid not in self.ends_held:
+            for rid in [rid for rid, hold in self.ends_held.items() if hold.released]:
+                del self.ends_held[rid]  # let go at the hold's cap: the frontend never said
+            hold = self.clock.hold_instant()
+            if not hold.released:  # a shared clock (real time holds nothing)
+                self.ends_held[request.rid] = hold
+                body = {**body, "end_held": True}
+        await super().send_tokens(request, body)
 
     def lead_times(self, handoff: Handoff, body: dict[str, Any]) -> list[float]:
         """Delivery times of a held group's positions: `pace_s` apart at the earliest, as
@@ -334,7 +362,7 @@ class RelayInstance(DecodeInstance):
                 continue  # re-plan (or released meanwhile)
             handoff.held.popleft()
             handoff.delivered_at = times[-1]
-            await super().send_tokens(request, {**body, "times": times})
+            await self.to_frontend(request, {**body, "times": times})
         if handoff.handed_over and self.leads.get(request.rid) is handoff:
             del self.leads[request.rid]
 

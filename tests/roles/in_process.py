@@ -69,9 +69,23 @@ def admit(fe: Frontend, rid: str) -> Flight:
     )
 
 
+class WireEnd:
+    """The receiving end of a wired pair as its handlers see it (`Envelope.channel`): named
+    for the sender, and a reply on it (`control`) goes back to the sender by the wire."""
+
+    def __init__(self, peer: str, reply: Any) -> None:
+        self.peer = peer
+        self.closed = False
+        self._reply = reply
+
+    async def control(self, kind: str, body: dict) -> None:
+        await self._reply(self.peer, kind, body)
+
+
 def wire(instances: dict[str, Any], one_way_s: dict[tuple[str, str], float]) -> None:
     """Connect in-process instances by name: what one tells another reaches its handler after
-    the given wall-clock delay (per (from, to) pair; none: at once), in order per pair."""
+    the given wall-clock delay (per (from, to) pair; none: at once), in order per pair, sent
+    at the sender's modelled time (`t`, as a channel stamps it) on a `WireEnd` of the pair."""
     import asyncio
 
     from pddemu.runtime.channel import Envelope
@@ -80,12 +94,13 @@ def wire(instances: dict[str, Any], one_way_s: dict[tuple[str, str], float]) -> 
 
     async def carry(pair: tuple[str, str], queue: asyncio.Queue) -> None:
         target = instances[pair[1]]
+        end = WireEnd(pair[0], instances[pair[1]].tell)
         while True:
             due, kind, body, attachments = await queue.get()
             delay = due - asyncio.get_running_loop().time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await getattr(target, f"on_{kind}")(Envelope(kind, body, list(attachments), None))
+            await getattr(target, f"on_{kind}")(Envelope(kind, body, list(attachments), end))
 
     for sender_name, sender in instances.items():
 
@@ -97,7 +112,9 @@ def wire(instances: dict[str, Any], one_way_s: dict[tuple[str, str], float]) -> 
                 queues[pair] = asyncio.Queue()
                 instances[_me].spawn(carry(pair, queues[pair]), f"wire {pair}")
             due = asyncio.get_running_loop().time() + one_way_s.get(pair, 0.0)
-            queues[pair].put_nowait((due, kind, body, attachments))
+            clock = getattr(instances[_me], "clock", None)
+            stamped = {**body, "t": clock.now()} if clock is not None else body
+            queues[pair].put_nowait((due, kind, stamped, attachments))
             return 100 + sum(getattr(a, "nbytes", 0) for a in attachments)
 
         sender.tell = tell

@@ -5,15 +5,23 @@ On the sending side, every transfer that could not finish is counted and reporte
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import pytest
+
+from netem.clock import SharedClock
+from pddemu.metrics.records import RequestRecord
+from pddemu.roles.decode import DecodeRequest
+from pddemu.roles.frontend import Flight, Frontend
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
+from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import instance
+from tests.roles.in_process import WireEnd, instance, wire
 
 
 class Connection:
@@ -173,3 +181,112 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
 
 async def _opened(receiver: Receiver) -> Receiver:
     return receiver
+
+
+class Released:
+    """MD as the end of a request sees it: the releases it is told."""
+
+    def __init__(self) -> None:
+        self.released: list[dict] = []
+
+    async def on_release(self, message: Envelope) -> None:
+        self.released.append(message.body)
+
+
+CHUNK_EVERY_S = 0.02  # modelled: P computes a chunk of the prompt this often
+RELAY_ENDS_AT_S = 0.01  # modelled: the relay's last token, between P's first and second chunk
+
+
+def _relay_ends_a_request_during_ps_transfer(
+    tmp_path: Path, frontend_late_s: float
+) -> tuple[RequestRecord, int, list[tuple[dict, float]]]:
+    """One P-RLD-MD request on a shared clock (rate 1): P streams its prompt's KV to MD0 as
+    each of 3 chunks is computed, one every CHUNK_EVERY_S; the relay finishes the request
+    (its one token) at RELAY_ENDS_AT_S, while the transfer is under way; the frontend reads
+    the relay's messages `frontend_late_s` of wall time after they are sent. Returns the
+    request's record, the chunks MD0 received, and each release MD0 was told with how long
+    after the relay's last token (modelled) it was sent."""
+    page = tmp_path / f"clock-{frontend_late_s}"
+    SharedClock.create(page, rate=1.0, ceiling=1.0)
+
+    async def scenario() -> tuple[RequestRecord, int, list[tuple[dict, float]]]:
+        p = instance(PrefillInstance, "P", clock=str(page))
+        fe = instance(Frontend, "FE", clock=str(page))
+        rld = instance(RelayInstance, "RLD", clock=str(page))
+        md = Released()
+        for one, other in ((fe, p), (fe, rld)):  # one host: no modelled time between them
+            one.transit[other.name] = other.transit[one.name] = (0.0, True)
+        wire({"P0": p, "FE0": fe, "RLD0": rld, "MD0": md}, {("RLD0", "FE0"): frontend_late_s})
+        receiver = Receiver()
+        p.pool = TransferPool(lambda _name, _purpose: _opened(receiver))
+        p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
+        step = p.chunk_genuine
+        scale = fe.config.scale.token_scale
+        prompt = [1 + i % 200 for i in range(3 * step)]
+
+        record = RequestRecord(
+            request_id="r1",
+            system="pdd",
+            arrival_s=0.0,
+            input_tokens=len(prompt) * scale,
+            expected_output_tokens=1,
+            pipeline="P-RLD-MD",
+        )
+        flight = Flight(record, prompt, None, p="P0", decode="MD0", rld="RLD0")
+        flight.transfers = {"MD0"}
+        fe.flights["r1"] = flight
+        fe.new_leg(flight, "r1")
+        fe.route = lambda routed: routed.done.wait()  # routed already: wait for its tokens
+        serving = asyncio.ensure_future(fe.serve_flight(flight))
+
+        kv, _ = p.model.prefill(prompt, None, len(prompt))
+        job = PrefillJob("r1", prompt, {}, WireEnd("FE0", p.tell), kv=kv, first_token=1)
+        job.routed.set()
+        p.jobs["r1"] = job
+        destination = Destination("MD0", 0, {})
+        destination.task = p.spawn(p.send(job, destination), "MD0")
+        job.destinations.append(destination)
+        start = p.clock.now()
+
+        async def compute() -> None:
+            for chunk in (1, 2, 3):
+                await p.clock.sleep_until(start + CHUNK_EVERY_S * (chunk - 1))
+                await job.progress.advance(chunk * step, p.clock.now(), finished=chunk == 3)
+
+        computing = p.spawn(compute(), "prefill")
+        await rld.clock.sleep_until(start + RELAY_ENDS_AT_S)
+        meta = {"pipeline": "P-RLD-MD", "frontend": "FE0", "md": "MD0", "output_tokens": 1}
+        ended = DecodeRequest("r1", meta, kv, len(prompt))
+        body = {"rid": "r1", "index": 0, "id": 5, "first": 0, "source": "RLD0", "role": "RLD"}
+        end = rld.clock.now()
+        await rld.send_tokens(ended, {**body, "times": [end]})
+        await asyncio.wait_for(serving, 5.0)
+        await asyncio.wait_for(computing, 5.0)
+        for made in (p, fe, rld):
+            made.clock.close()
+        released = [
+            ({"rid": b["rid"], "kv_expected": b["kv_expected"]}, b["t"] - end) for b in md.released
+        ]
+        return record, receiver.chunks, released
+
+    return asyncio.run(scenario())
+
+
+def test_the_frontends_lateness_in_reading_the_relays_end_moves_no_cut(tmp_path: Path) -> None:
+    """The relay that finishes a request while P's KV transfer to MD is still under way holds
+    the clock at its last token until the frontend has settled the request: the anomaly
+    filter's cut reaches P at its date however late the frontend reads that token, so the
+    same request is cut with the same bytes sent, nothing handed over after the date, and
+    MD is told to release it. On the code before (the cut left when the frontend got round
+    to it) a frontend 100 ms late let the transfer finish: not cut, every chunk sent."""
+    outcomes = [_relay_ends_a_request_during_ps_transfer(tmp_path, late) for late in (0.0, 0.1)]
+    for record, chunks, released in outcomes:
+        assert record.state == "completed", record.failure_reason
+        assert record.anomaly_filtered, record
+        assert chunks == 1  # the first chunk only: the others were computed after the date
+        # MD's copy released as of the end (the clock stood still until it was sent)
+        assert [body for body, _ in released] == [{"rid": "r1", "kv_expected": True}]
+        assert released[0][1] == pytest.approx(0.0, abs=0.002)
+    on_time, late = (record for record, *_ in outcomes)
+    assert 0 < on_time.wan_bytes_cancelled == late.wan_bytes_cancelled
+    assert on_time.wan_bytes == late.wan_bytes
