@@ -360,9 +360,10 @@ class MainDecodeInstance(DecodeInstance):
             final=body["final"],
             outputs=int(body["end"]) - int(body["start"]),
         )
-        if not body["final"]:
+        if not body["final"]:  # a relay lost meanwhile: the frontend's `resume` comes instead
             rld = request.meta["rld"]
-            await self.tell(rld, "caught_up", {"rid": rid, "upto": len(known), **self.outlook(rld)})
+            said = {"rid": rid, "upto": len(known), **self.outlook(rld)}
+            await self._tell_relay(rld, "caught_up", said)
             return
         if body["payload"] == "extend":
             self._check_predicted(rid, int(body["last_id"]))

@@ -406,3 +406,56 @@ def test_a_handoff_part_md_cannot_take_loses_the_request_there(payload: str) -> 
 
     requests, told, reserved = asyncio.run(scenario())
     assert (requests, told, reserved) == ([], ["stream_lost"], 0)
+
+
+def relay_refused(md: Any) -> None:
+    """`md.tell` as when relay RLD0 is gone (its port refuses); the rest recorded."""
+
+    async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+        if name == "RLD0":
+            raise ConnectionRefusedError(111, "Connection refused")
+        md.told.append((name, kind, body))
+        return 0
+
+    md.tell = tell
+
+
+@pytest.mark.parametrize("payload", ["extend", "kv_delta"])
+def test_a_relay_lost_while_md_takes_in_a_handoff_part_keeps_md_s_requests(payload: str) -> None:
+    """The relay is gone (its port refuses) while MD takes in a non-final handoff part: MD
+    cannot tell it `caught_up`, which only the relay needed. MD keeps the request (the
+    frontend's `resume` then gives it the stream) and the P-MD request decoding beside it
+    streams on. On the code before, the failed `caught_up` failed MD's step (Extend-Decode:
+    every request of the batch lost, the P-MD one too) or the KV-delta copy (its request
+    lost)."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        md = instance(MainDecodeInstance, "MD")
+        relay_refused(md)
+        await md.start()
+        beside = prompt_request(md, "p-md")
+        beside.meta.update(pipeline="P-MD")
+        beside.outputs, beside.emitted, beside.streaming = [7], 1, True
+        await md.reserve_memory(beside)
+        md.requests["p-md"] = beside
+        md.start_decoding(beside)
+        handed = prompt_request(md, "r")
+        await md.reserve_memory(handed)
+        md.requests["r"] = handed
+        md.known["r"] = []
+        part = {"rid": "r", "start": 0, "end": 3, "final": False, "sent_at": md.clock.now()}
+        if payload == "extend":
+            part.update(payload="extend")
+            attachments = [TokenIds.from_ints("r", 0, [1, 2, 3])]
+        else:
+            part.update(payload="kv_delta", ids=[1, 2, 3])
+            kv, _ = md.model.prefill([1, 2, 3], None, 3)
+            attachments = [kv_chunk_from_tensor("r", 0, 0, kv.tensor)]
+        await md.on_handoff(Envelope("handoff", part, attachments, None))
+        await asyncio.sleep(0.5)
+        lost = [body["rid"] for name, kind, body in md.told if kind == "stream_lost"]
+        return sorted(md.requests), lost, md.errors
+
+    requests, lost, errors = asyncio.run(scenario())
+    assert (requests, lost, errors) == (["p-md", "r"], [], [])
+
