@@ -165,7 +165,8 @@ class DecodeInstance(Instance):
             self.errors.append(f"step for {[r.rid for r in requests]}: {error!r}")
             log.exception("%s: step failed; dropping %s", self.name, [r.rid for r in requests])
             for request in requests:
-                await self.lose(request)
+                if self.requests.get(request.rid) is request:  # not finished in the step
+                    await self.lose(request)
 
     async def lose(self, request: DecodeRequest) -> None:
         """Drop a request this instance cannot go on with, and tell the frontend, which moves

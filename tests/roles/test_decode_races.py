@@ -459,3 +459,33 @@ def test_a_relay_lost_while_md_takes_in_a_handoff_part_keeps_md_s_requests(paylo
     requests, lost, errors = asyncio.run(scenario())
     assert (requests, lost, errors) == (["p-md", "r"], [], [])
 
+
+def test_a_failed_step_loses_only_the_requests_it_still_holds() -> None:
+    """A step finishes request "a" (its last token out, its record on its way) and then fails
+    on request "b": only "b" is lost. On the code before, "a" was reported lost too, a
+    `stream_lost` racing its finished record (the frontend could move a complete request)."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        for rid in ("a", "b"):
+            request = prompt_request(md, rid)
+            request.meta.update(pipeline="P-MD", output_tokens=2 if rid == "a" else 400)
+            request.outputs, request.emitted, request.streaming = [7], 1, True
+            md.requests[rid] = request
+            md.start_decoding(request)
+
+        async def broken(_request: DecodeRequest) -> None:
+            raise RuntimeError("after-step work that fails")
+
+        md.requests["b"].on_step = broken
+        deadline = time.monotonic() + 10
+        while md.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
+        finished = [body["rid"] for name, kind, body in md.told if kind == "tokens"]
+        lost = [body["rid"] for name, kind, body in md.told if kind == "stream_lost"]
+        return finished, lost
+
+    finished, lost = asyncio.run(scenario())
+    assert (finished, lost) == (["a"], ["b"])
