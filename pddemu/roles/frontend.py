@@ -78,6 +78,10 @@ class Unanswered(Exception):
     """An instance did not answer the routing exchange in time: alive perhaps (its handler
     failed, or it does not know the leg), but not judged down, so no failover ends the wait."""
 
+    def __init__(self, instance: str, message: str) -> None:
+        super().__init__(message)
+        self.instance = instance
+
 
 @dataclass
 class Flight:
@@ -113,6 +117,7 @@ class Flight:
     attempt: asyncio.Task | None = None  # the current routing and wait for the tokens
     reroute: str = ""  # why the current attempt is being replaced by a new routing
     routings: int = 0
+    unanswered: set[str] = field(default_factory=set)  # left out of its next routing if others are
     moves: int = 0
     arrival_hold: InstantHold | None = None  # the present held from its arrival to its routing
     end_held_by: str = ""  # the relay holding the present at its end until it is settled
@@ -603,6 +608,8 @@ class Frontend(Instance):
             except (ConnectionError, Unanswered) as error:  # gone, or silent on this leg
                 if flight.ids or flight.routings >= MAX_ROUTINGS:
                     raise
+                if isinstance(error, Unanswered):
+                    flight.unanswered.add(error.instance)
                 flight.reroute = (
                     str(error)
                     if isinstance(error, Unanswered)
@@ -628,8 +635,8 @@ class Frontend(Instance):
         """Ask P and the decode side, choose the pipeline, tell P: under `hold`, let go only
         while an answer crosses a path with modelled time, and taken again once it is read."""
         rid = flight.leg
-        flight.p = self.pick(self.p_names, flight.session)
-        flight.decode = self.pick(self.decode_names, flight.session)
+        flight.p = self.pick(self.answering(flight, self.p_names), flight.session)
+        flight.decode = self.pick(self.answering(flight, self.decode_names), flight.session)
         meta = self.leg_meta(flight)
         loop = asyncio.get_running_loop()
         flight.replies = {
@@ -673,7 +680,8 @@ class Frontend(Instance):
             return await self.clock.within(flight.replies[kind], patience)
         except TimeoutError:
             raise Unanswered(
-                f"{instance} did not answer {kind} for {flight.leg} within {patience:g} modelled s"
+                instance,
+                f"{instance} did not answer {kind} for {flight.leg} within {patience:g} modelled s",
             ) from None
 
     async def decide_and_route(
@@ -790,6 +798,12 @@ class Frontend(Instance):
         if pipeline in ("P-RLD-MD", "P-MD") and not md and relay:
             return "RLD-only"
         return pipeline
+
+    def answering(self, flight: Flight, names: list[str]) -> list[str]:
+        """`names` without those that did not answer this request's earlier routing (alive,
+        perhaps, but not answering it), unless no other is left that is not down."""
+        others = [n for n in names if n not in flight.unanswered and not self.liveness.down(n)]
+        return others or names
 
     def pick(self, names: list[str], session: str | None) -> str:
         """Session affinity keeps a conversation on the instance whose cache holds its prefix."""

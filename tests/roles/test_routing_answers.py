@@ -23,9 +23,13 @@ DOWN_AFTER_S = 0.5  # modelled (real time in-process): the patience for an answe
 WALL_BOUND_S = 10.0  # the request must have ended by then (its timeout is 600 s)
 
 
-def deployment(silent: set[str], time_scale: float | None = None) -> Frontend:
+def deployment(
+    silent: set[str], time_scale: float | None = None, streaming: bool = False
+) -> Frontend:
     """A frontend routing to P0, P1, RLD0, MD0 and MD1, all up; the instances named in `silent`
-    never answer, the others answer at once with no hit."""
+    never answer, the others answer at once with no hit; `streaming`: a P that answered
+    streams a route's request at once (each destination's transfer reported, every token from
+    the decode side)."""
     config = load_config()
     config = config.model_copy(
         update={
@@ -50,10 +54,23 @@ def deployment(silent: set[str], time_scale: float | None = None) -> Frontend:
             reply, handler = answers[kind]
             answer = Envelope(reply, {"rid": body["rid"], "hit": 0, "instance": name}, [], None)
             fe.spawn(handler(answer), f"{name}'s {reply}")
+        if streaming and kind == "route" and name not in silent:
+            fe.spawn(stream(fe, body), f"{body['rid']} streamed")
         return 0
 
     fe.tell = tell
     return fe
+
+
+async def stream(fe: Frontend, route: dict[str, Any]) -> None:
+    rid, names = route["rid"], [d["name"] for d in route["destinations"]]
+    for name in names:
+        done = {"rid": rid, "destination": name, "bytes": 0, "cancelled": False}
+        done.update(tokens=1, tokens_sent=1)
+        await fe.on_transfer_done(Envelope("transfer_done", done, [], None))
+    decode = names[-1]  # the decode side's, after the relay's if there is one
+    for index in range(3):
+        await fe.on_tokens(tokens(rid, index, decode.rstrip("0123456789"), decode))
 
 
 async def until_told(fe: Frontend, name: str, kind: str) -> None:
@@ -72,15 +89,27 @@ async def ended(fe: Frontend, flight: Flight, task: asyncio.Task) -> bool:
         return False
 
 
+async def served(silent: set[str], lose_p0: bool = False) -> tuple[bool, Frontend, Flight]:
+    """Request "r" served by `deployment(silent)` (P0 lost once it was asked to prefill):
+    whether it ended within the wall bound, the frontend, its flight."""
+    fe = deployment(silent, streaming=True)
+    flight = admit(fe, "r")
+    task = asyncio.ensure_future(fe.serve_flight(flight))
+    await until_told(fe, "P0", "prefill")
+    if lose_p0:
+        fe.liveness_changed(fe.liveness.lost("P0", fe.clock.now(), "killed"))
+    return await ended(fe, flight, task), fe, flight
+
+
 @pytest.mark.parametrize(
     ("silent", "lose_p0", "reason"),
     [
-        # P0 dies mid-prefill; the retried leg's P (P1) is alive but never answers
-        ({"P1"}, True, "P1 did not answer p_hit for r~1"),
-        # P0 never answers either leg (the second goes to P0 again: least loaded, first name)
-        ({"P0"}, False, "P0 did not answer p_hit for r~1"),
-        # MD0 never answers its match, on either leg (session-less: MD0 both times)
-        ({"MD0"}, False, "MD0 did not answer matched for r~1"),
+        # P0 dies mid-prefill; the retried leg's P (P1, the only one left) never answers
+        ({"P0", "P1"}, True, "P1 did not answer p_hit for r~1 within 0.5 modelled s"),
+        # neither P answers: the retried leg goes to the other, P1
+        ({"P0", "P1"}, False, "P1 did not answer p_hit for r~1 within 0.5 modelled s"),
+        # neither MD answers its match
+        ({"MD0", "MD1"}, False, "MD1 did not answer matched for r~1 within 0.5 modelled s"),
     ],
 )
 def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
@@ -88,28 +117,40 @@ def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
 ) -> None:
     """Routed again once, then failed with the reason; every leg's P is told to cancel and its
     decode instance to release (its pinned match), and no load is left counted. On the code
-    before, the request was still waiting for the answer after 10 s (its timeout is 600 s)."""
-
-    async def scenario() -> tuple[bool, Flight, list[tuple[str, str, dict]], dict[str, int]]:
-        fe = deployment(silent)
-        flight = admit(fe, "r")
-        task = asyncio.ensure_future(fe.serve_flight(flight))
-        await until_told(fe, "P0", "prefill")
-        if lose_p0:
-            fe.liveness_changed(fe.liveness.lost("P0", fe.clock.now(), "killed"))
-        done = await ended(fe, flight, task)
-        return done, flight, fe.told, dict(fe.load)
-
-    done, flight, told, load = asyncio.run(scenario())
+    before 45036b9, the request was still waiting for the answer after 10 s (its timeout is
+    600 s)."""
+    done, fe, flight = asyncio.run(served(silent, lose_p0))
     assert done, "still waiting for the answer"
     record = flight.record
     assert record.state == "failed" and reason in record.failure_reason
     assert record.retries == 1 and flight.legs == ["r", "r~1"]
-    said = {(name, kind, body["rid"]) for name, kind, body in told}
-    p_again = "P1" if lose_p0 else "P0"
+    said = {(name, kind, body["rid"]) for name, kind, body in fe.told}
+    p_again, md_again = ("P1" if "P0" in silent else "P0"), ("MD1" if "MD0" in silent else "MD0")
     assert {("P0", "cancel", "r"), ("MD0", "release", "r")} <= said
-    assert {(p_again, "cancel", "r~1"), ("MD0", "release", "r~1")} <= said
-    assert set(load.values()) == {0}
+    assert {(p_again, "cancel", "r~1"), (md_again, "release", "r~1")} <= said
+    assert set(fe.load.values()) == {0}
+
+
+@pytest.mark.parametrize(
+    ("silent", "served_by"), [({"P0"}, ("P1", "MD0")), ({"MD0"}, ("P0", "MD1"))]
+)
+def test_a_request_routed_again_after_an_unanswered_exchange_goes_to_another_instance(
+    silent: set[str], served_by: tuple[str, str]
+) -> None:
+    """An instance that did not answer the routing exchange is left out of the request's next
+    routing while another is up: the request completes there. On the code before, the retry
+    went to the silent instance again (least loaded by name, or the session's), waited as
+    long, and failed the request, other instances healthy."""
+    done, fe, flight = asyncio.run(served(silent))
+    assert done, "still waiting"
+    assert (flight.record.state, flight.record.retries, flight.legs) == (
+        "completed",
+        1,
+        ["r", "r~1"],
+    )
+    routed = [(name, body) for name, kind, body in fe.told if kind == "route"]
+    assert [(name, body["rid"]) for name, body in routed] == [(served_by[0], "r~1")]
+    assert served_by[1] in [d["name"] for d in routed[0][1]["destinations"]]
 
 
 def test_a_move_whose_target_never_answers_its_match_sends_the_whole_prompt() -> None:
