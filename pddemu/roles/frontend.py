@@ -561,6 +561,8 @@ class Frontend(Instance):
                 f"timed out after {self.config.request_timeout_s:.0f} modelled s "
                 f"({flight.delivered}/{flight.record.expected_output_tokens} tokens delivered)",
             )
+        except Unanswered as error:  # its message says it all
+            self.fail(flight, str(error))
         except Exception as error:  # noqa: BLE001 - the request fails, the frontend goes on
             self.fail(flight, f"{type(error).__name__}: {error}")
         finally:
