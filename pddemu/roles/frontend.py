@@ -436,9 +436,13 @@ class Frontend(Instance):
         flight.loaded = []
         if flight.p:
             await self._quietly(self.tell(flight.p, "cancel", {"rid": leg}))
-        for name in (flight.rld, flight.decode):
+        # KV is on its way only to the destinations P was routed to (the relay is picked with
+        # the route); a decode side that only got the match keeps nothing waiting for it
+        routed_to_decode = flight.record.pipeline not in ("", "RLD-only")
+        for name, kv_expected in ((flight.rld, True), (flight.decode, routed_to_decode)):
             if name:
-                await self._quietly(self.tell(name, "release", {"rid": leg, "kv_expected": True}))
+                body = {"rid": leg, "kv_expected": kv_expected}
+                await self._quietly(self.tell(name, "release", body))
         self.wan.forget(leg)
         flight.p = flight.decode = flight.rld = ""
         flight.transfers = set()

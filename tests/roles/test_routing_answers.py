@@ -151,6 +151,10 @@ def test_a_request_routed_again_after_an_unanswered_exchange_goes_to_another_ins
     routed = [(name, body) for name, kind, body in fe.told if kind == "route"]
     assert [(name, body["rid"]) for name, body in routed] == [(served_by[0], "r~1")]
     assert served_by[1] in [d["name"] for d in routed[0][1]["destinations"]]
+    # the first leg was never routed: its decode side, which only matched, expects no KV (on the
+    # code before, kv_expected=True: MD kept the leg's id in `released` for good)
+    (release,) = [body for name, kind, body in fe.told if (kind, body["rid"]) == ("release", "r")]
+    assert release["kv_expected"] is False
 
 
 def test_a_move_whose_target_never_answers_its_match_sends_the_whole_prompt() -> None:
