@@ -172,8 +172,12 @@ def spread_text(spread: Spread | None, form: str) -> str:
 
 
 def matches(entry: dict[str, Any], where: dict[str, Any] | None) -> bool:
+    """Whether the entry's settings have `where`'s values: a claim's TOML values, or values
+    as the settings write them (`key_values`': a quoted string such as `"0.1%"` stays so)."""
     settings = entry.get("settings", {})
-    return all(settings.get(key) == value_text(value) for key, value in (where or {}).items())
+    return all(
+        settings.get(key) in (value, value_text(value)) for key, value in (where or {}).items()
+    )
 
 
 def done(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

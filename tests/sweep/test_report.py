@@ -272,3 +272,26 @@ def test_transfer_rows_set_each_value_beside_its_closed_form(tmp_path: Path) -> 
     )
     with pytest.raises(ConfigError, match="closed_form must be one of"):
         check_claims(experiments / "kv.toml")
+
+
+def test_a_key_whose_values_are_quoted_reads_each_value(tmp_path: Path) -> None:
+    """`--grid wan.loss="0%","0.1%"`: the settings write the values quoted, as the rows do."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "loss.toml").write_text(
+        '[experiment]\nsystems = ["naive"]\nseeds = 1\n[[claim]]\nclaim = "loss"\npaper = "-"\n'
+        'kind = "transfer"\nsystem = "naive"\nkey = "wan.loss"\nexplain = "why"\n'
+        'metric = "kv_transfer_s.to_ready.mean"\nclosed_form = "rate"\n'
+    )
+    points = []
+    for loss, seconds in (('"0%"', 1.25), ('"0.1%"', 1.5)):
+        point = entry("naive", 0, {"workload.synthetic_input_tokens": "1000", "wan.rate": "8e6"})
+        point["settings"]["wan.loss"] = loss
+        point["values"].update({"wan.delay": 0.0, "wan.loss": loss.strip('"')})
+        point.update(kv_transfer_s={"to_ready": {"mean": seconds}})
+        point.update(scale={"target_kv_bytes_per_token": 1000.0})
+        points.append(point)
+    write_sweep(tmp_path / "results" / "loss", points)
+    text = render(experiments, tmp_path / "results")
+    assert '| "0%" | 1.25 s (1 seed) | 1.00 s |' in text
+    assert '| "0.1%" | 1.50 s (1 seed) | 1.00 s |' in text
