@@ -66,6 +66,7 @@ TORN_CHECK_SPINS = 1 << 14  # a reader that saw a write under way this often loo
 _MAGIC = struct.Struct("=8s")
 _SEQ = struct.Struct("=Q")  # offset 8; odd while a writer changes the anchor
 _ANCHOR = struct.Struct("=dddd")  # offset 16: wall, modelled, rate, hold
+_HISTORY_WALL = struct.Struct("=d")  # a history entry's wall, its first field
 _LAG_TARGET = struct.Struct("=d")  # offset 48: the mean lag the controller keeps within
 _FROZEN = struct.Struct("=d")  # offset 56: wall seconds the clock stood at a hold, in all
 _BINDING = struct.Struct("=d")  # offset 64: since when it stands at the earliest hold (or inf)
@@ -245,29 +246,46 @@ class SharedClock:
         `wall` is before the page)."""
         page = self._page
         while True:
-            seq = _SEQ.unpack_from(page, SEQ_AT)[0]
-            newest = seq // 2  # the newest whole entry (a write under way makes the next)
-            low = max(0, newest - HISTORY_ANCHORS + 1)  # the oldest entry still in the ring
-            lowest_read = newest + 1
-            found = None
-            # The entries' walls rise with their index (written in order under the writer
-            # lock): a binary search for the last one at or before `wall`, a reading or a few
-            # dozen whatever the ring holds.
-            high = newest
-            while low <= high:
-                middle = (low + high) // 2
-                entry = self._history_entry(middle)
-                lowest_read = min(lowest_read, middle)
-                if entry.wall <= wall:
-                    found = entry
-                    low = middle + 1
-                else:
-                    high = middle - 1
+            newest = _SEQ.unpack_from(page, SEQ_AT)[0] // 2  # (a write under way makes the next)
+            oldest = max(0, newest - HISTORY_ANCHORS + 1)  # the oldest entry still in the ring
+            index, lowest_read = self._last_at_or_before(wall, oldest, newest)
+            found = None if index is None else self._history_entry(index)
             top = (_SEQ.unpack_from(page, SEQ_AT)[0] + 1) // 2  # the entry written last, or now
             if lowest_read + HISTORY_ANCHORS > top:  # nothing it read was overwritten meanwhile
                 return None if found is None else found.at(wall)
             if found is None:
                 return None  # older than the ring, which moved on as it read
+
+    def _last_at_or_before(self, wall: float, oldest: int, newest: int) -> tuple[int | None, int]:
+        """The newest history entry whose wall is at or before `wall`, between `oldest` and
+        `newest` (None if none is), and the lowest index read. The entries' walls rise with
+        their index (written in order under the writer lock). A kernel date is read a few
+        anchors after it, so the search gallops back from the newest (1, 2, 4, ... entries)
+        and then halves the bracket: a reading or two for a recent date, about twice log2 of
+        the ring for the oldest."""
+        above = newest + 1  # the entries from here on are after `wall`
+        step = 1
+        while True:
+            probe = max(oldest, above - step)
+            if self._history_wall(probe) <= wall:
+                break
+            if probe == oldest:
+                return None, probe
+            above = probe
+            step *= 2
+        found, lowest_read = probe, probe
+        low, high = probe + 1, above - 1
+        while low <= high:
+            middle = (low + high) // 2
+            if self._history_wall(middle) <= wall:
+                found = middle
+                low = middle + 1
+            else:
+                high = middle - 1
+        return found, lowest_read
+
+    def _history_wall(self, index: int) -> float:
+        return _HISTORY_WALL.unpack_from(self._page, _history_at(index))[0]
 
     def _history_entry(self, index: int) -> Anchor:
         return Anchor(*_ANCHOR.unpack_from(self._page, _history_at(index)))
