@@ -363,7 +363,7 @@ def _parse_json_object(payload: memoryview) -> dict[str, Any]:
     except UnicodeDecodeError as error:
         raise BadControl(f"control body is not UTF-8: {error}") from None
     try:
-        body = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+        body = _DECODER.decode(text)
     except BadControl:
         raise
     except (ValueError, RecursionError) as error:
@@ -384,6 +384,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constants(name: str) -> None:
     raise BadControl(f"control body contains {name}, which is not JSON")
+
+
+# One decoder for every control body (json.loads with hooks would make one per call).
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constants)
 
 
 def _payload_of(

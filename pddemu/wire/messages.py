@@ -22,6 +22,8 @@ from pddemu.wire.errors import BadControl, BadField, BadShape, BadTokenIds
 MAX_REQUEST_ID_BYTES = 64
 MAX_KIND_BYTES = 32
 MAX_JSON_DEPTH = 32
+_INTEGERS = (bool, int)
+_NUMBER_TYPES = frozenset({bool, int, float})  # exactly these: a list of them is checked in C
 MAX_U32 = (1 << 32) - 1
 KV_NDIM = 5
 """A KV tensor is [layers, 2 (K, V), kv_heads, tokens, head_dim]."""
@@ -195,20 +197,46 @@ def _json_ok(value: Any, depth: int) -> bool:
     where a fault is, for the common case (a body that passes). False means: look closer."""
     if depth > MAX_JSON_DEPTH:
         return False
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, _INTEGERS):
         return True
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, str):
         return value.isascii() or _encodes(value)
+    if isinstance(value, list | dict) and depth >= MAX_JSON_DEPTH:
+        return not value  # its items would nest too deep
     if isinstance(value, list):
+        if _finite_numbers(value):
+            return True
         return all(_json_ok(item, depth + 1) for item in value)
     if isinstance(value, dict):
-        return all(
-            isinstance(key, str) and (key.isascii() or _encodes(key)) and _json_ok(item, depth + 1)
-            for key, item in value.items()
-        )
+        for key, item in value.items():
+            if not (isinstance(key, str) and (key.isascii() or _encodes(key))):
+                return False
+            kind = type(item)  # the common scalars inline, the rest (and subclasses) recursed
+            if kind is float:
+                if not math.isfinite(item):
+                    return False
+            elif kind is str:
+                if not (item.isascii() or _encodes(item)):
+                    return False
+            elif not (kind is int or kind is bool or item is None or _json_ok(item, depth + 1)):
+                return False
+        return True
     return False
+
+
+def _finite_numbers(items: list[Any]) -> bool:
+    """Whether `items` are all ints, bools and finite floats, told in C rather than item by
+    item (a token group's times are such a list): their exact sum is finite only if each is,
+    since an infinity or a NaN stays in it. False means: not told (an overflowing sum, or
+    other types: look item by item)."""
+    if not set(map(type, items)) <= _NUMBER_TYPES:
+        return False
+    try:
+        return math.isfinite(math.fsum(items))
+    except (OverflowError, ValueError):  # finite but huge, or inf - inf: look closer
+        return False
 
 
 def _encodes(text: str) -> bool:

@@ -324,7 +324,9 @@ def test_limits_must_be_positive_ints(cap: object) -> None:
         (b'{"a": 1, "a": 2}', "repeats the key 'a'"),
         (b"[" * 5000 + b"]" * 5000, "not valid JSON|nests deeper"),
         (b'{"a":' * 40 + b"1" + b"}" * 40, "nests deeper than 32"),
+        (b'{"a":' + b"[" * 32 + b"1" + b"]" * 32 + b"}", "nests deeper than 32"),
         (b'{"a": "\\ud800"}', "not encodable as UTF-8"),
+        (b'{"times": [0.5, 1e999]}', r"body\['times'\]\[1\] = inf is not a finite number"),
     ],
 )
 def test_bad_control_body(body: bytes, match: str) -> None:
@@ -349,12 +351,28 @@ def test_bad_control_kind(kind: bytes) -> None:
         ({"t": (1, 2)}, r"body\['t'\] is a tuple"),
         ({"s": {1, 2}}, r"body\['s'\] is a set"),
         ({"f": float("inf")}, "inf is not a finite number"),
+        ({"times": [0.1, 0.2, float("nan")]}, r"body\['times'\]\[2\] = nan is not a finite"),
+        ({"times": [1, True, -float("inf")]}, r"body\['times'\]\[2\] = -inf is not a finite"),
+        ({"times": [float("inf"), -float("inf")]}, r"body\['times'\]\[0\] = inf is not"),
         ({"n": [[{"x": np.float32(1)}]]}, r"body\['n'\]\[0\]\[0\]\['x'\] is a float32"),
     ],
 )
 def test_control_construction_accepts_json_types_only(body: dict, match: str) -> None:
     with pytest.raises(BadControl, match=match):
         Control("probe", body)
+
+
+def test_control_bodies_at_the_json_limits_pass() -> None:
+    """Numbers whose sum overflows are each finite; scalars nested exactly as deep as allowed
+    pass, on construction and on decoding."""
+    deepest: object = [1.5]
+    for _ in range(30):
+        deepest = [deepest]
+    for body in (
+        {"big": [1e308, 1e308, -1e308], "huge": [10**400, 2.5], "mixed": [1, 2.5, "x", None]},
+        {"a": deepest},
+    ):
+        assert decode(frame_of(Control("probe", body))).body == body
 
 
 def test_control_body_must_be_a_dict() -> None:
