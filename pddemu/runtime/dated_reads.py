@@ -148,8 +148,11 @@ class DatedReader:
 
 class SocketWriter:
     """The part of asyncio.StreamWriter a `Channel` uses, writing the socket a `DatedReader`
-    reads (a transport would read it too). What is written before `drain` goes out whole even
-    if the drain is cancelled, so a cancelled sender never leaves half a frame on the wire."""
+    reads (a transport would read it too). As a transport does, a write goes to the socket at
+    once when nothing is queued before it, so a message leaves when it is sent, not when the
+    sender's loop next gets round to it; what the socket does not take is queued, and sent by
+    `drain`. What is written before `drain` goes out whole even if the drain is cancelled, so a
+    cancelled sender never leaves half a frame on the wire."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -160,11 +163,21 @@ class SocketWriter:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing:
             return  # as a closing transport does: dropped
+        if not self._pending and (self._flush is None or self._flush.done()):
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent == memoryview(data).nbytes:
+                return
+            data = memoryview(data).cast("B")[sent:]
         self._pending.append(data if isinstance(data, bytes | memoryview) else bytes(data))
 
     async def drain(self) -> None:
         if self._closing:
             raise ConnectionResetError("the connection is closed")
+        if not self._pending and (self._flush is None or self._flush.done()):
+            return  # all of it is with the socket already
         if self._flush is None or self._flush.done():
             self._flush = asyncio.ensure_future(self._send())
         await asyncio.shield(self._flush)

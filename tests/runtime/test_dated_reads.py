@@ -13,7 +13,7 @@ import uvloop
 
 from pddemu.roles.base import DatedServer
 from pddemu.runtime.channel import Channel
-from pddemu.runtime.dated_reads import DatedReader
+from pddemu.runtime.dated_reads import DatedReader, SocketWriter
 from pddemu.wire import Control, TokenIds, encode
 from tests.process_loop import run_and_close_the_loop
 
@@ -257,3 +257,54 @@ def test_a_socket_readable_while_no_read_waits_does_not_spin_the_loop() -> None:
     calls, second = uvloop.run(scenario())
     assert second == b"two."
     assert calls <= 3, calls  # one wake for each message, one to leave the loop
+
+
+def test_a_write_leaves_at_once_and_a_drain_with_nothing_queued_does_not_wait() -> None:
+    """A dated connection's writer sends what it is given at once, as a transport does: the
+    peer can read it before the sender's loop turns again (and before any drain), so the
+    message leaves when its send time is stamped, not when the sender's loop next gets round
+    to it; a drain with nothing left to send returns without yielding to the loop. What the
+    socket does not take at once (its buffer full) is queued and sent, in order, by the
+    drain."""
+
+    async def scenario() -> tuple[bytes, bool, bytes]:
+        right, left = await _connected()
+        left.setblocking(False)
+        writer = SocketWriter(left)
+        writer.write(b"at once")
+        right.settimeout(1.0)
+        first = right.recv(64)  # blocks this loop: no turn for a deferred send to run
+        drain = writer.drain()
+        try:
+            drain.send(None)
+            waited = True
+        except StopIteration:
+            waited = False
+        drain.close()
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        big = bytes(range(256)) * 4096  # more than the socket takes at once
+        writer.write(big)
+        writer.write(b"end")
+        reading = asyncio.get_running_loop().run_in_executor(
+            None, _read_exactly, right, len(big) + 3
+        )
+        await writer.drain()
+        rest = await reading
+        writer.close()
+        right.close()
+        return first, waited, rest
+
+    first, waited, rest = uvloop.run(scenario())
+    assert first == b"at once"
+    assert not waited
+    assert rest == bytes(range(256)) * 4096 + b"end"
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
