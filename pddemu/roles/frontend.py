@@ -37,7 +37,9 @@ Every request ends completed or failed (with the reason); nothing is left withou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -1066,43 +1068,57 @@ class Frontend(Instance):
         if message.received is not None and not message.exact and not self.exact(peer):
             self.inexact_dates += 1
         shift = self.arrival(message) - float(body["sent"])
-        for offset, time in enumerate(body["times"]):
-            position = first + offset
-            if position < flight.delivered or position in flight.pending:
-                flight.record.duplicate_tokens += 1
-                continue
-            flight.pending[position] = (
-                float(time) + shift,
-                body["role"],
-                float(time),
-                str(body.get("source", "")),
-            )
-        while flight.delivered in flight.pending:
-            self.deliver(flight, *flight.pending.pop(flight.delivered)[:3])
+        times = body["times"]
+        if times and first == flight.delivered and not flight.pending:
+            # the next positions, nothing held: the group goes to the user's stream whole
+            self.deliver(flight, [float(time) + shift for time in times], body["role"], times[0])
+        else:
+            for offset, time in enumerate(times):
+                position = first + offset
+                if position < flight.delivered or position in flight.pending:
+                    flight.record.duplicate_tokens += 1
+                    continue
+                flight.pending[position] = (
+                    float(time) + shift,
+                    body["role"],
+                    float(time),
+                    str(body.get("source", "")),
+                )
+            while flight.delivered in flight.pending:
+                time, role, produced, _ = flight.pending.pop(flight.delivered)
+                self.deliver(flight, [time], role, produced)
         if flight.delivered >= flight.record.expected_output_tokens:
             flight.done.set()
 
-    def deliver(self, flight: Flight, time: float, role: str, produced: float) -> None:
-        """Hand the next modelled token to the user's stream. A stream is in order, so no token
-        reaches the user before the one ahead of it (a message delayed by the frontend's own
-        load or by jitter could otherwise make a later one look earlier)."""
+    def deliver(self, flight: Flight, times: list[float], role: str, produced: float) -> None:
+        """Hand the next modelled tokens (from one instance's role; `produced`: when it made
+        the first) to the user's stream, at `times`. A stream is in order, so no token reaches
+        the user before the one ahead of it (a message delayed by the frontend's own load or
+        by jitter could otherwise make a later one look earlier)."""
         record = flight.record
-        position = flight.delivered
-        if record.token_times_s:
-            time = max(time, record.token_times_s[-1])
+        start = flight.delivered
+        last = record.token_times_s[-1] if record.token_times_s else -math.inf
+        in_order = list(itertools.accumulate(times, max, initial=last))[1:]
         if role == "RLD":
-            record.rld_tokens += 1
+            record.rld_tokens += len(times)
         else:
-            record.md_tokens += 1
             if record.rld_tokens and record.handoff_position is None:
-                record.handoff_position = position
-                record.handoff_resumed_s = produced
-        record.token_times_s.append(time)
-        flight.delivered += 1
+                record.handoff_position = start
+                record.handoff_resumed_s = float(produced)
+            record.md_tokens += len(times)
+        record.token_times_s.extend(in_order)
+        flight.delivered += len(times)
         scale = self.config.scale.token_scale
-        index = output_index(position, scale)
-        if position == output_group_start(index, scale):
+        index = output_index(start, scale)
+        position = output_group_start(index, scale)
+        if position < start:  # the group of the first position began before it
+            index += 1
+            position = output_group_start(index, scale)
+        while position < flight.delivered:
+            time = in_order[position - start]
             flight.stream.put_nowait({"index": index, "id": flight.ids[index], "time": time})
+            index += 1
+            position = output_group_start(index, scale)
 
     def lag_kind(self, kind: str) -> str:
         """Tokens and heartbeats: `delivery`, this frontend's lateness in reading, judged: the

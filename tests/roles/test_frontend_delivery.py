@@ -120,3 +120,38 @@ def test_an_abandoned_legs_tokens_are_not_the_users() -> None:
     assert (duplicates, gap, done, delivered) == (0, 0, True, OUTPUT)
     # the old leg's late group is not delivered, but counted; the new leg's all are delivered
     assert dropped == len(tokens("r5", 1, "MD").body["times"]) > 0
+
+
+def test_a_group_delivered_whole_is_delivered_as_position_by_position() -> None:
+    """A group that comes next in order goes to the user's stream whole; the same groups
+    arriving out of order wait and go position by position. Both give the same times (each
+    at least the one before: MD's group here was produced earlier than the relay's last),
+    counts, handoff position and stream."""
+
+    async def deliveries(order: tuple[int, ...]) -> tuple:
+        fe = frontend()
+        fe.arrival = lambda message, ready=None: 2.0  # type: ignore[method-assign]
+        flight = admit(fe, "r")
+        messages = {0: tokens("r", 0, "RLD"), 1: tokens("r", 1, "RLD"), 2: tokens("r", 2, "MD")}
+        messages[2].body["times"] = [t - 1.0 for t in messages[2].body["times"]]
+        for index in order:
+            await fe.on_tokens(messages[index])
+        record = flight.record
+        stream = [flight.stream.get_nowait() for _ in range(flight.stream.qsize())]
+        return (
+            record.token_times_s,
+            record.rld_tokens,
+            record.md_tokens,
+            record.handoff_position,
+            record.handoff_resumed_s,
+            stream,
+            flight.done.is_set(),
+        )
+
+    whole = asyncio.run(deliveries((0, 1, 2)))
+    by_position = asyncio.run(deliveries((2, 1, 0)))
+    assert whole == by_position
+    times = whole[0]
+    assert len(times) == OUTPUT and times == sorted(times)
+    assert whole[1:5] == (1 + SCALE, SCALE, 1 + SCALE, 0.1 * (1 + SCALE) - 1.0)
+    assert [item["index"] for item in whole[5]] == [0, 1, 2] and whole[6]
