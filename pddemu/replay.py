@@ -178,6 +178,7 @@ async def _one(
         "input_tokens": int(request.input_tokens),
         "output_tokens": int(request.output_tokens),
         "session": request.session,
+        "stream_tokens": False,  # the record holds every token's time: no line per token
     }
     try:
         async with session.post(f"{url}/generate", json=body) as reply:

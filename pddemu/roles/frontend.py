@@ -102,6 +102,7 @@ class Flight:
     delivered: int = 0  # modelled output positions delivered in order
     replies: dict[str, asyncio.Future] = field(default_factory=dict)
     stream: asyncio.Queue = field(default_factory=asyncio.Queue)  # the user's tokens, then None
+    streams_tokens: bool = True  # whether its client reads the tokens as they come (or the end)
     done: asyncio.Event = field(default_factory=asyncio.Event)  # every token delivered
     transfers: set[str] = field(
         default_factory=set
@@ -477,7 +478,9 @@ class Frontend(Instance):
     # -- the request API ------------------------------------------------------------------
 
     async def http_generate(self, request: web.Request) -> web.StreamResponse:
-        """POST a request; the answer streams NDJSON lines: tokens as they come, then the record."""
+        """POST a request; the answer streams NDJSON lines: tokens as they come, then the record.
+        With `"stream_tokens": false` only the record (which holds every token's time): the
+        replayer's, which needs no line per token, written while the next message waits."""
         try:
             body = await request.json()
             flight = self.admit(body)
@@ -523,6 +526,9 @@ class Frontend(Instance):
         session = body.get("session")
         if session is not None and not isinstance(session, str):
             raise ValueError("session must be a string")
+        streams_tokens = body.get("stream_tokens", True)
+        if not isinstance(streams_tokens, bool):
+            raise ValueError("stream_tokens must be true or false")
         record = RequestRecord(
             request_id=rid,
             system=self.system,
@@ -530,7 +536,7 @@ class Frontend(Instance):
             input_tokens=input_tokens,
             expected_output_tokens=output_tokens,
         )
-        flight = Flight(record, prompt, session)
+        flight = Flight(record, prompt, session, streams_tokens=streams_tokens)
         flight.arrival_hold = self.clock.hold_instant()  # until route() has P's hit
         self.flights[rid] = flight
         self.new_leg(flight, rid)
@@ -1108,6 +1114,8 @@ class Frontend(Instance):
             record.md_tokens += len(times)
         record.token_times_s.extend(in_order)
         flight.delivered += len(times)
+        if not flight.streams_tokens:
+            return
         scale = self.config.scale.token_scale
         index = output_index(start, scale)
         position = output_group_start(index, scale)
