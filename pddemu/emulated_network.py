@@ -40,13 +40,21 @@ def scale_model(config: Config) -> ScaleModel:
     )
 
 
-def queue_bytes(config: Config, scale: ScaleModel) -> int | None:
-    """The WAN bottleneck's queue limit: `[wan] queue_ms` of modelled time at its rate (default
-    one modelled bandwidth-delay product of the round trip), in genuine bytes."""
+def queue_seconds(config: Config) -> float | None:
+    """The WAN bottleneck's queue limit in modelled time at its rate: `[wan] queue_ms`, by
+    default one round trip (a bandwidth-delay product); None when the WAN is unshaped."""
     wan = config.wan
     if wan.rate_bps is None:
         return None
-    queue_s = wan.queue_ms / 1e3 if wan.queue_ms is not None else 2 * wan.delay_s
+    return wan.queue_ms / 1e3 if wan.queue_ms is not None else 2 * wan.delay_s
+
+
+def queue_bytes(config: Config, scale: ScaleModel) -> int | None:
+    """The WAN bottleneck's queue limit (`queue_seconds`) in genuine bytes."""
+    wan = config.wan
+    queue_s = queue_seconds(config)
+    if wan.rate_bps is None or queue_s is None:
+        return None
     mtu = LinkSpec().mtu
     return max(mtu, math.ceil(wan.rate_bps * scale.byte_scale * queue_s / 8))
 

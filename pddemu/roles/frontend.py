@@ -46,7 +46,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pddemu.emulated_network import scale_model
+from pddemu.emulated_network import queue_seconds, scale_model
 from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
 from pddemu.policy.output_length import OutputLengthPredictor, OutputPrediction, PromptFeatures
@@ -686,17 +686,46 @@ class Frontend(Instance):
 
     async def answer(self, flight: Flight, kind: str, instance: str) -> dict[str, Any]:
         """`instance`'s reply `kind` for the flight's leg, waited for no longer than the router
-        gives a silent instance before it is down (`faults.down_after`, modelled): only that
-        reply or a failover ends the wait, and an instance that is heard from but never
-        answers this leg would otherwise hold the request until its timeout."""
-        patience = self.config.faults.down_after_s
-        try:
-            return await self.clock.within(flight.replies[kind], patience)
-        except TimeoutError:
-            raise Unanswered(
-                instance,
-                f"{instance} did not answer {kind} for {flight.leg} within {patience:g} modelled s",
-            ) from None
+        gives a silent instance before it is down, beyond what the WAN may hold the question
+        and its answer (`answer_patience_s`): only that reply or a failover ends the wait, and
+        an instance that is heard from but never answers this leg would otherwise hold the
+        request until its timeout. As the liveness checks do, the wait counts only while this
+        frontend runs on time: a wake-up late by a heartbeat period or more (its own loop was
+        busy, and the answer may be waiting unread) does not count."""
+        patience = self.answer_patience_s()
+        period = self.config.faults.heartbeat_period_s
+        reply = flight.replies[kind]
+        counted = 0.0
+        while not reply.done() and counted < patience:
+            step = min(period, patience - counted)
+            timer = asyncio.ensure_future(self.clock.sleep_until(self.clock.now() + step))
+            try:
+                await asyncio.wait({reply, timer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+            if reply.done():
+                break
+            await asyncio.sleep(0)  # what arrived meanwhile is read before it is judged
+            if timer.result() < period:
+                counted += step
+        if reply.done():
+            return reply.result()
+        raise Unanswered(
+            instance,
+            f"{instance} did not answer {kind} for {flight.leg} within {patience:g} modelled s",
+        )
+
+    def answer_patience_s(self) -> float:
+        """How long an answer to the routing exchange is waited for (modelled): the silence
+        after which an instance would be down (`faults.down_after`), plus the longest the WAN
+        can hold a question and its answer without losing them: each way, the one-way delay,
+        3 jitter deviations and a full bottleneck queue (`[wan] queue_ms` at its rate, by
+        default one round trip: `queue_seconds`), so that a question queued behind KV (under
+        `fifo`) is not taken for silence. A loss adds the retransmission timeout (200 ms at
+        least), which the 2 s default of down_after covers several times over."""
+        wan = self.config.wan
+        queue_s = queue_seconds(self.config) or 0.0
+        return self.config.faults.down_after_s + 2 * (wan.delay_s + 3 * wan.jitter_s + queue_s)
 
     async def decide_and_route(
         self, flight: Flight, p_hit: int, md_hit: int, meta: dict[str, Any]

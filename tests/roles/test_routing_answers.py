@@ -8,6 +8,7 @@ the frontend's messages are recorded, the instances' answers made up."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -24,12 +25,15 @@ WALL_BOUND_S = 10.0  # the request must have ended by then (its timeout is 600 s
 
 
 def deployment(
-    silent: set[str], time_scale: float | None = None, streaming: bool = False
+    silent: set[str],
+    time_scale: float | None = None,
+    streaming: bool = False,
+    queue_ms: float | None = None,
 ) -> Frontend:
     """A frontend routing to P0, P1, RLD0, MD0 and MD1, all up; the instances named in `silent`
     never answer, the others answer at once with no hit; `streaming`: a P that answered
     streams a route's request at once (each destination's transfer reported, every token from
-    the decode side)."""
+    the decode side); `queue_ms`: the WAN's bottleneck queue."""
     config = load_config()
     config = config.model_copy(
         update={
@@ -37,6 +41,7 @@ def deployment(
                 update={"suspect_after_s": 0.3, "down_after_s": DOWN_AFTER_S}
             ),
             "scale": config.scale.model_copy(update={"time_scale": time_scale}),
+            "wan": config.wan.model_copy(update={"queue_ms": queue_ms}),
         }
     )
     fe = instance(Frontend, "FE", config)
@@ -105,11 +110,11 @@ async def served(silent: set[str], lose_p0: bool = False) -> tuple[bool, Fronten
     ("silent", "lose_p0", "reason"),
     [
         # P0 dies mid-prefill; the retried leg's P (P1, the only one left) never answers
-        ({"P0", "P1"}, True, "P1 did not answer p_hit for r~1 within 0.5 modelled s"),
+        ({"P0", "P1"}, True, "P1 did not answer p_hit for r~1 within {} modelled s"),
         # neither P answers: the retried leg goes to the other, P1
-        ({"P0", "P1"}, False, "P1 did not answer p_hit for r~1 within 0.5 modelled s"),
+        ({"P0", "P1"}, False, "P1 did not answer p_hit for r~1 within {} modelled s"),
         # neither MD answers its match
-        ({"MD0", "MD1"}, False, "MD1 did not answer matched for r~1 within 0.5 modelled s"),
+        ({"MD0", "MD1"}, False, "MD1 did not answer matched for r~1 within {} modelled s"),
     ],
 )
 def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
@@ -122,7 +127,10 @@ def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
     done, fe, flight = asyncio.run(served(silent, lose_p0))
     assert done, "still waiting for the answer"
     record = flight.record
-    assert (record.state, record.failure_reason) == ("failed", reason)
+    assert (record.state, record.failure_reason) == (
+        "failed",
+        reason.format(fe.answer_patience_s()),
+    )
     assert record.retries == 1 and flight.legs == ["r", "r~1"]
     said = {(name, kind, body["rid"]) for name, kind, body in fe.told}
     p_again, md_again = ("P1" if "P0" in silent else "P0"), ("MD1" if "MD0" in silent else "MD0")
@@ -207,3 +215,73 @@ def test_a_request_over_whose_p_is_lost_before_reporting_its_transfers_settles_a
     assert done, "still waiting for the lost P's transfer reports"
     assert flight.record.state == "completed" and flight.settled.is_set()
     assert errors == []
+
+
+def test_an_answer_waiting_while_the_frontend_itself_was_late_is_not_taken_for_silence() -> None:
+    """MD0 answers its match at once, but the frontend's loop is then busy (a stall longer
+    than the answer's patience) and reads the answer only after its wait's timer is due: the
+    late wake-up does not count, and the answer, read next, routes the request on its first
+    leg. On the code before, the timer judged MD0 silent (the request routed again, to MD1)."""
+
+    async def scenario() -> tuple[bool, Frontend, Flight]:
+        fe = deployment({"MD0"}, streaming=True)
+        recorded = fe.tell
+        loop = asyncio.get_running_loop()
+
+        async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+            if (name, kind) == ("MD0", "match"):
+                loop.call_later(0.05, answer_then_stall, body["rid"])
+            return await recorded(name, kind, body, *attachments)
+
+        def answer_then_stall(rid: str) -> None:
+            fe.spawn(read_late(rid), "MD0's matched, read late")
+            time.sleep(fe.answer_patience_s() + 0.5)  # the frontend's loop is busy
+
+        async def read_late(rid: str) -> None:
+            for _ in range(10):  # a read, its parsing, its dispatch: later than the timer
+                await asyncio.sleep(0)
+            answer = {"rid": rid, "hit": 0, "instance": "MD0"}
+            await fe.on_matched(Envelope("matched", answer, [], None))
+
+        fe.tell = tell
+        flight = admit(fe, "r")
+        task = asyncio.ensure_future(fe.serve_flight(flight))
+        return await ended(fe, flight, task), fe, flight
+
+    done, fe, flight = asyncio.run(scenario())
+    assert done, "still waiting"
+    routed = [body for name, kind, body in fe.told if kind == "route"]
+    assert (flight.record.state, flight.legs) == ("completed", ["r"]), flight.record.failover_path
+    assert "MD0" in [d["name"] for d in routed[0]["destinations"]]
+
+
+def test_an_answer_the_wans_queue_may_hold_beyond_down_after_is_waited_for() -> None:
+    """The WAN's bottleneck queue holds 300 modelled ms: a match and its answer, each queued
+    behind KV under `fifo`, may take 0.6 s more than the path's delay, while MD0's heartbeats
+    (the other way, not queued) say it is up. MD0 answers 0.7 s after the question (beyond
+    down_after, 0.5 s here, within the WAN's bound): the request is routed on its first leg.
+    On the code before, MD0 was judged silent at 0.5 s and the request routed again."""
+
+    async def scenario() -> tuple[bool, Frontend, Flight]:
+        fe = deployment({"MD0"}, streaming=True, queue_ms=300)
+        recorded = fe.tell
+
+        async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+            if (name, kind) == ("MD0", "match"):
+                fe.spawn(answer_late(body["rid"]), "MD0's matched, queued")
+            return await recorded(name, kind, body, *attachments)
+
+        async def answer_late(rid: str) -> None:
+            await asyncio.sleep(DOWN_AFTER_S + 0.2)
+            answer = {"rid": rid, "hit": 0, "instance": "MD0"}
+            await fe.on_matched(Envelope("matched", answer, [], None))
+
+        fe.tell = tell
+        flight = admit(fe, "r")
+        task = asyncio.ensure_future(fe.serve_flight(flight))
+        return await ended(fe, flight, task), fe, flight
+
+    done, fe, flight = asyncio.run(scenario())
+    assert done, "still waiting"
+    assert fe.answer_patience_s() > DOWN_AFTER_S + 2 * 0.3
+    assert (flight.record.state, flight.legs) == ("completed", ["r"]), flight.record.failover_path
