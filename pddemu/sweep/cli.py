@@ -50,6 +50,7 @@ from pddemu.sweep.progress import Progress
 from pddemu.sweep.provenance import code_version
 from pddemu.sweep.restore import Earlier
 from pddemu.sweep.search import GoodputSearch, SearchError, rounded
+from pddemu.sweep.store import SWEEP_JSON
 
 DEFAULT_CPUS_PER_POINT = 2.0
 
@@ -218,30 +219,52 @@ def run_cli(args: argparse.Namespace) -> int:
     if parts == [None]:
         apply_experiment(args, args.sweep_parser.get_default, args.experiment)
         return run_sweep(args)
-    # every part is checked before the first runs
+    if args.resume_from is not None and not args.resume_from.is_dir():
+        raise ConfigError(f"--resume-from: {args.resume_from} is not a directory")
+    # every part's arguments, settings, grid and earlier sweep are checked before the first runs
     part_args = []
     for part in parts:
         one = copy.copy(args)
         apply_experiment(one, args.sweep_parser.get_default, args.experiment, part)
         one.out = args.out / str(part)
-        one.resume_from = args.resume_from / str(part) if args.resume_from else None
-        part_args.append(one)
+        load_config(one.config, base_overrides(one))
+        parse_grid(one.grid)
+        earlier = earlier_part(args.resume_from, str(part))
+        one.resume_from = earlier.directory if earlier else None
+        part_args.append((one, earlier))
     status = 0
-    for one in part_args:
+    for one, earlier in part_args:
         print(f"pddemu sweep: part {one.out.name} of {args.experiment}", file=sys.stderr)
-        result = run_sweep(one)
+        result = run_sweep(one, earlier)
         if result == 130:
             return result
         status = status or result
     return status
 
 
-def run_sweep(args: argparse.Namespace) -> int:
+def earlier_part(resume_from: Path | None, part: str) -> Earlier | None:
+    """Part `part`'s points in the earlier experiment's directory (DIR/PART/sweep.json); a
+    part without one (added since) has nothing to resume, and runs every point."""
+    if resume_from is None:
+        return None
+    if not (resume_from / part / SWEEP_JSON).exists():
+        print(
+            f"pddemu sweep: --resume-from: no {resume_from / part / SWEEP_JSON}: "
+            f"part {part} runs every point",
+            file=sys.stderr,
+        )
+        return None
+    return Earlier(resume_from / part)
+
+
+def run_sweep(args: argparse.Namespace, earlier: Earlier | None = None) -> int:
+    """One sweep; `earlier`: the points to resume, if not those of `args.resume_from`."""
     if args.config is not None:
         args.config = args.config.resolve()  # the same file from a Ray node's working directory
     overrides = base_overrides(args)
     base = load_config(args.config, overrides)  # the sweep-wide settings, checked once
-    earlier = Earlier(args.resume_from) if args.resume_from else None
+    if earlier is None and args.resume_from:
+        earlier = Earlier(args.resume_from)
     grid = parse_grid(args.grid)
     systems = systems_of(args.system)
     try:

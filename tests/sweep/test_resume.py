@@ -281,3 +281,72 @@ def test_resume_from_names_a_missing_sweep(tmp_path: Path, capsys) -> None:
     )
     assert status == 2
     assert "--resume-from: cannot read" in capsys.readouterr().err
+
+
+EXPERIMENT = """
+[experiment]
+description = "two parts"
+systems = ["pdd"]
+seeds = 1
+[part.first]
+grid = { "wan.delay" = ["5ms"] }
+[part.second]
+grid = { "wan.delay" = ["50ms"] }
+"""
+
+
+def run_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resume_from: Path
+) -> tuple[int, ScriptedExecutor]:
+    """`pddemu sweep --experiment` of EXPERIMENT's parts `first` and `second`, each point run
+    by a ScriptedExecutor: the exit status and the executor."""
+    experiment = tmp_path / "two-parts.toml"
+    experiment.write_text(EXPERIMENT)
+    executor = ScriptedExecutor()
+    monkeypatch.setattr("pddemu.sweep.cli.make_executor", lambda args: executor)
+    args = ["sweep", "--experiment", str(experiment), "--out", str(tmp_path / "new")]
+    status = main([*args, "--resume-from", str(resume_from)])
+    return status, executor
+
+
+def test_a_part_the_earlier_sweep_lacks_runs_all_its_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """--resume-from DIR of an experiment whose part `second` was added since DIR was written
+    (no DIR/second/sweep.json): part `first` is restored, `second` runs every point, and the
+    command says so. On the code before, the sweep stopped at `second` (exit 2) after `first`
+    had run."""
+    old = tmp_path / "old"
+    first = expand(None, [], parse_grid(["wan.delay=5ms"]), 1, ["pdd"])
+    sweep(old / "first", ScriptedExecutor()).run(first)
+    status, executor = run_experiment(tmp_path, monkeypatch, old)
+    error = capsys.readouterr().err
+    assert status == 0, error
+    second = expand(None, [], parse_grid(["wan.delay=50ms"]), 1, ["pdd"])
+    assert executor.ran == [p.id for p in second]
+    assert f"no {old / 'second' / 'sweep.json'}: part second runs every point" in error
+    assert read(tmp_path / "new" / "first")["points"][0]["point"]["restored_from"]
+
+
+def test_resume_from_is_checked_for_every_part_before_the_first_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A part's earlier sweep.json that is not a sweep's is refused (exit 2) before any part
+    runs, as is a --resume-from that is no directory at all. On the code before, part `first`
+    (none of whose points the earlier sweep holds) ran, and then the sweep stopped at
+    `second`."""
+    old = tmp_path / "old"
+    sweep(old / "first", ScriptedExecutor()).run(
+        expand(None, [], parse_grid(["wan.delay=7ms"]), 1, ["pdd"])
+    )
+    (old / "second").mkdir()
+    (old / "second" / "sweep.json").write_text("not json")
+    status, executor = run_experiment(tmp_path, monkeypatch, old)
+    error = capsys.readouterr().err
+    assert (status, executor.ran) == (2, []), error
+    assert f"--resume-from: {old / 'second' / 'sweep.json'} is not a sweep's" in error
+
+    status, executor = run_experiment(tmp_path, monkeypatch, tmp_path / "nothing")
+    error = capsys.readouterr().err
+    assert (status, executor.ran) == (2, []), error
+    assert f"--resume-from: {tmp_path / 'nothing'} is not a directory" in error
