@@ -56,7 +56,7 @@ def test_each_experiment_loads_and_expands(path: Path, quick: bool) -> None:
     and their instances can start (a cost model refuses chips too few for the weights); the
     full variant keeps the three seeds the report's spread needs; a quick variant stays
     small (a point of 6 requests or more takes one to two minutes on a 2-core host, one of a
-    single request 14-30 s: half a point here) and may drop seeds to do so."""
+    single request 13-37 s, kv-transfer's measured: half a point here) and may drop seeds to do so."""
     total = 0.0
     for part in experiment_parts(path):
         args = sweep_args("--experiment", str(path), *(["--quick"] if quick else []), part=part)
