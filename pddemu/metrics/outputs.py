@@ -4,6 +4,8 @@ requests.csv has one row per request (all systems in one file, told apart by `sy
 field of `RequestRecord` in declaration order, then the derived `ttft_s`, `tpot_s`, `e2el_s`.
 Floats are written with `repr`, so they read back bit for bit; `token_times_s` is one field of
 `;`-joined times; an absent value (None) is an empty field; booleans are `True` / `False`.
+A file written before a field existed (`ADDED_COLUMNS`) lacks its column, which reads as the
+field's default: `pddemu export` and `pddemu plot` still read older run directories.
 """
 
 from __future__ import annotations
@@ -26,6 +28,23 @@ RECORD_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 DERIVED_COLUMNS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2el_s")
 REQUESTS_COLUMNS: tuple[str, ...] = RECORD_COLUMNS + DERIVED_COLUMNS
 TOKEN_TIME_SEPARATOR = ";"
+# Record fields added after requests.csv was first written, with the commit that added each:
+# an older file lacks them, and they read as the field's default (not recorded: None; a count
+# or reason the code of then did not keep: 0, "").
+ADDED_COLUMNS: dict[str, str] = {
+    "handoff_switch": "7f5c01f",
+    "handoff_gap_s": "7f5c01f",
+    "handoff_started_s": "7f5c01f",
+    "handoff_resumed_s": "7f5c01f",
+    "predicted_output_tokens": "141895b",
+    "retries": "6582fbf",
+    "failovers": "6582fbf",
+    "failover_path": "6582fbf",
+    "routed_s": "585e1b5",
+    "kv_arrived_s": "585e1b5",
+    "dropped_stale_tokens": "a90286c",
+    "kv_first_chunk_s": "6561da1",
+}
 
 
 def write_requests_csv(path: Path | str, records: Iterable[RequestRecord]) -> Path:
@@ -40,18 +59,21 @@ def write_requests_csv(path: Path | str, records: Iterable[RequestRecord]) -> Pa
 
 
 def read_requests_csv(path: Path | str) -> list[RequestRecord]:
-    """The records of a requests.csv, as written (derived columns are recomputed, not read)."""
+    """The records of a requests.csv, as written (derived columns are recomputed, not read); a
+    column of `ADDED_COLUMNS` the file lacks takes the field's default."""
     path = Path(path)
     hints = typing.get_type_hints(RequestRecord)
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in RECORD_COLUMNS if c not in (reader.fieldnames or ())]
+        header = reader.fieldnames or ()
+        missing = [c for c in RECORD_COLUMNS if c not in header and c not in ADDED_COLUMNS]
         if missing:
             raise MetricsError(f"{path}: header lacks column(s) {', '.join(missing)}")
+        present = [c for c in RECORD_COLUMNS if c in header]
         records = []
         for line, row in enumerate(reader, start=2):
             values = {}
-            for name in RECORD_COLUMNS:
+            for name in present:
                 try:
                     values[name] = _parse(row[name], hints[name])
                 except ValueError as error:

@@ -105,6 +105,30 @@ def test_requests_csv_reader_names_bad_cells(tmp_path: Path) -> None:
         read_requests_csv(tmp_path / "no_state.csv")
 
 
+def test_requests_csv_written_before_a_column_existed_reads_it_as_the_default(
+    tmp_path: Path,
+) -> None:
+    """A requests.csv from before kv_first_chunk_s (6561da1) and failover_path (6582fbf):
+    each reads as its field's default, the rest as written. On the code before, the reader
+    refused it ("header lacks column(s) kv_first_chunk_s"), so `pddemu export` and `pddemu
+    plot` of any older run directory failed."""
+    records = sample_records()
+    for record in records:
+        record.kv_first_chunk_s, record.failover_path = 1.25, "0.50 s: routed again"
+    path = write_requests_csv(tmp_path / "requests.csv", records)
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    older = [c for c in REQUESTS_COLUMNS if c not in ("kv_first_chunk_s", "failover_path")]
+    with (tmp_path / "older.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, older, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    read = read_requests_csv(tmp_path / "older.csv")
+    for record in records:
+        record.kv_first_chunk_s, record.failover_path = None, ""
+    assert read == records
+
+
 def test_summary_json_holds_systems_and_meta(tmp_path: Path) -> None:
     data = summaries()
     path = write_summary_json(tmp_path / "summary.json", data, {"seed": 3, "trace": "t.jsonl"})
