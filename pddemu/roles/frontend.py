@@ -961,7 +961,7 @@ class Frontend(Instance):
         """Heard (as every message is, in `heard_from`). From a peer on a path without
         modelled time it also says how late this frontend reads its messages (`delivery`),
         all through the run, whatever the system (a baseline without a relay has no other such
-        message): its lateness in what it does in response to a token (settle's cut)."""
+        message): the same lateness it reads MD's `matched` answer with (the route)."""
         at = message.body.get("at")
         if at is not None and message.channel is not None and self.exact(message.channel.peer):
             self.count_message_lag("heartbeat", message.channel.peer, float(at))
@@ -1159,7 +1159,8 @@ class Frontend(Instance):
 
     def lag_kind(self, kind: str) -> str:
         """Tokens and heartbeats: `delivery`, this frontend's lateness in reading, judged: the
-        kernel dates MD's tokens, but settle's cut still leaves when it gets round to it."""
+        kernel dates MD's tokens and the relay holds the ends it acts on, but the same
+        lateness reaches the route (its reading of MD's `matched` answer)."""
         if kind in ("tokens", "heartbeat"):
             return "delivery"
         return REPORT_KIND if kind in REPORTS else "handler"

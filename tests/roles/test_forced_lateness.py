@@ -7,8 +7,8 @@ elsewhere would), on pdd's P-MD against the closed form of an idle system.
   moves neither the route nor TTFT nor the KV transfer beyond the analytic check's 2 %.
 - The frontend's lateness in handling token messages reaches no token time: blocked 10
   modelled ms before each, TTFT and TPOT stay the closed form's; the lateness is still judged
-  (`delivery`: what it does in response, settle's cut, leaves late), so the run is flagged not
-  valid.
+  (`delivery`: the same lateness reaches the route, through its reading of MD's `matched`), so
+  the run is flagged not valid.
 - MD's lateness in reading a KV transfer's end reaches no token time: blocked 100 modelled ms
   before `kv_end` (its reads are kernel-dated), decoding starts when the end reached the host,
   and TTFT stays the closed form's; taken when read, TTFT would be 100 ms late."""
@@ -82,9 +82,9 @@ def test_the_frontends_lateness_in_reading_moves_no_token_time_and_is_judged(
     """Blocked 10 modelled ms (20x the lag bound; wall time at the clock's rate, so slowing
     the clock does not shrink it) before each token message it handles, the frontend still
     gives MD's tokens the time they arrived: TTFT and TPOT stay the closed form's within the
-    analytic check's 2 %. The lateness is judged all the same (`delivery`: settle's cut leaves
-    when the frontend gets round to it), so the run is not valid, however far the clock slows
-    down. The stall comes after a message is read and dated, so this holds with dates taken on
+    analytic check's 2 %. The lateness is judged all the same (`delivery`: it reaches the
+    route, through the frontend's reading of MD's `matched`), so the run is not valid, however
+    far the clock slows down. The stall comes after a message is read and dated, so this holds with dates taken on
     reading too (it passes on the code before kernel dates; so did a stall before heartbeats as
     well, at 5x the wall time): a late *read* is tests/runtime/test_dated_reads.py's."""
     outcome, timing = _one_request(tmp_path, monkeypatch, "FE0:tokens:0.01m")
