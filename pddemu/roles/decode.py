@@ -27,6 +27,11 @@ predictor, which plans no output at all) and learns the end only when it comes: 
 `output_tokens` is the position at which the model emits EOS (the workload's), read only by
 `DecodeRequest.ended`, once per produced position.
 
+A transfer's intake (the copy of its KV into the decode side's own structures, joining the
+batch) is genuine work the modelled instance does in no time: modelled time is held from the
+transfer's end until the request is taken in and, if it decodes at once, until its first step
+holds the clock (`intake_done`), so a slow intake does not make that step late.
+
 Memory is admitted before anything is allocated: a KV transfer waits at its `kv_begin` (the
 connection, one per transfer, is held back meanwhile) until the request's prompt and predicted
 output fit beside the others', and only then is its buffer made. A request that outlives its
@@ -50,11 +55,16 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
+from pddemu.runtime.clock import InstantHold
 from pddemu.wire import KVChunk
 from pddemu.wire.tensors import kv_tensor
 from pddemu.workload.expansion import genuine_output_length, output_group_start, output_index
 
 log = logging.getLogger("pddemu.decode")
+# Where the decode loop stands, for an intake's hold (`DecodeInstance.intake_done`): waiting for
+# work; on its way to a step or in a step's genuine work (it holds the clock for that step
+# before modelled time can move here); or waiting for a step's modelled end, and after it.
+IDLE, STEPPING, WAITING = "idle", "stepping", "waiting"
 
 
 @dataclass
@@ -76,6 +86,7 @@ class DecodeRequest:
     arrived: float = 0.0  # modelled time its KV was here, and memory for it
     last_token_at: float = -math.inf  # modelled time its latest token was produced (its end's)
     on_step: Callable[[DecodeRequest], Awaitable[None]] | None = None  # role hook after each step
+    intake_hold: InstantHold | None = None  # time held from its KV's end until it is taken in
 
     @property
     def planned(self) -> int:
@@ -114,6 +125,8 @@ class DecodeInstance(Instance):
         self.arriving: set[str] = set()  # KV complete, being taken in (kv_arrived)
         self.transfers_cut = 0  # transfers that ended before their kv_end (sender lost or cut)
         self.resumed = 0  # streams taken over from a lost instance
+        self.loop_state = IDLE
+        self.intake_holds: list[InstantHold] = []  # let go when the loop's next step holds
 
     async def start(self) -> None:
         self.spawn(self.loop(), "decode loop")
@@ -140,7 +153,9 @@ class DecodeInstance(Instance):
         """Steps until the process ends. A step that fails takes down only its requests (they
         leave this instance, and the frontend moves them elsewhere), never the loop."""
         while True:
+            self.loop_state = IDLE
             await self.work.wait()
+            self.loop_state = STEPPING
             for extend in [e for e in self.extends if e.request.rid not in self.requests]:
                 self.extends.remove(extend)  # released while it waited
             batch = [r for r in self.requests.values() if r.decoding and not r.finished]
@@ -148,6 +163,7 @@ class DecodeInstance(Instance):
             if not batch and not self.extends:
                 self.work.clear()
                 self.last_end = -math.inf  # idle: the next step starts when its work arrives
+                self._let_intakes_go()
                 continue
             started = self._start_time(
                 max(r.arrived for r in batch) if batch else self.extends[0].ready_at
@@ -197,18 +213,23 @@ class DecodeInstance(Instance):
         """One forward pass: the batch's decode tokens and the extends' tokens together."""
         duration = self.cost.forward_step(self.step_chunks(batch, extends))
         starting = [r for r in batch if self.group_done(r)]
-        with self.genuine_work(started, duration):
-            for extend in extends:
-                extend.run()
-            if starting:
-                step_kvs, logits = await self.compute(
-                    self.model.decode_batch,
-                    [r.outputs[-1] for r in starting],
-                    [r.kv for r in starting],
-                )
-                for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
-                    request.kv.append(kv)
-                    request.outputs.append(greedy(logits[i]))
+        try:
+            with self.genuine_work(started, duration):
+                self._let_intakes_go()  # this step holds the clock now
+                for extend in extends:
+                    extend.run()
+                if starting:
+                    step_kvs, logits = await self.compute(
+                        self.model.decode_batch,
+                        [r.outputs[-1] for r in starting],
+                        [r.kv for r in starting],
+                    )
+                    for i, (request, kv) in enumerate(zip(starting, step_kvs, strict=True)):
+                        request.kv.append(kv)
+                        request.outputs.append(greedy(logits[i]))
+        finally:  # from here the loop waits for the step's end: no hold may stand before it
+            self.loop_state = WAITING
+            self._let_intakes_go()
         rids = [r.rid for r in batch] + [e.request.rid for e in extends]
         end = self.last_end = await self.finish_step(started, duration, rids)
         self.last_step_s = duration
@@ -224,6 +245,25 @@ class DecodeInstance(Instance):
                 await request.on_step(request)
         for extend in extends:
             await extend.then(end)
+
+    def intake_done(self, request: DecodeRequest) -> None:
+        """The request is taken in (in the batch, if it decodes now): its intake's hold goes to
+        the loop, which lets it go once its next step holds the clock; or at once, if the loop
+        has nothing to step or waits for a step's modelled end (which the hold would keep
+        from coming). Before anything of the request is sent: a send may wait for the
+        network, which moves only as modelled time does."""
+        hold, request.intake_hold = request.intake_hold, None
+        if hold is None:
+            return
+        if self.loop_state == STEPPING or (self.loop_state == IDLE and self.work.is_set()):
+            self.intake_holds.append(hold)
+        else:
+            hold.release()
+
+    def _let_intakes_go(self) -> None:
+        holds, self.intake_holds = self.intake_holds, []
+        for hold in holds:
+            hold.release()
 
     def add_extend(self, extend: Extend) -> None:
         self.extends.append(extend)
@@ -432,6 +472,16 @@ class DecodeInstance(Instance):
         state["body"].setdefault("first_chunk_at", at)
 
     async def on_kv_end(self, message: Envelope) -> None:
+        """The transfer's end: time stands still from here until the request is taken in
+        (`intake_done`), or the end is refused."""
+        hold = self.clock.hold_instant()
+        try:
+            self._end_transfer(message, hold)
+        except BaseException:
+            hold.release()
+            raise
+
+    def _end_transfer(self, message: Envelope, hold: InstantHold) -> None:
         rid = message.body["rid"]
         state = self.receiving.get(rid)
         if state is None or state["channel"] is not message.channel:
@@ -460,6 +510,7 @@ class DecodeInstance(Instance):
         request = DecodeRequest(rid, body["meta"], state["kv"], int(body["prompt_tokens"]))
         request.reserved = state["reserved"]
         request.arrived = body["ended_at"]
+        request.intake_hold = hold
         # Not on this connection, which P reuses for its next transfer here.
         self.arriving.add(rid)
         self.spawn(
@@ -474,6 +525,7 @@ class DecodeInstance(Instance):
             await self.kv_arrived(request, first_token, begin, genuine_bytes)
         finally:
             self.arriving.discard(request.rid)
+            self.intake_done(request)  # whatever came of it (taken in, released, failed)
 
     def expects(self, rid: str) -> bool:
         """Whether a request's KV is on its way here (its transfer begun, perhaps waiting for
@@ -515,15 +567,17 @@ class DecodeInstance(Instance):
                     f"{request.rid}: P's first token {first_token} differs from the user's {ids[0]}"
                 )
             await self.resume_stream(request, ids, int(resume["position"]), have=0)
+            self.intake_done(request)
             return
         self.requests[request.rid] = request
         request.streaming = True
         request.outputs = [first_token]
         request.produced = [request.arrived]  # P computed it: it came with the KV
         self.tokens_generated += 1
-        await self.flush(request)
-        if not request.finished:
+        if not request.ended(request.position):  # in the batch before its first token's send
             self.start_decoding(request, request.arrived)
+        self.intake_done(request)
+        await self.flush(request)
 
     async def resume_stream(
         self, request: DecodeRequest, ids: list[int], position: int, have: int

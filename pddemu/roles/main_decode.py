@@ -138,22 +138,23 @@ class MainDecodeInstance(DecodeInstance):
         self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
     ) -> None:
         rid = request.rid
-        # The first token (P's, come with the KV) leaves before this instance's own bookkeeping
-        # (the DRC's copy, the router's note): in real time a client sees every millisecond
-        # between them, and no modelled instance spends it.
-        streams_now = request.meta["pipeline"] != "P-RLD-MD" and rid not in self.released
-        if streams_now:
-            await self.start_stream(request, first_token)
+        # The intake, under its hold (`DecodeInstance.intake_done`): the DRC's copy of the
+        # prompt, then the request in the batch (if it streams now), before anything is sent.
         pinned = self.matches.get(rid)
         if self.config.policy.drc and pinned is not None:
-            node = self.store.insert(
+            self.held[rid] = self.store.insert(
                 pinned.prompt, request.kv.token_slice(0, request.prompt_len).clone()
             )
-            if streams_now and rid not in self.requests:  # it ended while its token went out
-                self.store.release(node)
-            else:
-                self.held[rid] = node
         self._unpin_match(rid)
+        streams_now = request.meta["pipeline"] != "P-RLD-MD" and rid not in self.released
+        if streams_now:
+            try:
+                await self.start_stream(request, first_token)
+            except Exception:
+                self._release_held(rid)
+                raise
+        else:
+            self.intake_done(request)
         await self.tell(
             request.meta["frontend"],
             "kv_arrived",

@@ -1,0 +1,173 @@
+"""The decode side's intake of a KV transfer (the copy into its prompt cache, joining the
+batch) is held: modelled time stands still from the transfer's end until the request's first
+step holds it, so a slow intake does not make that step late; and the hold never outlives the
+intake, whatever becomes of it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from netem.clock import SharedClock
+from pddemu.roles.main_decode import MainDecodeInstance, Pinned
+from pddemu.runtime.channel import Envelope
+from pddemu.wire.tensors import kv_chunk_from_tensor
+from tests.roles.in_process import instance
+
+SLOW_S = 0.2  # wall seconds the forced-slow intake takes (the cap of an instant hold: 0.25)
+NOISE_S = 0.001  # modelled seconds; the first step was 0.19-0.20 s late on the code before
+PROMPT = [1 + i % 250 for i in range(256)]  # genuine tokens
+
+
+def intake_md(tmp_path: Path) -> Any:
+    """An MD on a shared clock running at wall speed, nothing else holding it."""
+    SharedClock.create(tmp_path / "clock", rate=1.0)
+    return instance(MainDecodeInstance, "MD", clock=str(tmp_path / "clock"))
+
+
+def slow_insert(md: Any, seconds: float) -> None:
+    """The intake's copy into the prompt cache (DRC) takes `seconds` of wall time (a busy
+    host), blocking the event loop as the genuine copy does."""
+    insert = md.store.insert
+
+    def slow(*args: Any) -> Any:
+        time.sleep(seconds)
+        return insert(*args)
+
+    md.store.insert = slow
+
+
+async def transfer(md: Any, rid: str, output_tokens: int = 64) -> None:
+    """A naive request's whole KV (P-MD: MD streams from the first token) reaching MD across
+    the WAN, each part dated by the kernel as it reached the host (now)."""
+    kv, _ = md.model.prefill(PROMPT, None, len(PROMPT))
+    channel = SimpleNamespace(peer="P0")
+    meta = {
+        "input_tokens": 32 * len(PROMPT),
+        "output_tokens": output_tokens,
+        "predicted_output_tokens": output_tokens,
+        "pipeline": "P-MD",
+        "frontend": "FE0",
+    }
+    md.matches[rid] = Pinned(PROMPT, 0, None)  # the frontend's match: nothing held yet
+    begin = {"rid": rid, "prompt_tokens": len(PROMPT), "offset": 0, "meta": meta, "p": "P0"}
+    await md.on_kv_begin(Envelope("kv_begin", begin, [], channel, md.clock.now()))
+    chunk = kv_chunk_from_tensor(rid, 0, 0, kv.tensor)
+    await md.on_kv_chunk(chunk, channel, md.clock.now())
+    end = Envelope("kv_end", {"rid": rid, "first_token": 7}, [], channel, md.clock.now())
+    await md.on_kv_end(end)
+
+
+class LongSteps:
+    """MD's cost model, but each step takes a modelled second."""
+
+    def __init__(self, cost: Any) -> None:
+        self.cost = cost
+
+    def forward_step(self, _chunks: Any) -> float:
+        return 1.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cost, name)
+
+
+def run(md: Any, scenario: Any) -> Any:
+    async def main() -> Any:
+        await md.start()
+        try:
+            return await scenario()
+        finally:
+            for task in list(md._tasks):
+                task.cancel()
+            await asyncio.gather(*md._tasks, return_exceptions=True)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        md.clock.close()
+
+
+async def time_goes_on(md: Any) -> float:
+    """Modelled seconds that pass in 0.1 s of wall time (a hold left standing: none)."""
+    before = md.clock.now()
+    await asyncio.sleep(0.1)
+    return md.clock.now() - before
+
+
+def test_a_slow_intake_does_not_make_the_first_step_late(tmp_path: Path) -> None:
+    md = intake_md(tmp_path)
+    slow_insert(md, SLOW_S)
+
+    async def scenario() -> None:
+        await transfer(md, "r1")
+        while md.steps < 3:
+            await asyncio.sleep(0.01)
+
+    run(md, scenario)
+    assert md.errors == []
+    assert "r1" in md.held  # the intake copied the prompt into the DRC
+    # the hold stood while the copy took its 0.2 s: no step ended before its work (but for
+    # the microseconds between a binding step hold's release and the step's reading the
+    # clock); before, the first step was late by the copy, and each next one a step less
+    assert md.lag_samples_s.largest < NOISE_S, list(md.lag_samples_s)
+
+
+def test_an_intake_that_fails_lets_time_go_on(tmp_path: Path) -> None:
+    md = intake_md(tmp_path)
+
+    def broken(*_args: Any) -> Any:
+        raise RuntimeError("the copy failed")
+
+    md.store.insert = broken
+
+    async def scenario() -> float:
+        await transfer(md, "r1")
+        await asyncio.sleep(0.02)  # the intake runs (and fails) beside
+        return await time_goes_on(md)
+
+    passed = run(md, scenario)
+    assert any("the copy failed" in error for error in md.errors), md.errors
+    assert passed > 0.05
+
+
+def test_a_transfer_refused_at_its_end_lets_time_go_on(tmp_path: Path) -> None:
+    md = intake_md(tmp_path)
+
+    async def scenario() -> float:
+        kv, _ = md.model.prefill(PROMPT, None, len(PROMPT))
+        channel = SimpleNamespace(peer="P0")
+        meta = {"input_tokens": 8192, "output_tokens": 64, "pipeline": "P-MD", "frontend": "FE0"}
+        begin = {"rid": "r1", "prompt_tokens": len(PROMPT), "offset": 0, "meta": meta}
+        await md.on_kv_begin(Envelope("kv_begin", begin, [], channel, md.clock.now()))
+        half = kv.token_slice(0, len(PROMPT) // 2).clone()
+        await md.on_kv_chunk(kv_chunk_from_tensor("r1", 0, 0, half.tensor), channel, None)
+        end = Envelope("kv_end", {"rid": "r1", "first_token": 7}, [], channel, md.clock.now())
+        try:
+            await md.on_kv_end(end)  # half the prompt's KV: refused
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a transfer short of its prompt was taken in")
+        return await time_goes_on(md)
+
+    assert run(md, scenario) > 0.05
+
+
+def test_an_intake_while_a_step_waits_for_its_end_lets_time_go_on(tmp_path: Path) -> None:
+    """The loop, in the middle of a long step (waiting for its modelled end), posts no hold
+    until that end: an intake hold handed to it then would stand the clock still."""
+    md = intake_md(tmp_path)
+    md.cost = LongSteps(md.cost)
+
+    async def scenario() -> float:
+        await transfer(md, "r1")
+        await asyncio.sleep(0.05)  # r1's first step waits for its end, 1 modelled s away
+        await transfer(md, "r2")
+        await asyncio.sleep(0.01)
+        return await time_goes_on(md)
+
+    assert run(md, scenario) > 0.05
+    assert md.errors == []
