@@ -428,6 +428,20 @@ class Instance:
                 self.spawn(self._serve_replies(channel), f"replies from {name}")
             return channel
 
+    def connect_early(self, name: str) -> None:
+        """Open the control connection to a known peer now, in the background, if there is
+        none: a long-lived connection's handshake (a round trip, across the WAN) then falls
+        before the first message that needs it. One that fails is opened again on first use."""
+        channel = self._peers.get(name)
+        if name in self.spec.peers and (channel is None or channel.closed):
+            self.spawn(self._connect_quietly(name), f"connection to {name}")
+
+    async def _connect_quietly(self, name: str) -> None:
+        try:
+            await self.peer(name)
+        except OSError:  # unreachable now: the first message to it tries again, and says so
+            pass
+
     async def _serve_replies(self, channel: Channel) -> None:
         await channel.serve(self._dispatch)
         self.channel_closed(channel)

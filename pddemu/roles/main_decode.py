@@ -77,6 +77,11 @@ class MainDecodeInstance(DecodeInstance):
         )
         self.matches[rid] = Pinned(prompt, length, node, handles)
         await message.channel.control("matched", {"rid": rid, "hit": length, "instance": self.name})
+        # The request's KV comes a round trip and a prefill after this at the earliest: by then
+        # this instance's own connection to the frontend (its tokens and reports) is open, as a
+        # deployment's long-lived one is. Opened on first use, its handshake held the run's
+        # first token back by a WAN round trip.
+        self.connect_early(message.channel.peer)
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,

@@ -334,6 +334,8 @@ def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stag
 class Answers:
     """The frontend's end of MD's control connection: what MD answers is dropped."""
 
+    peer = "FE0"
+
     async def control(self, kind: str, body: dict) -> None:
         pass
 

@@ -13,7 +13,9 @@ from typing import Any
 
 from netem.clock import SharedClock
 from pddemu.roles.main_decode import MainDecodeInstance, Pinned
+from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
+from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
 from tests.roles.in_process import instance
 
@@ -171,3 +173,32 @@ def test_an_intake_while_a_step_waits_for_its_end_lets_time_go_on(tmp_path: Path
 
     assert run(md, scenario) > 0.05
     assert md.errors == []
+
+
+def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match() -> None:
+    """Not at the request's first token: its handshake, a WAN round trip, would hold that
+    token back (and, before the intake was held, the request's first step)."""
+    md = instance(MainDecodeInstance, "MD")
+    accepted: list[str] = []
+
+    async def scenario() -> None:
+        async def frontend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append("FE0")
+            writer.close()
+
+        server = await asyncio.start_server(frontend, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        md.spec.peers["FE0"] = Address("FE0", "FE", "127.0.0.1", port, port + 1)
+        asked = SimpleNamespace(peer="FE0", control=lambda *_: asyncio.sleep(0))
+        ids = [TokenIds.from_ints("r1", 0, PROMPT)]
+        await md.on_match(Envelope("match", {"rid": "r1"}, ids, asked))
+        for _ in range(100):
+            if accepted:
+                break
+            await asyncio.sleep(0.01)
+        server.close()
+        for channel in md._peers.values():
+            channel.close()
+
+    asyncio.run(scenario())
+    assert accepted == ["FE0"]
