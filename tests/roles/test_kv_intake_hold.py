@@ -111,10 +111,11 @@ def test_a_slow_intake_does_not_make_the_first_step_late(tmp_path: Path) -> None
     run(md, scenario)
     assert md.errors == []
     assert "r1" in md.held  # the intake copied the prompt into the DRC
-    # the hold stood while the copy took its 0.2 s: no step ended before its work (but for
-    # the microseconds between a binding step hold's release and the step's reading the
-    # clock); before, the first step was late by the copy, and each next one a step less
-    assert md.lag_samples_s.largest < NOISE_S, list(md.lag_samples_s)
+    # the hold stood while the copy took its 0.2 s: the first step did not end before its
+    # work (but for the microseconds between a binding step hold's release and the step's
+    # reading the clock); before, it was late by the copy, and each next one a step less.
+    # (A later step is late only if the loop wakes more than a step late: a busy host's.)
+    assert md.lag_samples_s[0] < NOISE_S, list(md.lag_samples_s)
 
 
 def test_an_intake_that_fails_lets_time_go_on(tmp_path: Path) -> None:
