@@ -484,7 +484,9 @@ class Instance:
                 start = max(start, now)
         return start
 
-    async def finish_step(self, started: float, duration: float, rids: Sequence[str] = ()) -> float:
+    async def finish_step(
+        self, started: float, duration: float, rids: Sequence[str] = (), precise: bool = False
+    ) -> float:
         """After a step's genuine work: wait until its modelled end; returns that end.
 
         Its lag is how far past its end modelled time was when its work was done (none, when
@@ -496,6 +498,9 @@ class Instance:
         stall, not the emulator's lag: the step ends no earlier than the resume (its tokens
         come after it; the part left at the pause, at most one step, is not added), and the
         lateness up to the resume counts as `pause` (reported, not judged).
+
+        `precise`: wake at the end itself (`ModelledClock.sleep_until`), for a caller that
+        holds the clock there until it is awake (a late wake-up would stand it still).
         """
         end = started + duration
         late = self.clock.now() - end
@@ -507,7 +512,7 @@ class Instance:
         self.lag_samples_s.append(lag)
         if lag > 0:
             self.carried_lag_s.carry(rids, lag)
-        await self.clock.sleep_until(end)
+        await self.clock.sleep_until(end, precise)
         if started < self.resumed_at:
             end = max(end, self.resumed_at)
         self.steps += 1

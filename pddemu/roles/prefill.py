@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.spec import InstanceSpec
 from pddemu.roles.transfer import Progress, TcpLedger, TransferPool
 from pddemu.runtime.channel import Channel, Envelope
+from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.wire.tensors import kv_chunk_from_tensor
 
 
@@ -201,6 +203,8 @@ class PrefillInstance(Instance):
                     for job, begin, end in batch
                 ]
             )
+            # Held at the step's end until its chunks are handed to their connections: this
+            # process's wake-up from the wait does not make them enter the network late.
             with self.genuine_work(started, duration):
                 for job, begin, end in batch:
                     kv, logits = await self.compute(
@@ -208,15 +212,25 @@ class PrefillInstance(Instance):
                     )
                     job.kv.append(kv)
                     job.last_logits = logits
-            rids = [job.rid for job, _, _ in batch]
-            step_end = self.last_end = await self.finish_step(started, duration, rids)
-            for job, _begin, end in batch:
-                tokens = self.modelled_span(job, _begin, end)
-                self.events.record("prefill_chunk", job.rid, started, step_end, tokens=tokens)
-                self.prefill_tokens += tokens
-                if end == len(job.prompt):
-                    self.finish(job)
-                await job.progress.advance(end, step_end, finished=end == len(job.prompt))
+                rids = [job.rid for job, _, _ in batch]
+                held = self.clock.shared  # a hold stands at the end: wake there precisely
+                step_end = self.last_end = await self.finish_step(started, duration, rids, held)
+                for job, _begin, end in batch:
+                    tokens = self.modelled_span(job, _begin, end)
+                    self.events.record("prefill_chunk", job.rid, started, step_end, tokens=tokens)
+                    self.prefill_tokens += tokens
+                    if end == len(job.prompt):
+                        self.finish(job)
+                    await job.progress.advance(end, step_end, finished=end == len(job.prompt))
+                await self.handed_over([job for job, _, _ in batch])
+
+    async def handed_over(self, jobs: list[PrefillJob]) -> None:
+        """Until the senders a step's chunks woke have handed them to their connections (each
+        does before it waits again), or INSTANT_HOLD_CAP_S of wall time: a sender that cannot
+        go on keeps the clock held no longer than an instant hold's cap."""
+        deadline = time.monotonic() + INSTANT_HOLD_CAP_S
+        while any(job.progress.due() for job in jobs) and time.monotonic() < deadline:
+            await asyncio.sleep(0)
 
     def _step_start(self, batch: list[tuple[PrefillJob, int, int]]) -> float:
         """A step starts when the engine is free (the last step's end: back to back, however

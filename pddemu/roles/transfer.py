@@ -36,13 +36,16 @@ class TransferPool:
 
 
 class Progress:
-    """How far a request's KV has been computed, for senders streaming it as it grows."""
+    """How far a request's KV has been computed, for senders streaming it as it grows. The
+    senders waiting for more are known, so the computing side can tell when those an advance
+    woke have taken their part (`due`)."""
 
     def __init__(self) -> None:
         self.tokens = 0
         self.at = 0.0  # modelled time the computed tokens were, as of the last advance
         self.finished = False
         self._changed = asyncio.Condition()
+        self._waiting: dict[object, int] = {}  # each waiting sender's tokens
 
     async def advance(self, tokens: int, at: float, finished: bool = False) -> None:
         async with self._changed:
@@ -52,9 +55,19 @@ class Progress:
             self._changed.notify_all()
 
     async def wait_beyond(self, tokens: int) -> None:
-        """Until more than `tokens` are computed, or the KV is complete."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.tokens > tokens or self.finished)
+        """Until more than `tokens` are computed, or the KV is complete. A sender goes on from
+        here to hand what it waited for to its connection before it next waits."""
+        waiter = object()
+        self._waiting[waiter] = tokens
+        try:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.tokens > tokens or self.finished)
+        finally:
+            del self._waiting[waiter]
+
+    def due(self) -> bool:
+        """Whether a sender has yet to take what is computed (woken, not yet gone on)."""
+        return any(self.finished or self.tokens > tokens for tokens in self._waiting.values())
 
 
 KEPT_TRANSFERS = 4096  # per-transfer rows a sender keeps (the latest), for a reader of /stats
