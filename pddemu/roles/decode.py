@@ -62,9 +62,10 @@ from pddemu.workload.expansion import genuine_output_length, output_group_start,
 
 log = logging.getLogger("pddemu.decode")
 # Where the decode loop stands, for an intake's hold (`DecodeInstance.intake_done`): waiting for
-# work; on its way to a step or in a step's genuine work (it holds the clock for that step
-# before modelled time can move here); or waiting for a step's modelled end, and after it.
-IDLE, STEPPING, WAITING = "idle", "stepping", "waiting"
+# work; on its way to a step (it holds the clock for that step before modelled time can move
+# here); in a step's genuine work (the step holds the clock itself, and an intake now joins the
+# next step); or waiting for a step's modelled end, and after it.
+IDLE, STEPPING, COMPUTING, WAITING = "idle", "stepping", "computing", "waiting"
 
 
 @dataclass
@@ -216,6 +217,7 @@ class DecodeInstance(Instance):
         try:
             with self.genuine_work(started, duration):
                 self._let_intakes_go()  # this step holds the clock now
+                self.loop_state = COMPUTING  # an intake from here joins the next step
                 for extend in extends:
                     extend.run()
                 if starting:
@@ -250,7 +252,8 @@ class DecodeInstance(Instance):
         """The request is taken in (in the batch, if it decodes now): its intake's hold goes to
         the loop, which lets it go once its next step holds the clock; or at once, if the loop
         has nothing to step or waits for a step's modelled end (which the hold would keep
-        from coming). Before anything of the request is sent: a send may wait for the
+        from coming, or is inside a step's work, which holds the clock itself and ends before
+        the request's first step). Before anything of the request is sent: a send may wait for the
         network, which moves only as modelled time does."""
         hold, request.intake_hold = request.intake_hold, None
         if hold is None:

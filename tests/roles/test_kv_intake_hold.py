@@ -203,3 +203,39 @@ def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match() -> Non
 
     asyncio.run(scenario())
     assert accepted == ["FE0"]
+
+
+def test_an_intake_during_a_steps_work_does_not_stop_modelled_time(tmp_path: Path) -> None:
+    """A transfer taken in while the loop is inside a step's genuine work joins the next step,
+    which starts at this one's end whatever: its hold must not stand the clock still for the
+    rest of that work (it did: 0 modelled s passed in 0.15 wall s of a 0.3 s computation)."""
+    md = intake_md(tmp_path)
+    md.cost = LongSteps(md.cost)  # 1 modelled s a step: the step's hold at its end is far off
+    compute = md.compute
+    slow = {"on": False}
+
+    async def slow_compute(work: Any, *args: Any) -> Any:
+        if slow["on"]:
+            await asyncio.sleep(0.3)  # wall seconds of the step's genuine work
+        return await compute(work, *args)
+
+    md.compute = slow_compute
+
+    async def scenario() -> tuple[float, str]:
+        await transfer(md, "r1")
+        while md.loop_state != "waiting":  # r1's first step's work is done
+            await asyncio.sleep(0.005)
+        slow["on"] = True
+        while md.loop_state not in ("stepping", "computing"):  # the next step has begun
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        state = md.loop_state
+        await transfer(md, "r2")
+        await asyncio.sleep(0.02)  # r2's intake runs and finishes
+        before = md.clock.now()
+        await asyncio.sleep(0.15)  # still inside the step's 0.3 s of work
+        return md.clock.now() - before, state
+
+    passed, state = run(md, scenario)
+    assert state == "computing"
+    assert passed > 0.1, passed
