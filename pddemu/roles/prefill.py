@@ -258,10 +258,16 @@ class PrefillInstance(Instance):
         started = self.clock.now()
         try:
             channel = await self.pool.acquire(destination.name)
-        except ConnectionError:  # the receiver is gone: the frontend hears at once
+        except (asyncio.CancelledError, ConnectionError) as error:
+            # The receiver is gone, or the transfer was cut while its connection was still
+            # opening: either way the frontend must hear that it will not complete (it waits
+            # for every transfer's report before it settles the request).
             self.transfers_cut += 1
-            await self._report(job, destination, started, cancelled=True, unreachable=True)
+            lost = isinstance(error, ConnectionError)
+            await self._report(job, destination, started, cancelled=True, unreachable=lost)
             self._forget_if_done(job)
+            if not lost:
+                raise
             return
         try:
             await channel.control(

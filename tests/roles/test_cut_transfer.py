@@ -142,6 +142,44 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
     assert p.transfers_cut == 3 and p.stats()["transfers_cut"] == 3
 
 
+def test_a_cut_while_the_connection_opens_is_reported() -> None:
+    """A cut that reaches P while its sender is still opening the KV connection (a first
+    transfer across the WAN) is reported to the frontend as cancelled: before, the cancel
+    escaped the connection's opening unreported, and the frontend waited for the report to
+    the request's timeout."""
+
+    async def scenario() -> tuple[PrefillInstance, Connection]:
+        p = instance(PrefillInstance, "P")
+        opening = asyncio.Event()
+
+        async def never_opens(_name: str, _purpose: str) -> Receiver:
+            opening.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("the connection never opens")
+
+        p.pool = TransferPool(never_opens)
+        p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
+        frontend = Connection()
+        frontend.closed = False
+        prompt = [1 + i % 200 for i in range(p.chunk_genuine)]
+        kv, _ = p.model.prefill(prompt, None, len(prompt))
+        job = PrefillJob("r1", prompt, {}, frontend, kv=kv, first_token=1)
+        destination = Destination("MD0", 0, {})
+        destination.task = p.spawn(p.send(job, destination), "MD0")
+        job.destinations.append(destination)
+        p.jobs["r1"] = job
+        await opening.wait()
+        await p.on_cut(Envelope("cut", {"rid": "r1", "destination": "MD0"}, [], None))
+        await asyncio.sleep(0.02)
+        return p, frontend
+
+    p, frontend = asyncio.run(scenario())
+    assert [kind for kind, _ in frontend.replies] == ["transfer_done"]
+    report = frontend.replies[0][1]
+    assert report["cancelled"] and not report["unreachable"] and report["tokens_sent"] == 0
+    assert p.transfers_cut == 1
+
+
 def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
     """The anomaly filter's cut says when it was decided (`at`): what P handed over after that
     (here a chunk sent while the cut was on its way) counts as not sent, so the WAN bytes and
