@@ -582,8 +582,10 @@ class Frontend(Instance):
                 flight.arrival_hold.release()
             self.finish_record(flight)
             flight.stream.put_nowait(None)  # the user's stream is complete
-            await self.settle(flight)
-            await self.let_end_go(flight)
+            try:
+                await self.settle(flight)
+            finally:  # a relay holding the clock at this end waits for `settled` whatever
+                await self.let_end_go(flight)
             await self.await_transfers(flight, timeout)
             self.flights.pop(record.request_id, None)
             for leg in flight.legs:

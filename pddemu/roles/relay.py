@@ -323,7 +323,13 @@ class RelayInstance(DecodeInstance):
             if not hold.released:  # a shared clock (real time holds nothing)
                 self.ends_held[request.rid] = hold
                 body = {**body, "end_held": True}
-        await super().send_tokens(request, body)
+        try:
+            await super().send_tokens(request, body)
+        except BaseException:  # the frontend will not say `settled` for an end it never got
+            hold = self.ends_held.pop(request.rid, None) if body.get("end_held") else None
+            if hold is not None:
+                hold.release()
+            raise
 
     def lead_times(self, handoff: Handoff, body: dict[str, Any]) -> list[float]:
         """Delivery times of a held group's positions: `pace_s` apart at the earliest, as

@@ -328,3 +328,69 @@ def test_the_frontends_lateness_in_reading_the_relays_end_moves_no_cut(tmp_path:
     on_time, late = (record for record, *_ in outcomes)
     assert 0 < on_time.wan_bytes_cancelled == late.wan_bytes_cancelled
     assert on_time.wan_bytes == late.wan_bytes
+
+
+def test_a_held_end_the_relay_cannot_send_is_let_go(tmp_path: Path) -> None:
+    """The relay holds the clock at a P-RLD-MD request's last token until the frontend says
+    `settled`; if that token cannot be sent (the frontend is gone), no `settled` will come,
+    so the hold is let go at once: before, it stood the clock still to its cap."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0, ceiling=1.0)
+
+    async def scenario() -> tuple[dict, float]:
+        rld = instance(RelayInstance, "RLD", clock=str(page))
+        rld.transit["FE0"] = (0.0, True)  # one host: the end is held
+
+        async def refused(*_args: object) -> int:
+            raise ConnectionRefusedError("the frontend is gone")
+
+        rld.tell = refused
+        kv, _ = rld.model.prefill([1, 2, 3], None, 3)
+        meta = {"pipeline": "P-RLD-MD", "frontend": "FE0", "md": "MD0", "output_tokens": 1}
+        ended = DecodeRequest("r1", meta, kv, 3)
+        body = {"rid": "r1", "index": 0, "id": 5, "first": 0, "source": "RLD0", "role": "RLD"}
+        with pytest.raises(ConnectionRefusedError):
+            await rld.to_frontend(ended, {**body, "times": [rld.clock.now()]})
+        before = rld.clock.now()
+        await asyncio.sleep(0.05)
+        passed = rld.clock.now() - before
+        rld.clock.close()
+        return rld.ends_held, passed
+
+    held, passed = asyncio.run(scenario())
+    assert held == {}
+    assert passed > 0.03  # modelled time goes on (rate 1)
+
+
+def test_a_settle_that_fails_still_lets_the_relays_held_end_go() -> None:
+    """The frontend tells the relay `settled` (which lets its held end go) whatever settle
+    did: before, a settle that raised skipped it and the relay's hold stood to its cap."""
+
+    async def scenario() -> list[str]:
+        fe = instance(Frontend, "FE")
+        record = RequestRecord(
+            request_id="r1",
+            system="pdd",
+            arrival_s=0.0,
+            input_tokens=8,
+            expected_output_tokens=1,
+            pipeline="P-RLD-MD",
+        )
+        flight = Flight(record, [1, 2], None, p="P0", decode="MD0", rld="RLD0")
+        fe.flights["r1"] = flight
+        fe.new_leg(flight, "r1")
+
+        async def broken(_flight: Flight) -> None:
+            raise RuntimeError("broken")
+
+        let_go: list[str] = []
+
+        async def let_end_go(ended: Flight) -> None:
+            let_go.append(ended.record.request_id)
+
+        fe.route, fe.settle, fe.let_end_go = broken, broken, let_end_go
+        with pytest.raises(RuntimeError):
+            await fe.serve_flight(flight)
+        return let_go
+
+    assert asyncio.run(scenario()) == ["r1"]
