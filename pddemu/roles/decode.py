@@ -85,7 +85,6 @@ class DecodeRequest:
     finished: bool = False
     reserved: int = 0  # modelled tokens of KV memory held for this request
     arrived: float = 0.0  # modelled time its KV was here, and memory for it
-    last_token_at: float = -math.inf  # modelled time its latest token was produced (its end's)
     on_step: Callable[[DecodeRequest], Awaitable[None]] | None = None  # role hook after each step
     intake_hold: InstantHold | None = None  # time held from its KV's end until it is taken in
 
@@ -292,7 +291,6 @@ class DecodeInstance(Instance):
             return
         index = len(request.outputs) - 1
         times, request.produced = request.produced, []
-        request.last_token_at = times[-1]
         first = request.emitted
         request.emitted += len(times)
         skip = max(0, request.stream_from - first)
