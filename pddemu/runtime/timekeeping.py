@@ -56,9 +56,8 @@ class RunTiming:
         self.config = config
         self.system = system
         self.page = network.clock_path
-        self.lag_bound_estimate = config.scale.max_lag * expected_tpot(
-            config, system, context_tokens
-        )
+        self.decode_step_s = expected_tpot(config, system, context_tokens)
+        self.lag_bound_estimate = config.scale.max_lag * self.decode_step_s
         self.clock: ModelledClock | None = None
         self.dilation: Dilation | None = None
         self._controller: asyncio.Task | None = None
@@ -148,7 +147,8 @@ class RunTiming:
             await asyncio.get_running_loop().run_in_executor(None, self.network.retime_tcp, rate)
 
     def report(self, instance_stats: dict[str, dict[str, Any]], tpot_p50: float | None) -> dict:
-        """The run's lag, dilation and validity (summary.json's keys for the system)."""
+        """The run's lag, dilation and validity (summary.json's keys for the system); a run
+        without a TPOT is judged against the modelled decode step its controller aimed at."""
         assert self.clock is not None and self.dilation is not None
         (wall0, modelled0), (wall1, modelled1) = self.marks["start"], self.marks["end"]
         return timing_summary(
@@ -166,6 +166,7 @@ class RunTiming:
                 wall1 - wall0,
                 host_steal_s=self.host_steal_s,
             ),
+            decode_step_s=self.decode_step_s,
         )
 
 

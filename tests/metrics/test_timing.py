@@ -121,3 +121,27 @@ def test_a_sender_keeps_its_tcp_summary_bounded(monkeypatch: pytest.MonkeyPatch)
     assert (tcp["wan"]["transfers"], tcp["intra"]["transfers"]) == (200, 100)
     assert tcp["wan"]["min_rtt_s"]["count"] == 200 and tcp["wan"]["min_rtt_s"]["p50"] > 0
     assert ledger.totals.counters["wan"]["bytes"] == 200_000
+
+
+def test_a_run_without_a_tpot_is_judged_against_the_modelled_decode_step() -> None:
+    """Two-token outputs whose tokens reached the user together have a TPOT of 0, which the
+    bound leaves out (`completed_tpot_p50`): such a run is judged against the modelled decode
+    step its controller aimed at, not declared untrustworthy for lacking a TPOT."""
+    on_time = timing_summary(
+        {"MD0": stats(step=[0.0, 0.0002])}, {}, None, DILATION, None, 0.05, decode_step_s=0.006
+    )
+    assert on_time["valid"] and on_time["invalid_reason"] is None
+    assert on_time["lag"]["bound_s"] == pytest.approx(0.0003)
+    assert on_time["lag"]["bound_from"] == "decode_step"
+    late = timing_summary(
+        {"MD0": stats(step=[0.0, 0.002])}, {}, None, DILATION, None, 0.05, decode_step_s=0.006
+    )
+    assert late["invalid_reason"] == (
+        "mean step lag 1.00 ms is over its bound 0.30 ms "
+        "(5% of the modelled decode step 6.00 ms: no request had a TPOT)"
+    )
+    measured = timing_summary(
+        {"MD0": stats(step=[0.0, 0.0002])}, {}, None, DILATION, 0.03, 0.05, decode_step_s=0.006
+    )
+    assert measured["lag"]["bound_from"] == "tpot_p50"  # a TPOT, when there is one, judges
+    assert measured["lag"]["bound_s"] == pytest.approx(0.0015)
