@@ -230,8 +230,9 @@ def judge(probe: Probe, record: RequestRecord | None, idle_for_s: float | None =
 
 
 def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
-    """Per pipeline and metric: the largest relative error, and whether all are within; the
-    probes that did not find the system idle (which fail the check: not the closed form's
+    """Per pipeline and metric: the largest relative error, by size (`max_abs_error`) and with
+    its sign (`largest_error`: under the closed form or over it), and whether all are within;
+    the probes that did not find the system idle (which fail the check: not the closed form's
     case)."""
     table: dict[str, dict[str, Any]] = {}
     for outcome in outcomes:
@@ -242,11 +243,15 @@ def summarise(outcomes: list[Outcome], tolerance: float) -> dict[str, Any]:
         for name, error in outcome.errors.items():
             worst = row.get(name)
             if error is None:
-                row[name] = {"max_abs_error": None, "within": False}
+                row[name] = {"max_abs_error": None, "largest_error": None, "within": False}
             elif worst is None or (
                 worst["max_abs_error"] is not None and abs(error) > worst["max_abs_error"]
             ):
-                row[name] = {"max_abs_error": abs(error), "within": abs(error) <= tolerance}
+                row[name] = {
+                    "max_abs_error": abs(error),
+                    "largest_error": error,
+                    "within": abs(error) <= tolerance,
+                }
     not_idle = [o.probe.request_id for o in outcomes if o.idle_for_s is None or o.idle_for_s <= 0]
     quiet = [o.idle_for_s for o in outcomes if o.idle_for_s is not None]
     passed = not not_idle and all(cell["within"] for row in table.values() for cell in row.values())

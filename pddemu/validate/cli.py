@@ -174,7 +174,7 @@ def markdown(result: dict[str, Any]) -> str:
             elif cell["max_abs_error"] is None:
                 cells.append("missing")
             else:
-                cells.append(f"{_pct(cell['max_abs_error'])} {'ok' if cell['within'] else 'OVER'}")
+                cells.append(f"{_pct(cell['largest_error'])} {'ok' if cell['within'] else 'OVER'}")
         route = an.get("route_excess_s", {}).get(pipeline)
         cells.append(f"{route['mean'] * 1e3:+.1f} / {route['max'] * 1e3:+.1f} ms" if route else "-")
         lines.append(f"| {pipeline} | {' | '.join(cells)} |")
@@ -199,7 +199,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         for variant, rows in block["variants"].items():
             cells = [
-                f"{_pct(rows[m]['mean'])} (max {_pct(rows[m]['max_abs'])})"
+                f"{_pct(rows[m]['mean'])} (max {_pct(rows[m]['largest'])})"
                 for m in invariance.METRICS
             ]
             lines.append(f"| {variant} | {' | '.join(cells)} |")

@@ -99,6 +99,7 @@ def compare(
                 "by_seed": diffs,
                 "mean": mean,
                 "max_abs": max(abs(d) for d in diffs) if diffs else None,
+                "largest": max(diffs, key=abs) if diffs else None,  # the same, signed
                 "within": within,
             }
         out["variants"][variant] = rows
