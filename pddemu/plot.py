@@ -6,8 +6,9 @@ at the end of the run.
 The figures are drawn from requests.csv (every request's record, its token times included),
 summary.json (the SLO, the WAN's modelled rate, the byte scale, the warm-up's request ids) and,
 for the WAN figure, the KV transfers MD recorded (instances-<system>.json of each system whose
-KV crosses the WAN). --system draws one system's figures alone; --out writes them to DIR
-instead of RUN_DIR.
+KV crosses the WAN). requests.csv and the instances files are read gzipped too (requests.csv.gz,
+as the reference runs in docs/reference-run are kept). --system draws one system's figures
+alone; --out writes them to DIR instead of RUN_DIR.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class FigureInputs:
 def figure_inputs(run_dir: Path, system: str | None = None) -> FigureInputs:
     """A run directory's figure inputs (every system's, or `system`'s alone), or a PlotError
     naming the file or key it lacks."""
-    from pddemu.export.run import read_run
+    from pddemu.export.run import instances_file, read_run, run_file
     from pddemu.metrics.figure_inputs import (
         crosses_the_wan,
         measured_wan_use,
@@ -52,20 +53,22 @@ def figure_inputs(run_dir: Path, system: str | None = None) -> FigureInputs:
 
     if not run_dir.is_dir():
         raise PlotError(f"{run_dir}: no such directory (a pddemu emulate --out)")
-    requests = run_dir / REQUESTS_FILE
-    if not requests.exists():
-        raise PlotError(f"{requests} is missing: every figure is drawn from the requests' records")
+    if run_file(run_dir, REQUESTS_FILE) is None:
+        raise PlotError(
+            f"{run_dir / REQUESTS_FILE} is missing (nor is there a gzipped copy): every figure "
+            f"is drawn from the requests' records"
+        )
     runs = read_run(run_dir, system, allow_all=True)
     summary = run_dir / SUMMARY_FILE
     warmup_ids = _warmup_ids(runs[0].meta, summary)
     measured = {run.system: split_warmup(run.records, warmup_ids)[1] for run in runs}
     transfers = {}
     for run in runs:
-        instances = run_dir / f"instances-{run.system}.json"
-        if crosses_the_wan(run.system) and not instances.exists():
+        instances = instances_file(run.system)
+        if crosses_the_wan(run.system) and run_file(run_dir, instances) is None:
             raise PlotError(
-                f"{instances} is missing: the WAN figure is drawn from the KV transfers "
-                f"{run.system}'s MD instances recorded there"
+                f"{run_dir / instances} is missing (nor is there a gzipped copy): the WAN figure "
+                f"is drawn from the KV transfers {run.system}'s MD instances recorded there"
             )
         transfers[run.system] = wan_transfers(run.instances)
     return FigureInputs(

@@ -1,8 +1,10 @@
-"""A finished run's directory, read back for exports: summary.json, requests.csv and the
-instances' reports (instances-<system>.json, with their timeline events)."""
+"""A finished run's directory, read back for exports and plots: summary.json, requests.csv and
+the instances' reports (instances-<system>.json, with their timeline events); requests.csv and
+the instances' reports are read gzipped too (`run_file`)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from dataclasses import dataclass
@@ -10,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from pddemu.metrics.errors import MetricsError
-from pddemu.metrics.outputs import REQUESTS_FILE, SUMMARY_FILE, read_requests_csv
+from pddemu.metrics.outputs import (
+    GZIP_SUFFIX,
+    REQUESTS_FILE,
+    SUMMARY_FILE,
+    open_run_file,
+    read_requests_csv,
+)
 from pddemu.metrics.records import RequestRecord
 
 
@@ -49,8 +57,11 @@ def read_run(run_dir: Path, system: str | None, allow_all: bool = False) -> list
     if system is None and not allow_all and len(systems) != 1:
         raise ExportError(f"{run_dir} holds {', '.join(systems)}: choose one with --system")
     chosen = [system] if system is not None else systems
+    requests = run_file(run_dir, REQUESTS_FILE)
+    if requests is None:
+        raise ExportError(f"{run_dir / REQUESTS_FILE} is missing (nor is there a gzipped copy)")
     try:
-        records = read_requests_csv(run_dir / REQUESTS_FILE)
+        records = read_requests_csv(requests)
     except MetricsError as error:
         raise ExportError(str(error)) from None
     meta = {k: v for k, v in document.items() if k != "systems"}
@@ -59,20 +70,36 @@ def read_run(run_dir: Path, system: str | None, allow_all: bool = False) -> list
     )
     runs = []
     for name in chosen:
-        instances = _instances(run_dir / f"instances-{name}.json")
+        instances = _instances(run_file(run_dir, instances_file(name)))
         ours = sorted((r for r in records if r.system == name), key=lambda r: r.arrival_s)
         runs.append(SystemRun(name, document["systems"][name], ours, instances, meta))
     return runs
 
 
-def _instances(path: Path) -> dict[str, dict[str, Any]]:
+def instances_file(system: str) -> str:
+    """The name of the file that keeps a system's instance reports."""
+    return f"instances-{system}.json"
+
+
+def run_file(run_dir: Path, name: str) -> Path | None:
+    """The run directory's file `name`, else its gzipped copy (`name`.gz), else None."""
+    for path in (run_dir / name, run_dir / f"{name}{GZIP_SUFFIX}"):
+        if path.exists():
+            return path
+    return None
+
+
+def _instances(path: Path | None) -> dict[str, dict[str, Any]]:
     """The instances' reports of one system (none for a run written before they were kept)."""
-    if not path.exists():
+    if path is None:
         return {}
     try:
-        instances = json.loads(path.read_text())
+        with open_run_file(path) as handle:
+            instances = json.load(handle)
     except json.JSONDecodeError as error:
         raise ExportError(f"{path}: not JSON: {error}") from None
+    except (gzip.BadGzipFile, EOFError) as error:  # EOFError: a gzip stream cut short
+        raise ExportError(f"{path}: not a whole gzip file ({error})") from None
     if not isinstance(instances, dict):
         raise ExportError(f"{path}: expected an object of instance reports")
     return instances

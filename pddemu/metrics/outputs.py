@@ -5,19 +5,22 @@ field of `RequestRecord` in declaration order, then the derived `ttft_s`, `tpot_
 Floats are written with `repr`, so they read back bit for bit; `token_times_s` is one field of
 `;`-joined times; an absent value (None) is an empty field; booleans are `True` / `False`.
 A file written before a field existed (`ADDED_COLUMNS`) lacks its column, which reads as the
-field's default: `pddemu export` and `pddemu plot` still read older run directories.
+field's default: `pddemu export` and `pddemu plot` still read older run directories. A run's
+files may be kept gzipped (`requests.csv.gz`, as the reference runs are committed): they are
+read unpacked on the fly (`open_run_file`).
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pddemu.metrics.errors import MetricsError
 from pddemu.metrics.records import RequestRecord
@@ -58,12 +61,31 @@ def write_requests_csv(path: Path | str, records: Iterable[RequestRecord]) -> Pa
     return path
 
 
+GZIP_SUFFIX = ".gz"
+
+
+def open_run_file(path: Path) -> TextIO:
+    """One of a run's text files for reading; one whose name ends in .gz is unpacked as it is
+    read (a run's large files are committed gzipped)."""
+    if path.name.endswith(GZIP_SUFFIX):
+        return typing.cast(TextIO, gzip.open(path, "rt", newline=""))
+    return path.open(newline="")
+
+
 def read_requests_csv(path: Path | str) -> list[RequestRecord]:
-    """The records of a requests.csv, as written (derived columns are recomputed, not read); a
-    column of `ADDED_COLUMNS` the file lacks takes the field's default."""
+    """The records of a requests.csv (or requests.csv.gz), as written (derived columns are
+    recomputed, not read); a column of `ADDED_COLUMNS` the file lacks takes the field's
+    default."""
     path = Path(path)
+    try:
+        return _read_records(path)
+    except (gzip.BadGzipFile, EOFError) as error:  # EOFError: a gzip stream cut short
+        raise MetricsError(f"{path}: not a whole gzip file ({error})") from None
+
+
+def _read_records(path: Path) -> list[RequestRecord]:
     hints = typing.get_type_hints(RequestRecord)
-    with path.open(newline="") as handle:
+    with open_run_file(path) as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames or ()
         missing = [c for c in RECORD_COLUMNS if c not in header and c not in ADDED_COLUMNS]

@@ -3,6 +3,7 @@ drew at the end of its run, pixel for pixel; a directory without what a figure n
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from dataclasses import replace
@@ -118,3 +119,33 @@ def test_a_run_dir_without_its_warmups_ids_is_refused(
     summary["warmup_requests"] = 0
     (run_dir / "summary.json").write_text(json.dumps(summary))
     assert "summary.json has no systems.pdd.slo: the figures need it" in _refused(run_dir, capsys)
+
+
+def _gzip(path: Path) -> Path:
+    """`path` replaced by its gzipped copy, as the reference runs are committed."""
+    packed = path.with_name(path.name + ".gz")
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    return packed
+
+
+def test_a_run_dir_kept_gzipped_draws_the_same_figures(run_dir: Path, tmp_path: Path) -> None:
+    for name in ("requests.csv", "instances-pdd.json", "instances-indc.json"):
+        _gzip(run_dir / name)
+    again = tmp_path / "again"
+    assert main(["plot", str(run_dir), "--out", str(again)]) == 0
+    for name in PLOT_FILES.values():
+        assert np.array_equal(imread(run_dir / name), imread(again / name)), name
+
+
+def test_a_gzipped_file_that_is_not_whole_is_named(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    packed = _gzip(run_dir / "requests.csv")
+    whole = packed.read_bytes()
+    packed.write_bytes(whole[:-100])
+    assert f"{packed}: not a whole gzip file" in _refused(run_dir, capsys)
+    packed.write_bytes(whole)
+    (run_dir / "instances-pdd.json").unlink()
+    (run_dir / "instances-pdd.json.gz").write_bytes(b"not gzip")
+    assert f"{run_dir}/instances-pdd.json.gz: not a whole gzip file" in _refused(run_dir, capsys)
