@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from netem.clock import SharedClock
+from pddemu.config import Config, load_config
 from pddemu.roles.main_decode import MainDecodeInstance, Pinned
 from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
@@ -24,10 +25,10 @@ NOISE_S = 0.001  # modelled seconds; the first step was 0.19-0.20 s late on the 
 PROMPT = [1 + i % 250 for i in range(256)]  # genuine tokens
 
 
-def intake_md(tmp_path: Path) -> Any:
+def intake_md(tmp_path: Path, config: Config | None = None) -> Any:
     """An MD on a shared clock running at wall speed, nothing else holding it."""
     SharedClock.create(tmp_path / "clock", rate=1.0)
-    return instance(MainDecodeInstance, "MD", clock=str(tmp_path / "clock"))
+    return instance(MainDecodeInstance, "MD", config, clock=str(tmp_path / "clock"))
 
 
 def slow_insert(md: Any, seconds: float) -> None:
@@ -209,7 +210,11 @@ def test_an_intake_during_a_steps_work_does_not_stop_modelled_time(tmp_path: Pat
     """A transfer taken in while the loop is inside a step's genuine work joins the next step,
     which starts at this one's end whatever: its hold must not stand the clock still for the
     rest of that work (it did: 0 modelled s passed in 0.15 wall s of a 0.3 s computation)."""
-    md = intake_md(tmp_path)
+    # every step computes a genuine token (at the default token scale, one step in 32 does:
+    # the step with the slow work would come 32 modelled s after r1's first)
+    config = load_config()
+    config = config.model_copy(update={"scale": config.scale.model_copy(update={"token_scale": 1})})
+    md = intake_md(tmp_path, config)
     md.cost = LongSteps(md.cost)  # 1 modelled s a step: the step's hold at its end is far off
     compute = md.compute
     slow = {"on": False}
