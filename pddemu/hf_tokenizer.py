@@ -146,7 +146,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export_parser = sub.add_parser(
         "export", help="write the tokenizer directory (pass it to a client's --tokenizer)"
     )
-    export_parser.add_argument("directory", type=Path, metavar="DIR")
+    export_parser.add_argument(
+        "directory", type=Path, metavar="DIR", help="the directory to write (made if missing)"
+    )
     export_parser.set_defaults(func=run_export)
 
 

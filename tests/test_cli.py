@@ -1,13 +1,15 @@
-"""`pddemu`'s entry: privileges are settled before anything else, and only when needed."""
+"""`pddemu`'s entry: privileges are settled before anything else, and only when needed; every
+argument's `--help` line says what it is for."""
 
 from __future__ import annotations
 
+import argparse
 import socket
 
 import pytest
 
 import netem.rootless
-from pddemu.cli import main
+from pddemu.cli import build_parser, main
 
 
 def refuse(force: bool = False) -> None:
@@ -52,3 +54,26 @@ def test_serve_refuses_a_port_outside_tcps_range(
         main(["serve", "--port", port])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "argument --port" in err and "cannot listen" not in err
+
+
+def _arguments(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:
+    """Every argument of `parser` and of its sub-commands, with the command that takes it."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _arguments(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            found.append((path, action))
+    return found
+
+
+def test_every_argument_says_what_it_is_for() -> None:
+    """`--help` is the user's reference: no option or operand left without a line of its own
+    (a bare default in parentheses says what it is, not what it is for)."""
+    bare = [
+        f"{path} {'/'.join(action.option_strings) or action.dest}"
+        for path, action in _arguments(build_parser(), "pddemu")
+        if not action.help or action.help.startswith("(")
+    ]
+    assert not bare, f"arguments without a help text: {bare}"

@@ -787,7 +787,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--samples", type=int, default=100, help="handoffs per cell (default 100)")
     parser.add_argument("--eager-tokens", type=int, default=100, help="eager tokens per handoff")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the workload and the WAN's draws (default 0)"
+    )
     parser.add_argument(
         "--payload",
         action="append",
@@ -804,7 +806,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=JITTERS_MS,
         help="only this WAN jitter (repeatable)",
     )
-    parser.add_argument("--out", type=Path, default=Path("bench/results/handoff.json"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results/handoff.json"),
+        help="JSON file of the cells, kept between runs (default bench/results/handoff.json)",
+    )
     parser.add_argument(
         "--report",
         action="store_true",

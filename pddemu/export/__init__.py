@@ -28,7 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a pddemu emulate --out")
-    parser.add_argument("--format", choices=FORMATS, required=True)
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        required=True,
+        help="vllm or aiperf: their result files; perfetto: a timeline",
+    )
     parser.add_argument(
         "--system",
         choices=SYSTEMS,

@@ -92,7 +92,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(workload.warmup_requests; summary.json's `warmup` holds their own)",
     )
     parser.add_argument("--trace", help="the workload (workload.trace): pdd-janfeb or a path")
-    parser.add_argument("--executor", choices=("local", "ray"), default="local")
+    parser.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where the points run: here, or on a Ray cluster (default local)",
+    )
     parser.add_argument("--parallel", type=int, default=1, help="local: points at once (default 1)")
     parser.add_argument("--ray-address", help="ray: the cluster (default: a local one)")
     parser.add_argument(
@@ -108,7 +113,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("goodput",),
         help="per system (and grid setting): the highest arrival rate meeting --slo-attainment",
     )
-    parser.add_argument("--slo-attainment", type=float, default=0.9)
+    parser.add_argument(
+        "--slo-attainment",
+        type=float,
+        default=0.9,
+        help="--search: the share of requests within the SLO a rate must reach (default 0.9)",
+    )
     parser.add_argument("--rate-min", type=float, default=0.01, help="req/s (default 0.01)")
     parser.add_argument("--rate-max", type=float, default=64.0, help="req/s (default 64)")
     parser.add_argument(
@@ -143,8 +153,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plot.add_argument("--x", required=True, help="a swept key, e.g. wan.rate")
     plot.add_argument("--y", required=True, help="a summary field, e.g. ttft_s.p99 or bcr")
     plot.add_argument("--out", type=Path, help="PNG file (default: DIR/<y>-vs-<x>.png)")
-    plot.add_argument("--logx", action="store_true")
-    plot.add_argument("--logy", action="store_true")
+    plot.add_argument("--logx", action="store_true", help="a logarithmic x axis")
+    plot.add_argument("--logy", action="store_true", help="a logarithmic y axis")
     plot.set_defaults(func=run_plot)
     report = actions.add_parser(
         "report", help="docs/validation.md's reproduction section from experiments' results"
@@ -153,10 +163,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "results", type=Path, help="a directory per experiment (as make reproduce writes)"
     )
     report.add_argument(
-        "--experiments", type=Path, default=Path("experiments"), help="(default: experiments)"
+        "--experiments",
+        type=Path,
+        default=Path("experiments"),
+        help="the experiment files' directory (default: experiments)",
     )
     report.add_argument(
-        "--out", type=Path, default=Path("docs/validation.md"), help="(default: docs/validation.md)"
+        "--out",
+        type=Path,
+        default=Path("docs/validation.md"),
+        help="the page whose reproduction section is rewritten (default: docs/validation.md)",
     )
     report.set_defaults(func=run_report)
 

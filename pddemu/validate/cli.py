@@ -229,7 +229,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/validate"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/validate"),
+        help="directory for validation.json, validation.md and each run (default runs/validate)",
+    )
     parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")
     parser.add_argument("--full", action="store_true", help="larger grids and workloads")
     add_rootless_flag(parser)

@@ -76,7 +76,7 @@ def _add_gen(commands: argparse._SubParsersAction) -> None:
         "ends in .gz). pdd-janfeb reconstructs the Jan-Feb agentic workload PDD describes "
         "from its published aggregates; docs/traces.md lists every parameter.",
     )
-    gen.add_argument("generator", choices=[PDD_JANFEB])
+    gen.add_argument("generator", choices=[PDD_JANFEB], help="the workload to generate")
     gen.add_argument("--out", required=True, type=Path, help="file to write")
     gen.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
     for spec in parameter_fields():
