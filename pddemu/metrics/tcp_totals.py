@@ -45,6 +45,19 @@ class TcpTotals:
         if transfer["delivery_rate_Bps"]:
             self.delivery_rate_bps[path].append(8 * transfer["delivery_rate_Bps"])
 
+    def add_tail(self, transfer: dict[str, Any], retransmits: int, rto_events: int) -> None:
+        """Counters a transfer already added gained after its end (its tail's
+        retransmissions): onto its row and the sums."""
+        if not retransmits and not rto_events:
+            return
+        counters = self.counters["wan" if transfer["wan"] else "intra"]
+        if retransmits and not transfer["retransmits"]:
+            counters["transfers_with_retransmits"] += 1
+        transfer["retransmits"] += retransmits
+        transfer["rto_events"] += rto_events
+        counters["retransmits"] += retransmits
+        counters["rto_events"] += rto_events
+
     @classmethod
     def of(cls, transfers: Iterable[Mapping[str, Any]]) -> TcpTotals:
         totals = cls()

@@ -363,6 +363,7 @@ class PrefillInstance(Instance):
         )
 
     def stats(self) -> dict[str, Any]:
+        self.tcp.settle()  # the transfers' tails, retransmitted after their last frame left
         return {
             **super().stats(),
             "prefill_tokens": self.prefill_tokens,

@@ -73,13 +73,19 @@ class Progress:
 KEPT_TRANSFERS = 4096  # per-transfer rows a sender keeps (the latest), for a reader of /stats
 
 
+# TCP_INFO's cumulative counters as a connection opens: its first transfer counts from there
+OPENED = {"total_retrans": 0, "total_rto": 0, "bytes_sent": 0}
+
+
 class TcpLedger:
     """TCP_INFO counters (`netem.tcp`) of every KV transfer a sender made.
 
     A transfer is charged with what its connection did from the end of the previous transfer
     on it (or its opening) to its own end, when its last frame was handed to the kernel: the
     retransmissions of a transfer's tail, after that, count for the next one on the
-    connection. Times are turned into modelled time at the clock's rate when read. A serve
+    connection, or, for the connection's last transfer (a lone one: all of it, the kernel
+    taking its frames long before the peer has them), when the sender's stats are read
+    (`settle`). Times are turned into modelled time at the clock's rate when read. A serve
     makes transfers without end: the summary is kept as sums and bounded samples (`totals`),
     the rows of the latest `KEPT_TRANSFERS` transfers only.
     """
@@ -88,7 +94,8 @@ class TcpLedger:
         self.rate = rate
         self.transfers: deque[dict[str, Any]] = deque(maxlen=KEPT_TRANSFERS)
         self.totals = TcpTotals(sender)
-        self._last: dict[int, dict[str, Any]] = {}  # by id of the connection's socket
+        # by id of the connection's socket: the socket, its last reading, its last transfer
+        self._last: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
 
     def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:
         sock = channel.writer.get_extra_info("socket")
@@ -98,8 +105,8 @@ class TcpLedger:
             info = tcp_info(sock)
         except OSError:
             return
-        counters = transfer_counters(self._last.get(id(sock), {}), info)
-        self._last[id(sock)] = info
+        before = self._last[id(sock)][1] if id(sock) in self._last else OPENED
+        counters = transfer_counters(before, info)
         rate = self.rate()
         rtt, delivery = counters["min_rtt_us"], counters["delivery_rate_Bps"]
         transfer = {
@@ -110,5 +117,22 @@ class TcpLedger:
             "min_rtt_s": rtt * 1e-6 * rate if rtt else None,  # modelled
             "delivery_rate_Bps": delivery / rate if delivery else None,  # per modelled s
         }
+        self._last[id(sock)] = (sock, info, transfer)
         self.transfers.append(transfer)
         self.totals.add(transfer)
+
+    def settle(self) -> None:
+        """Charge each connection's last transfer with what its connection did since that
+        transfer's end (the retransmissions of its tail); a connection closed since is
+        forgotten."""
+        for key, (sock, before, transfer) in list(self._last.items()):
+            try:
+                info = tcp_info(sock)
+            except OSError:
+                del self._last[key]
+                continue
+            counters = transfer_counters(before, info)
+            self.totals.add_tail(
+                transfer, counters["retransmits"] or 0, counters["rto_events"] or 0
+            )
+            self._last[key] = (sock, info, transfer)
