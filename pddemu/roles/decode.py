@@ -287,25 +287,36 @@ class DecodeInstance(Instance):
         """Send the current group's produced tokens (all of it, or what exists when the request
         stops here mid-group), those from `stream_from` on; finish the request when its last
         token is out."""
-        if not request.produced:
-            return
+        if request.produced:
+            await self.send_group(request, self.take_group(request))
+
+    def take_group(self, request: DecodeRequest) -> dict[str, Any] | None:
+        """Take the current group's produced tokens off the request (they count as passed
+        on); returns the message that sends those from `stream_from` on, if this instance
+        streams any."""
         index = len(request.outputs) - 1
         times, request.produced = request.produced, []
         first = request.emitted
         request.emitted += len(times)
         skip = max(0, request.stream_from - first)
         times, first = times[skip:], first + skip
-        if request.streaming and times:
-            body = {
-                "rid": request.rid,
-                "index": index,
-                "id": request.outputs[index],
-                "first": first,
-                "times": times,
-                "source": self.name,
-                "role": self.role,
-            }
-            await self.send_tokens(request, body)
+        if not (request.streaming and times):
+            return None
+        return {
+            "rid": request.rid,
+            "index": index,
+            "id": request.outputs[index],
+            "first": first,
+            "times": times,
+            "source": self.name,
+            "role": self.role,
+        }
+
+    async def send_group(self, request: DecodeRequest, group: dict[str, Any] | None) -> None:
+        """Send a group `take_group` took off the request; finish the request if its last
+        token is out."""
+        if group is not None:
+            await self.send_tokens(request, group)
         if request.ended(request.emitted):
             request.finished = True
             request.decoding = False
@@ -557,9 +568,36 @@ class DecodeInstance(Instance):
     ) -> None:
         raise NotImplementedError
 
-    async def start_stream(self, request: DecodeRequest, first_token: int) -> None:
+    async def start_stream(
+        self,
+        request: DecodeRequest,
+        first_token: int,
+        report: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Own the request's stream from its first token (the one P computed) and decode on;
-        or, for a stream another instance lost, from where the user's tokens stop."""
+        or, for a stream another instance lost, from where the user's tokens stop. `report`:
+        what is told once the request is taken in, before its first token leaves (the token
+        may end the request, after which the frontend records nothing of it).
+
+        A stream that cannot start (the user's tokens are not this model's, a send fails) is
+        lost here: its memory goes back and the frontend moves the request."""
+        try:
+            first = await self._take_in_stream(request, first_token)
+            self.intake_done(request)  # before anything of the request is sent
+            if report is not None:
+                await report()
+            if first is not None:
+                await self.send_group(request, first)
+        except Exception:
+            if not request.finished and self.requests.get(request.rid, request) is request:
+                await self.lose(request)
+            raise
+
+    async def _take_in_stream(
+        self, request: DecodeRequest, first_token: int
+    ) -> dict[str, Any] | None:
+        """The request in this instance's hands (in the batch, if it decodes on); returns its
+        first token's group, taken off it and still to send (a resumed stream has none)."""
         resume = request.meta.get("resume")
         if resume and resume["ids"]:
             ids = [int(x) for x in resume["ids"]]
@@ -568,8 +606,7 @@ class DecodeInstance(Instance):
                     f"{request.rid}: P's first token {first_token} differs from the user's {ids[0]}"
                 )
             await self.resume_stream(request, ids, int(resume["position"]), have=0)
-            self.intake_done(request)
-            return
+            return None
         self.requests[request.rid] = request
         request.streaming = True
         request.outputs = [first_token]
@@ -577,8 +614,9 @@ class DecodeInstance(Instance):
         self.tokens_generated += 1
         if not request.ended(request.position):  # in the batch before its first token's send
             self.start_decoding(request, request.arrived)
-        self.intake_done(request)
-        await self.flush(request)
+        # Taken off now, before any wait: the request's next step may come first, and goes on
+        # from the first token's group being out.
+        return self.take_group(request)
 
     async def resume_stream(
         self, request: DecodeRequest, ids: list[int], position: int, have: int

@@ -152,27 +152,22 @@ class MainDecodeInstance(DecodeInstance):
             )
         self._unpin_match(rid)
         streams_now = request.meta["pipeline"] != "P-RLD-MD" and rid not in self.released
-        if streams_now:
-            try:
-                await self.start_stream(request, first_token)
-            except Exception:
-                self._release_held(rid)
-                raise
-        else:
-            self.intake_done(request)
-        await self.tell(
-            request.meta["frontend"],
-            "kv_arrived",
-            {
-                "rid": rid,
-                "bytes": genuine_bytes,
-                "offset": begin["offset"],
-                "at": begin["ended_at"],
-                "first_chunk_at": begin["first_chunk_at"],
-            },
-        )
-        if streams_now:
+        arrival = {
+            "rid": rid,
+            "bytes": genuine_bytes,
+            "offset": begin["offset"],
+            "at": begin["ended_at"],
+            "first_chunk_at": begin["first_chunk_at"],
+        }
+
+        async def report() -> None:
+            await self.tell(request.meta["frontend"], "kv_arrived", arrival)
+
+        if streams_now:  # a failed start drops the request (`drop`: its DRC pin too)
+            await self.start_stream(request, first_token, report)
             return
+        self.intake_done(request)
+        await report()
         if rid in self.released:
             self.released.discard(rid)
             self._release_held(rid)

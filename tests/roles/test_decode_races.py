@@ -491,3 +491,66 @@ def test_a_failed_step_loses_only_the_requests_it_still_holds() -> None:
 
     finished, lost = asyncio.run(scenario())
     assert (finished, lost) == (["a"], ["b"])
+
+
+def p_md_transfer(made: Any, rid: str, meta: dict[str, Any]) -> list[Envelope]:
+    """A request's whole KV from P as the decode side reads it: begin, one chunk, end."""
+    prompt = list(range(1, 41))
+    kv, _ = made.model.prefill(prompt, None, len(prompt))
+    connection = KvConnection()
+    begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
+    return [
+        Envelope("kv_begin", begin, [], connection),
+        kv_chunk_from_tensor(rid, 0, 0, kv.tensor),
+        Envelope("kv_end", {"rid": rid, "first_token": 7}, [], connection),
+    ]
+
+
+async def deliver(made: Any, messages: list[Any]) -> None:
+    begin, chunk, end = messages
+    await made.on_kv_begin(begin)
+    await made.on_kv_chunk(chunk, begin.channel)
+    await made.on_kv_end(end)
+
+
+@pytest.mark.parametrize("role", ["MD", "RLD"])
+def test_a_stream_that_cannot_start_gives_its_memory_back_and_says_so(role: str) -> None:
+    """A moved request's KV reaches its new decode instance (MD, or the relay when no MD is
+    left) with the user's outputs to resume from, but P's first token is not the user's
+    (here: the user holds 8, P computed 7): the stream cannot start. The instance gives the
+    request's memory back and tells the frontend it does not hold the request (`stream_lost`),
+    which moves it on. On the code before, the reservation (1580 tokens) was held for good and
+    no one was told: the request waited for tokens to its timeout."""
+
+    async def scenario() -> tuple[int, list[str], list[str]]:
+        made = instance(MainDecodeInstance if role == "MD" else RelayInstance, role)
+        await made.start()
+        pipeline = "P-MD" if role == "MD" else "RLD-only"
+        meta = {
+            **META,
+            "pipeline": pipeline,
+            "predicted_output_tokens": 300,
+            "resume": {"ids": [8, 9], "position": 1 + 32},
+        }
+        await deliver(made, p_md_transfer(made, "r", meta))
+        await asyncio.sleep(0.2)
+        lost = [body["rid"] for name, kind, body in made.told if kind == "stream_lost"]
+        return made.kv_reserved, sorted(made.requests), lost
+
+    assert asyncio.run(scenario()) == (0, [], ["r"])
+
+
+def test_md_reports_the_kv_arrived_before_the_first_token() -> None:
+    """A P-MD request whose only output is P's token: MD's `kv_arrived` report reaches the
+    frontend before that token, which ends the request (the frontend records a request's KV
+    arrival only while the request is in flight). On the code before, the token went first."""
+
+    async def scenario() -> list[str]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        meta = {**META, "pipeline": "P-MD", "output_tokens": 1, "predicted_output_tokens": 1}
+        await deliver(md, p_md_transfer(md, "r", meta))
+        await asyncio.sleep(0.1)
+        return [kind for name, kind, body in md.told if name == "FE0"]
+
+    assert asyncio.run(scenario()) == ["kv_arrived", "tokens"]
