@@ -53,6 +53,7 @@ from typing import Any
 from pddemu.model import TinyTransformer, greedy
 from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
+from pddemu.roles.recent import Recent
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.runtime.clock import InstantHold
@@ -123,6 +124,8 @@ class DecodeInstance(Instance):
         self.admitting: set[str] = set()  # KV transfers begun, waiting for memory
         self.receiving: dict[str, dict[str, Any]] = {}  # KV transfers in progress, by request
         self.arriving: set[str] = set()  # KV complete, being taken in (kv_arrived)
+        # over here while their KV was (or may have been) on its way: dropped when it comes
+        self.released: Recent[None] = Recent()
         self.transfers_cut = 0  # transfers that ended before their kv_end (sender lost or cut)
         self.resumed = 0  # streams taken over from a lost instance
         self.loop_state = IDLE
@@ -550,6 +553,7 @@ class DecodeInstance(Instance):
         for rid in [rid for rid, state in self.receiving.items() if state["channel"] is channel]:
             state = self.receiving.pop(rid)
             self.transfers_cut += 1
+            self.released.discard(rid)  # nothing more of it comes
             self.spawn(self.release_tokens(state["reserved"]), f"memory of {rid}")
             self.transfer_cut(rid, state["kv"])
 

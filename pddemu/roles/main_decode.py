@@ -18,7 +18,6 @@ for every output too): it pins exactly what it counts.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from pddemu.model.kv import KV
 from pddemu.policy.handoff import PACE_SLACK
 from pddemu.roles.decode import DecodeInstance, DecodeRequest, Extend
 from pddemu.roles.prefix_store import PrefixKVStore
+from pddemu.roles.recent import Recent
 from pddemu.runtime.channel import Envelope
 
 
@@ -39,9 +39,6 @@ class Pinned:
     length: int
     node: Any
     handles: list = field(default_factory=list)
-
-
-ENDED_KEPT = 4096  # requests ended here remembered for a late release (the oldest forgotten)
 
 
 class MainDecodeInstance(DecodeInstance):
@@ -58,9 +55,8 @@ class MainDecodeInstance(DecodeInstance):
         self.store = PrefixKVStore(self.page_tokens, capacity)
         self.matches: dict[str, Pinned] = {}
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
-        self.released: set[str] = set()
         # finished or dropped here: a release that comes after has no KV still on its way
-        self.ended: OrderedDict[str, None] = OrderedDict()
+        self.ended: Recent[None] = Recent()
         self.known: dict[str, list[int]] = {}  # outputs received in handoff parts (KV computed)
         self.predicted: dict[str, int] = {}  # the next output the last extend predicts
         self.part_delays: dict[str, float] = {}  # relay -> how long its last part took to come
@@ -86,8 +82,9 @@ class MainDecodeInstance(DecodeInstance):
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,
         and, if its KV is still on its way, drop that when it comes (keeping it in the DRC).
-        The router's `kv_expected` may not know of KV that is already here: a failed request's
-        transfer may have ended before P read its cancel, so a transfer begun here counts."""
+        The router's `kv_expected` may not know of KV that is on its way: a failed request's
+        transfer may have ended before P read its cancel, and its beginning not be read here
+        yet, so a release of a request whose KV has not come is remembered whatever it says."""
         rid = message.body["rid"]
         self._unpin_match(rid)
         self.pending_resume.pop(rid, None)
@@ -95,9 +92,7 @@ class MainDecodeInstance(DecodeInstance):
         if request is not None:
             await self.drop(request)
             self.ended.pop(rid, None)
-        elif self.ended.pop(rid, 0) is None:  # its KV came and it ended here before this
-            pass
-        elif message.body.get("kv_expected") or self.expects(rid):
+        elif self.ended.pop(rid, 0) is not None:  # not ended here: its KV may still come
             self.released.add(rid)
 
     def _unpin_match(self, rid: str) -> None:
@@ -116,7 +111,6 @@ class MainDecodeInstance(DecodeInstance):
     def transfer_cut(self, rid: str, kv: KV) -> None:
         """The transfer was cut off mid-way: keep what arrived of the prompt (whole pages) in
         the DRC, so the session's next turn sends less."""
-        self.released.discard(rid)
         pinned = self.matches.get(rid)
         if self.config.policy.drc and pinned is not None and kv.tokens:
             self.store.release(self.store.insert(pinned.prompt[: kv.tokens], kv.clone()))
@@ -418,18 +412,13 @@ class MainDecodeInstance(DecodeInstance):
     async def finished(self, request: DecodeRequest) -> None:
         await super().finished(request)
         self._release_held(request.rid)
-        self._ended(request.rid)
+        self.ended.add(request.rid)
 
     async def drop(self, request: DecodeRequest) -> None:
         """Whatever dropped it (a release, a failed step), its prompt in the DRC is unpinned."""
         await super().drop(request)
         self._release_held(request.rid)
-        self._ended(request.rid)
-
-    def _ended(self, rid: str) -> None:
-        self.ended[rid] = None
-        if len(self.ended) > ENDED_KEPT:
-            self.ended.popitem(last=False)
+        self.ended.add(request.rid)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "drc_tokens": self.store.size_tokens}

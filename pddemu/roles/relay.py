@@ -40,6 +40,7 @@ from pddemu.policy.handoff import (
     paced_step,
 )
 from pddemu.roles.decode import DecodeInstance, DecodeRequest
+from pddemu.roles.recent import Recent
 from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import InstantHold
@@ -78,10 +79,9 @@ class RelayInstance(DecodeInstance):
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.handoffs: dict[str, Handoff] = {}
-        self.md_ready_early: dict[str, dict[str, Any]] = {}  # MD was ready before the relay
+        self.md_ready_early: Recent[dict[str, Any]] = Recent()  # MD was ready before the relay
         self.leads: dict[str, Handoff] = {}  # paced leads still delivering, by request
-        self.released: set[str] = set()  # ended while their KV was on its way here
-        self.md_lost: set[str] = set()  # their MD was lost: no handoff, finished here
+        self.md_lost: Recent[None] = Recent()  # their MD was lost: no handoff, finished here
         # finished here before any handover: the clock held until the frontend settles them
         self.ends_held: dict[str, InstantHold] = {}
         self.md_cost = cost_model(self.config, spec.system, "MD")

@@ -10,6 +10,7 @@ import pytest
 
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.roles.recent import KEPT
 from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
@@ -325,10 +326,10 @@ def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stag
             await md.on_release(release)
         await asyncio.sleep(0.2)
         told = [kind for name, kind, body in md.told if name == "RLD0"]
-        return md.kv_reserved, sorted(md.requests), md.released, told
+        return md.kv_reserved, sorted(md.requests), sorted(md.released), told
 
     reserved, requests, released, told_relay = asyncio.run(scenario())
-    assert (reserved, requests, released, told_relay) == (0, [], set(), [])
+    assert (reserved, requests, released, told_relay) == (0, [], [], [])
 
 
 class Answers:
@@ -554,3 +555,60 @@ def test_md_reports_the_kv_arrived_before_the_first_token() -> None:
         return [kind for name, kind, body in md.told if name == "FE0"]
 
     assert asyncio.run(scenario()) == ["kv_arrived", "tokens"]
+
+
+@pytest.mark.parametrize("pipeline", ["P-MD", "P-RLD-MD"])
+def test_a_release_before_the_kv_begins_here_leaves_no_memory_held(pipeline: str) -> None:
+    """A request fails at the frontend while P's transfer to MD is under way, P done sending
+    before it reads its cancel: MD reads the release (which says no KV is expected) before
+    the transfer's beginning. MD drops the KV when it has come: no memory held, nothing
+    streamed, nothing told the relay. On the code before, MD forgot the release and took the
+    request in: a P-MD one streamed (its tokens to a frontend that had failed it) with its
+    memory held until its end; a P-RLD-MD one was kept for good and the relay told."""
+
+    async def scenario() -> tuple[int, list[str], list[tuple[str, str]]]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        await md.on_release(Envelope("release", {"rid": "r", "kv_expected": False}, [], None))
+        meta = {**META, "pipeline": pipeline, "predicted_output_tokens": 300}
+        await deliver(md, p_md_transfer(md, "r", meta))
+        await asyncio.sleep(0.2)
+        told = [(name, kind) for name, kind, body in md.told if kind != "kv_arrived"]
+        return md.kv_reserved, sorted(md.requests), told
+
+    assert asyncio.run(scenario()) == (0, [], [])
+
+
+def test_the_ids_kept_for_late_messages_are_bounded() -> None:
+    """Releases of requests whose KV never comes here (P cancelled before sending it), and
+    `md_ready` and `md_lost` for requests the relay no longer holds, leave ids behind, kept so
+    that a late message for them is ignored: each record keeps the most recent KEPT only (a
+    serve runs without end). The latest is still kept. On the code before, each grew by one id
+    a message, for good (5000 here)."""
+    count = KEPT + 904
+
+    class Replies:
+        peer = "FE0"
+
+        async def control(self, kind: str, body: dict) -> None:
+            pass
+
+    async def scenario() -> dict[str, tuple[int, bool]]:
+        md = instance(MainDecodeInstance, "MD")
+        rld = instance(RelayInstance, "RLD")
+        for i in range(count):
+            release = Envelope("release", {"rid": f"r{i}", "kv_expected": True}, [], None)
+            await md.on_release(release)
+            await rld.on_release(release)
+            await rld.on_md_ready(Envelope("md_ready", {"rid": f"m{i}"}, [], None))
+            await rld.on_md_lost(Envelope("md_lost", {"rid": f"l{i}"}, [], Replies()))
+        last = str(count - 1)
+        return {
+            "MD released": (len(md.released), f"r{last}" in md.released),
+            "RLD released": (len(rld.released), f"r{last}" in rld.released),
+            "RLD md_ready_early": (len(rld.md_ready_early), f"m{last}" in rld.md_ready_early),
+            "RLD md_lost": (len(rld.md_lost), f"l{last}" in rld.md_lost),
+        }
+
+    kept = asyncio.run(scenario())
+    assert kept == dict.fromkeys(kept, (KEPT, True)), kept

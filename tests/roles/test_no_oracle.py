@@ -199,7 +199,7 @@ def test_a_release_after_md_ended_the_request_leaves_nothing_behind(ended: str) 
         for rid in ("r", "coming"):
             body = {"rid": rid, "kv_expected": True}
             await md.on_release(Envelope("release", body, [], object()))
-        return md.released, set(md.ended)
+        return set(md.released), set(md.ended)
 
     assert asyncio.run(scenario()) == ({"coming"}, set())
 
