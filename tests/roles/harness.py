@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,12 @@ from pddemu.deployment import Deployment
 from pddemu.emulated_network import network_for, scale_model
 from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
+from pddemu.runtime.clock import INSTANT, ModelledClock
 from pddemu.runtime.timekeeping import RunTiming
 from pddemu.workload.expansion import genuine_output_length
 from tests.run_logs import record_run
+
+LANDING_WAIT_S = 60.0  # wall seconds a fault waits for the state it is meant to land in
 
 
 @dataclass(frozen=True)
@@ -140,13 +144,20 @@ class Emulation:
         return records, outputs, stats
 
     def run_with_faults(
-        self, system: str, requests: list[Request], faults: tuple[Any, ...], config: Config
+        self,
+        system: str,
+        requests: list[Request],
+        faults: tuple[Any, ...],
+        config: Config,
+        landing: Callable[[dict], bool] | None = None,
     ) -> tuple[list[RequestRecord], dict[str, list[int]], dict, Deployment]:
         """Replay `requests` on `system` (with `config`) while `faults` (pddemu.faults) happen
-        at their modelled times from the replay's start."""
-        return uvloop.run(self._run_with_faults(system, requests, faults, config))
+        at their modelled times from the replay's start. `landing`: a single fault that must
+        land in a given state of the deployment (`landing(stats)` true of the instances'
+        stats) lands at exactly its modelled time in that state (`land`)."""
+        return uvloop.run(self._run_with_faults(system, requests, faults, config, landing))
 
-    async def _run_with_faults(self, system, requests, faults, config):
+    async def _run_with_faults(self, system, requests, faults, config, landing=None):
         from pddemu.faults import inject
 
         epoch = time.monotonic()
@@ -159,6 +170,8 @@ class Emulation:
                 start = clock.now() + 0.5
                 injecting = asyncio.ensure_future(
                     inject(faults, deployment, clock.now, clock.sleep_until, start, [])
+                    if landing is None
+                    else land(faults, deployment, self.network.clock_path, start, landing)
                 )
                 result = await replay(
                     deployment.frontend_url,
@@ -173,6 +186,43 @@ class Emulation:
         finally:
             await deployment.stop()
         return result.records, result.outputs, stats, deployment
+
+
+async def land(
+    faults: tuple[Any, ...],
+    deployment: Deployment,
+    page: Path,
+    start: float,
+    landing: Callable[[dict], bool],
+) -> None:
+    """Carry out a single fault at exactly its modelled time, once the deployment is in the
+    state it is meant to land in: modelled time is held at the fault's time (by a participant
+    of the run's clock `page` of its own, whose frozen time does not slow the clock) until
+    `landing(stats)` is true of the instances' stats (read in wall time: what the instances
+    do meanwhile on paths without modelled time goes on) and the fault is done. Neither this
+    process's wake-up nor the instances' lateness on a loaded host moves it, as each would,
+    times the clock's rate, with `pddemu.faults.inject` alone."""
+    from pddemu.faults import inject
+
+    (fault,) = faults
+    if fault.duration_s is not None:  # its end would wait for time the hold stands still
+        raise ValueError(f"{fault.action} of {fault.instance} for a duration cannot land held")
+    at = start + fault.at_s
+    clock = ModelledClock.attach(page, f"fault-landing{INSTANT}")
+    try:
+        with clock.holding(at):
+            await clock.sleep_until(at)
+            deadline = time.monotonic() + LANDING_WAIT_S
+            while not landing(await deployment.stats()):
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{fault.action} of {fault.instance}: the deployment was not in the "
+                        f"state it is meant to land in within {LANDING_WAIT_S:g} wall s"
+                    )
+                await asyncio.sleep(0.05)
+            await inject(faults, deployment, clock.now, clock.sleep_until, start, [])
+    finally:
+        clock.close()
 
 
 def run_async(coroutine: Any) -> Any:
