@@ -24,10 +24,15 @@ from tests.roles.client_timing import outside_the_emulator_s, where_the_differen
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """A rootless serve (as root, --rootless: the path a non-root user takes): the emulated
+    network lives in a private namespace, and the host port, made before entering it, serves
+    the host's clients. tests/roles/test_aiperf_serve.py and test_serve_schedule.py serve as
+    root."""
     require_namespaces()
     run_dir = tmp_path_factory.mktemp("serve")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--rootless"]
+        + ["--run-dir", str(run_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -35,10 +40,14 @@ def server(tmp_path_factory):
     line = process.stdout.readline()
     assert line, process.stderr.read()
     ready = json.loads(line)
-    yield ready
-    process.send_signal(signal.SIGINT)
-    assert process.wait(30) == 0
     run = ready["netns"].rsplit("-", 1)[0]  # this run's namespaces: <run>-a, <run>-b, ...
+    try:
+        assert not [n for n in list_namespaces() if n.startswith(run + "-")], "on the host"
+        yield ready
+    finally:
+        process.send_signal(signal.SIGINT)
+        exit_code = process.wait(30)
+    assert exit_code == 0
     assert not [n for n in list_namespaces() if n.startswith(run + "-")], "serve left some"
 
 
@@ -135,26 +144,3 @@ def test_malformed_requests_get_openai_errors(
     error = reply["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param
-
-
-def test_a_rootless_serve_is_reachable_from_the_host(tmp_path) -> None:
-    """Without root the emulated network lives in a private namespace; the host port, made
-    before entering it, still serves the host's clients."""
-    require_namespaces()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pddemu.cli", "serve", "--port", "0", "--rootless"]
-        + ["--run-dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line, process.stderr.read()
-        ready = json.loads(line)
-        client = openai.OpenAI(base_url=ready["base_url"], api_key="unused")
-        reply = client.completions.create(model="pddemu", prompt="hello", max_tokens=4)
-        assert reply.usage.completion_tokens == 4
-    finally:
-        process.send_signal(signal.SIGINT)
-        assert process.wait(30) == 0
