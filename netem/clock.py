@@ -82,13 +82,13 @@ PROMISE_AT = 80
 # process of a run: pddemu.runtime.clock.CONTROLLED_KINDS): the controller keeps each kind's
 # mean within its target, as a run's validity judges each kind's mean, so a frequent kind on
 # time cannot hide a rare one late.
-LAG_COUNTERS = 3
-_SLOT = struct.Struct("=32sQdd QQ QdQdQd d")
+LAG_COUNTERS = 2
+_SLOT = struct.Struct("=32sQdd QQ QdQd d")
 _SLOT_HOLD = struct.Struct("=dd")  # offset 40 in a slot: hold at, wall seconds it froze time
 _SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stopped the clock
 _SLOT_LAG = struct.Struct("=Qd")  # offset 72 + 16 x kind: count, sum
-_SLOT_LAG_MAX = struct.Struct("=d")  # offset 120: the largest of any kind
-SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT = 40, 56, 72, 120
+_SLOT_LAG_MAX = struct.Struct("=d")  # offset 104: the largest of any kind
+SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT = 40, 56, 72, 104
 
 
 class ClockError(RuntimeError):

@@ -3,11 +3,12 @@ whether its results can be trusted (summary.json's `lag`, `dilation`, `holds`, `
 
 Lag is how late, in modelled seconds, the emulator did something whose modelled time it knew
 (`pddemu.runtime.clock.LAG_KINDS`): a step whose end passed before its genuine work was done,
-a message handled after it arrived (on a path without modelled time), a token read by the
-frontend after it arrived, a request sent after its arrival time, a packet the shaper let go
-after its exit time. Kinds ending in `_wan` are bounds (a message across the WAN, whose
-modelled queueing its receiver cannot know) and are reported, not judged; so is `report`
-(the frontend reading a report that carries its own times, which its lateness cannot move).
+a message handled after it arrived (on a path without modelled time), a request sent after
+its arrival time, a packet the shaper let go after its exit time. Kinds ending in `_wan` are
+bounds (a message across the WAN, whose modelled queueing its receiver cannot know) and are
+reported, not judged; so are `report` (the frontend reading a report that carries its own
+times) and `delivery` (the frontend reading tokens and heartbeats), which its lateness cannot
+move.
 docs/validation.md, "Which lag counts", says which lag can move a result and which is held.
 
 A run is valid when the mean lag of each exact kind is at most `max_lag` x its TPOT p50. The

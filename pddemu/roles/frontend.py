@@ -58,7 +58,7 @@ from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
-from pddemu.runtime.clock import INSTANT_HOLD_CAP_S, REPORT_KIND, InstantHold
+from pddemu.runtime.clock import DELIVERY_KIND, INSTANT_HOLD_CAP_S, REPORT_KIND, InstantHold
 from pddemu.runtime.liveness import DOWN, Change, Liveness
 from pddemu.wire import TokenIds
 from pddemu.workload.expansion import output_group_start, output_index
@@ -961,9 +961,12 @@ class Frontend(Instance):
 
     async def on_heartbeat(self, message: Envelope) -> None:
         """Heard (as every message is, in `heard_from`). From a peer on a path without
-        modelled time it also says how late this frontend reads its messages (`delivery`),
-        all through the run, whatever the system (a baseline without a relay has no other such
-        message): the same lateness it reads MD's `matched` answer with (the route)."""
+        modelled time it also says how late this frontend reads its messages (`delivery`,
+        reported), all through the run, whatever the system: the same lateness it reads MD's
+        `matched` answer with (the route, whose excess the analytic check judges). Read late,
+        a heartbeat delays failure detection by as much: a live instance leaves routing only if
+        this frontend reads it more than suspect_after - heartbeat_period late (0.4 modelled s
+        by default)."""
         at = message.body.get("at")
         if at is not None and message.channel is not None and self.exact(message.channel.peer):
             self.count_message_lag("heartbeat", message.channel.peer, float(at))
@@ -1160,11 +1163,12 @@ class Frontend(Instance):
             position = output_group_start(index, scale)
 
     def lag_kind(self, kind: str) -> str:
-        """Tokens and heartbeats: `delivery`, this frontend's lateness in reading, judged: the
-        kernel dates MD's tokens and the relay holds the ends it acts on, but the same
-        lateness reaches the route (its reading of MD's `matched` answer)."""
+        """Tokens and heartbeats: `delivery`, this frontend's lateness in reading, reported:
+        tokens are dated by their sending or the kernel's receipt, an end it must act on is held
+        by the relay, a heartbeat only delays failure detection; the same lateness reaches the
+        route (its reading of MD's `matched`), which the analytic check's routing excess judges."""
         if kind in ("tokens", "heartbeat"):
-            return "delivery"
+            return DELIVERY_KIND
         return REPORT_KIND if kind in REPORTS else "handler"
 
     def stats(self) -> dict[str, Any]:

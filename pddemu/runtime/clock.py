@@ -44,19 +44,22 @@ SHORT_NAP_S = 0.002
 HOLD_POLL_S = 0.005  # a sleeper whose time is due but behind a hold looks again this often
 PRECISE_WALL_S = 0.002  # a precise sleep blocks for at most this much of its end
 # Lag of what the emulator knows the exact modelled time of: a step's end, a message's arrival
-# on a path without modelled time (within a host, the unshaped intra-DC path), a token's at the
-# frontend (its lateness in reading, which still reaches what it does in response: settle's
-# cut), a request's arrival, a packet's exit from the shaper.
-LAG_KINDS = ("step", "handler", "delivery", "send", "release")
+# on a path without modelled time (within a host, the unshaped intra-DC path), a request's
+# arrival, a packet's exit from the shaper.
+LAG_KINDS = ("step", "handler", "send", "release")
 # Of those, the events the controller watches: a message handled or a request sent late. (A
 # step's lag is the holds' business: a step that would end before its work stands the clock
 # still instead, which the controller watches as frozen time.)
-CONTROLLED_KINDS = ("handler", "delivery", "send")
+CONTROLLED_KINDS = ("handler", "send")
 if len(CONTROLLED_KINDS) != LAG_COUNTERS:  # the page counts each of them apart
     raise ImportError("the clock page's lag counters do not match CONTROLLED_KINDS")
-# Lag that provably reaches no result: the frontend reading a report that carries its own
-# times (a transfer's end, the KV's arrival, a handoff's start). Reported, never judged.
+# Lag that provably reaches no result, reported, never judged: the frontend reading a report
+# that carries its own times (a transfer's end, the KV's arrival, a handoff's start), and its
+# lateness in reading tokens and heartbeats (tokens are dated by their send or the kernel's
+# receive time, the relay holds the clock at an end the frontend must act on, and a heartbeat
+# read late only delays failure detection by as much: docs/validation.md, "Which lag counts").
 REPORT_KIND = "report"
+DELIVERY_KIND = "delivery"
 INSTANT = "/instant"  # the name suffix of a participant's slot for instant holds
 INSTANT_HOLD_CAP_S = 0.25  # wall seconds an instant hold stands at most (a peer never answers)
 STOP_TIMEOUT_S = 5.0  # wall seconds a paused process is waited for to stop (not in a syscall)

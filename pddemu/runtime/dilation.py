@@ -2,9 +2,9 @@
 
 It runs beside the replayer and reads every participant's slot of the clock page (netem.clock)
 twenty times a second. When the participants' lag of the last half second averaged more than
-the target the page publishes, in any one kind (handler, delivery, send: messages handled late,
-requests sent late; each is judged on its own mean, so frequent deliveries on time cannot hide
-late handling, once the window holds `min_samples` of it or its total alone is that many
+the target the page publishes, in any one kind (handler, send: messages handled late, requests
+sent late; each is judged on its own mean, so frequent messages on time cannot hide late
+requests, once the window holds `min_samples` of it or its total alone is that many
 targets: one sample of a rare kind a little late is noise, not a trend), or genuine work held
 the clock still for more than a sliver of the wall time, the clock slows down at once
 (multiplicative decrease, harder when far behind); when the last half second had enough
@@ -18,7 +18,7 @@ the wall time a run takes changes.
 It records the rate over the run so summary.json can say how much the run was dilated (wall
 seconds per modelled second) and how fast it really ran, and what made it slow down: each
 decrease is charged to the kind of lag (or the holds) that caused it and the participant that
-contributed most to it (`slowed_by`: "lag <kind> <name>", e.g. "lag delivery FE0", or
+contributed most to it (`slowed_by`: "lag <kind> <name>", e.g. "lag handler P0", or
 "hold <name>"), which says which process, and what of its work, bounds the run's speed; the
 timeline marks each decrease with that cause.
 

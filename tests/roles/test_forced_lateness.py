@@ -6,9 +6,10 @@ elsewhere would), on pdd's P-MD against the closed form of an idle system.
   prompt and the route) is covered by instant holds: 50 ms of wall time at each of those steps
   moves neither the route nor TTFT nor the KV transfer beyond the analytic check's 2 %.
 - The frontend's lateness in handling token messages reaches no token time: blocked 10
-  modelled ms before each, TTFT and TPOT stay the closed form's; the lateness is still judged
-  (`delivery`: the same lateness reaches the route, through its reading of MD's `matched`), so
-  the run is flagged not valid.
+  modelled ms before each, TTFT and TPOT stay the closed form's, and the lateness is reported
+  (`delivery`), not judged (what the frontend does at an end the relay finishes is held by
+  the relay: tests/roles/test_cut_transfer.py; its reading of MD's `matched`, the route, is
+  judged by the analytic check's routing excess).
 - MD's lateness in reading a KV transfer's end reaches no token time: blocked 100 modelled ms
   before `kv_end` (its reads are kernel-dated), decoding starts when the end reached the host,
   and TTFT stays the closed form's; taken when read, TTFT would be 100 ms late."""
@@ -76,22 +77,29 @@ def test_lateness_on_the_routing_exchange_moves_no_recorded_time(
     assert by_participant["P0"]["handler"]["max"] < 0.001  # its prompt and route, held
 
 
-def test_the_frontends_lateness_in_reading_moves_no_token_time_and_is_judged(
+def test_the_frontends_lateness_in_reading_moves_no_token_time_and_is_only_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Blocked 10 modelled ms (20x the lag bound; wall time at the clock's rate, so slowing
     the clock does not shrink it) before each token message it handles, the frontend still
     gives MD's tokens the time they arrived: TTFT and TPOT stay the closed form's within the
-    analytic check's 2 %. The lateness is judged all the same (`delivery`: it reaches the
-    route, through the frontend's reading of MD's `matched`), so the run is not valid, however
-    far the clock slows down. The stall comes after a message is read and dated, so this holds with dates taken on
-    reading too (it passes on the code before kernel dates; so did a stall before heartbeats as
-    well, at 5x the wall time): a late *read* is tests/runtime/test_dated_reads.py's."""
+    analytic check's 2 %, and the lateness shows in `delivery`, reported, not judged (on the
+    code before, which judged it, it made this run not valid; now, no longer slowed by it,
+    the clock may run fast enough for MD's first decode step to be late, `step` lag that
+    docs/validation.md's "What is still not held" names, which this does not judge). The stall comes
+    after a message is read and dated, so this holds with dates taken on reading too (it
+    passes on the code before kernel dates; so did a stall before heartbeats as well, at 5x
+    the wall time): a late *read* is tests/runtime/test_dated_reads.py's."""
     outcome, timing = _one_request(tmp_path, monkeypatch, "FE0:tokens:0.01m")
     for name in ("ttft_s", "tpot_s", "kv_transfer_s"):
         assert abs(outcome.errors[name]) <= analytic.TOLERANCE, outcome.to_dict()
-    assert not timing["valid"], timing["lag"]
-    assert timing["lag"]["mean_by_kind"]["delivery"] > timing["lag"]["bound_s"], timing["lag"]
+    assert "delivery" not in (timing["invalid_reason"] or ""), timing["invalid_reason"]
+    # the stall, seen: MD's tokens read late, and so the heartbeats queued behind them, whose
+    # mean is over the bound that judged it before
+    by_kind = timing["lag"]["by_kind"]
+    assert by_kind["delivery_wan"]["max"] > 0.005, timing["lag"]
+    assert by_kind["delivery"]["mean"] > timing["lag"]["bound_s"], timing["lag"]
+    assert "delivery" not in timing["lag"]["mean_by_kind"]
 
 
 def test_mds_lateness_in_reading_a_transfers_end_moves_no_token_time(

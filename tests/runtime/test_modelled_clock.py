@@ -149,10 +149,12 @@ def test_lag_is_recorded_by_kind_and_counted_in_the_slot(tmp_path: Path) -> None
     shared = SharedClock.create(tmp_path / "clock")
     shared.set_lag_target(0.01)
     clock = ModelledClock.attach(tmp_path / "clock", "FE0")
-    assert clock.count_lag("delivery", 0.02) == 0.02
+    assert clock.count_lag("send", 0.02) == 0.02
     assert clock.count_lag("handler", -1.0) == 0.0
-    assert clock.lags["delivery"] == [0.02] and clock.lags["handler"] == [0.0]
-    (report,) = shared.slots()
+    assert clock.count_lag("delivery", 0.5) == 0.5  # the frontend's reading: reported only
+    assert clock.lags["send"] == [0.02] and clock.lags["handler"] == [0.0]
+    assert clock.lags["delivery"] == [0.5]
+    (report,) = shared.slots()  # the controller sees the controlled kinds alone
     assert report.lags == 2 and report.lag_max_s == 0.02
     clock.close()
     assert shared.slots() == []
@@ -235,10 +237,10 @@ def test_lag_that_grows_with_the_rate_settles_near_the_target_never_over_it(
 
 def test_a_late_rare_kind_is_not_hidden_by_a_frequent_one_on_time(tmp_path: Path) -> None:
     policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0)
-    dilation, shared, wall = _dilation(tmp_path, policy, "FE0", "P0")  # the target: 1 ms
-    fe, p = 0, 1
+    dilation, shared, wall = _dilation(tmp_path, policy, "replayer", "P0")  # the target: 1 ms
+    replayer, p = 0, 1
     for _ in range(100):
-        shared.count_lag(fe, 0.0, kind=1)  # deliveries on time
+        shared.count_lag(replayer, 0.0, kind=1)  # requests sent on time
     for _ in range(policy.min_samples):
         shared.count_lag(p, 0.002, kind=0)  # messages handled 2 ms late: over the target
     wall.advance(0.05)
@@ -252,11 +254,11 @@ def test_each_slow_down_names_its_kind_and_participant_in_the_timeline(tmp_path:
     """What held the clock back is in summary.json twice: counted by cause ("lag <kind>
     <name>", "hold <name>") and marked on the timeline point the decrease set."""
     policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0, increase=1.0, recover=1.0)
-    dilation, shared, wall = _dilation(tmp_path, policy, "FE0", "P0")  # the target: 1 ms
-    fe, p = 0, 1
+    dilation, shared, wall = _dilation(tmp_path, policy, "replayer", "P0")  # the target: 1 ms
+    replayer, p = 0, 1
     start = (wall.t, shared.now())
     for _ in range(policy.min_samples):
-        shared.count_lag(fe, 0.002, kind=CONTROLLED_KINDS.index("delivery"))
+        shared.count_lag(replayer, 0.002, kind=CONTROLLED_KINDS.index("send"))
         shared.count_lag(p, 0.0001, kind=CONTROLLED_KINDS.index("handler"))
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.decrease)
@@ -266,12 +268,12 @@ def test_each_slow_down_names_its_kind_and_participant_in_the_timeline(tmp_path:
     wall.advance(0.05)  # the hold stands the clock still for most of the period
     shared.release(p)
     assert dilation.step() == pytest.approx(8.0 * policy.decrease * policy.hard_decrease)
-    assert dilation.slowed_by == {"lag delivery FE0": 1, "hold P0": 1}
+    assert dilation.slowed_by == {"lag send replayer": 1, "hold P0": 1}
     summary = dilation.summary((start[0], wall.t), (start[1], shared.now()))
     marked = [(p["wall_per_modelled_s"], p.get("slowed_by")) for p in summary["timeline"]]
     assert marked == [
         (pytest.approx(1 / 8.0), None),
-        (pytest.approx(1 / (8.0 * policy.decrease)), "lag delivery FE0"),
+        (pytest.approx(1 / (8.0 * policy.decrease)), "lag send replayer"),
         (pytest.approx(1 / (8.0 * policy.decrease * policy.hard_decrease)), "hold P0"),
     ]
 
