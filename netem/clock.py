@@ -89,6 +89,19 @@ _SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stoppe
 _SLOT_LAG = struct.Struct("=Qd")  # offset 72 + 16 x kind: count, sum
 _SLOT_LAG_MAX = struct.Struct("=d")  # offset 104: the largest of any kind
 SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT = 40, 56, 72, 104
+# The name suffix of a slot whose holds stand time still by design, at the present, for an
+# exchange the modelled system does in no time (the rate's controller ignores their frozen time).
+INSTANT = "/instant"
+# The routing exchange's messages across the WAN (the frontend's `match`, the decode side's
+# `matched`) end with this DSCP (AF22: the class of control messages, AF21, for the queueing
+# disciplines): the last write of each is marked. The shaper holds modelled time at the release
+# of a segment so marked that carries data and ends a write (PSH), in its slot ROUTING_SLOT,
+# until the message's reader lets go (once it has acted on it, or holds the present itself) or
+# ROUTING_HOLD_CAP_S of wall time has passed: so what the reader does on the message is as of
+# its arrival, however late it reads it.
+ROUTING_DSCP = 20
+ROUTING_SLOT = "shaper routing" + INSTANT
+ROUTING_HOLD_CAP_S = 0.25
 
 
 class ClockError(RuntimeError):
@@ -424,6 +437,14 @@ class SharedClock:
         """The mean lag (modelled seconds) the rate's controller keeps the participants within."""
         with self._locked():
             _LAG_TARGET.pack_into(self._page, LAG_TARGET_AT, seconds)
+
+    def slot_named(self, name: str) -> int | None:
+        """The index of the claimed slot called `name` (the first), or None."""
+        encoded = name.encode()[:NAME_BYTES]
+        for index in range(MAX_SLOTS):
+            if self._page[_slot_at(index) : _slot_at(index) + NAME_BYTES].rstrip(b"\0") == encoded:
+                return index
+        return None
 
     def claim(self, name: str, pid: int | None = None) -> int:
         """A free slot for participant `name` (its index)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 FlowKey = tuple[int, bytes, bytes, int, int]  # protocol, source, destination, ports
 
 TCP = 6
+TCP_PSH = 0x08
 UDP = 17
 ECN_MASK = 0x03
 ECN_NOT_ECT = 0x00
@@ -40,6 +41,18 @@ def flow_key(packet: bytes) -> FlowKey:
 def dscp(packet: bytes) -> int:
     """The DSCP field (the upper six bits of the former TOS byte); 0 when not IPv4."""
     return packet[1] >> 2 if _is_ipv4(packet) else 0
+
+
+def ends_a_tcp_write(packet: bytes) -> bool:
+    """Whether the packet is an IPv4 TCP segment with data and PSH set: the last segment of a
+    write the sender's kernel pushed (not a bare ACK, SYN or FIN, nor a write's first part)."""
+    if not _is_ipv4(packet) or packet[9] != TCP:
+        return False
+    header = (packet[0] & 0x0F) * 4
+    if len(packet) < header + 14 or not packet[header + 13] & TCP_PSH:
+        return False
+    total = (packet[2] << 8) | packet[3]
+    return total > header + (packet[header + 12] >> 4) * 4
 
 
 def ecn_capable(packet: bytes) -> bool:

@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from netem.clock import Anchor, SharedClock
+from netem.clock import ROUTING_DSCP, ROUTING_HOLD_CAP_S, ROUTING_SLOT, Anchor, SharedClock
 from netem.delivery import DeliveryRecord
 from netem.direction import Direction
+from netem.packet import ends_a_tcp_write
 from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
 from netem.tun import DEFAULT_TUN_DEVICE, open_tun
@@ -94,6 +95,11 @@ class Shaper:
         self.links: dict[str, dict[str, Route]] = {}
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
         self.clock = SharedClock(config["clock"]) if config.get("clock") else None
+        # The routing exchange's messages (netem.clock.ROUTING_DSCP): the slot this shaper
+        # holds time in at their release, and the wall time its last hold was posted.
+        self.routing_slot = self.clock.claim(ROUTING_SLOT) if self.clock is not None else None
+        self.routing_held_since: float | None = None
+        self.routing_holds = 0
         self.now = now or (self.clock.now if self.clock is not None else time.monotonic)
         self.release_lag = ReleaseLag()
         self.record_interval_s: float | None = config.get("record_interval_s")
@@ -161,6 +167,9 @@ class Shaper:
                     if next_time == math.inf
                     else self._clock_timeout(anchor, next_time - early)
                 )
+            if self.routing_held_since is not None:  # its cap is kept by this loop
+                cap_left = self.routing_held_since + ROUTING_HOLD_CAP_S - monotonic()
+                timeout = max(0.0, cap_left if timeout is None else min(timeout, cap_left))
             if self._watched is None:  # the fds change only when a control client comes or goes
                 self._watched = [*self.by_fd, self.control.fileno(), *self.clients]
             try:
@@ -168,6 +177,7 @@ class Shaper:
             except InterruptedError:
                 continue
             self.turn(readable, self.now(), early)
+            self._cap_routing_hold(monotonic())
 
     def turn(self, readable: Iterable[int], now: float, early: float) -> None:
         """One turn of the loop at time `now` (see the module's docstring): `readable` are the
@@ -209,6 +219,8 @@ class Shaper:
             released = direction.release(until)
             sink_fd = route.sink_fd
             for packet, _ in released:
+                if packet[1] >> 2 == ROUTING_DSCP and self.routing_slot is not None:
+                    self._hold_for_routing(packet, now)
                 try:
                     write(sink_fd, packet)
                 except OSError:
@@ -219,6 +231,28 @@ class Shaper:
                 # write, so a stall since `now` (reading, queueing, writing) moves those dates
                 # and must show as this record's lateness
                 route.record.count_released(released, self.now())
+
+    def _hold_for_routing(self, packet: bytes, now: float) -> None:
+        """Hold modelled time at a routing message's release (before it is written: its reader
+        cannot have it before the hold stands) until the reader lets go (`ModelledClock.
+        let_routing_go`) or the cap passes. Only the segment that ends the marked write: the
+        message's earlier segments left before it (one connection's segments stay in order),
+        and a bare ACK so marked has no reader to let go."""
+        if not ends_a_tcp_write(packet):
+            return
+        assert self.clock is not None and self.routing_slot is not None
+        self.clock.hold(self.routing_slot, now)
+        self.routing_held_since = time.monotonic()
+        self.routing_holds += 1
+
+    def _cap_routing_hold(self, wall: float) -> None:
+        """Let go of a routing message's hold its reader has not let go of within the cap (the
+        reader lost, or the segment not the message's end): time stood still no longer."""
+        if self.routing_held_since is None or wall - self.routing_held_since < ROUTING_HOLD_CAP_S:
+            return
+        assert self.clock is not None and self.routing_slot is not None
+        self.clock.release(self.routing_slot)
+        self.routing_held_since = None
 
     # -- schedules ------------------------------------------------------------------------
 

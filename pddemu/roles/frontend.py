@@ -28,8 +28,9 @@ The routing exchange takes no modelled time, as the closed form has it: the rout
 clock (an instant hold, `ModelledClock.hold_instant`) from a request's arrival until P has its
 prompt and the router P's hit, and again from the decode side's answer until P has the route
 and its first KV bytes are on their way. Across the WAN the hold is let go while the decode
-side's answer travels (its transit is modelled time), so only the router's lateness in reading
-that one answer can move the route (counted as `handler_wan`, a bound).
+side's answer travels (its transit is modelled time); the shaper holds time again at the
+answer's release (its DSCP mark) until the router has read it and holds the present itself
+(`on_matched`), so the router's lateness in reading it does not move the route either.
 
 Every request ends completed or failed (with the reason); nothing is left without an end.
 """
@@ -123,6 +124,7 @@ class Flight:
     unanswered: set[str] = field(default_factory=set)  # left out of its next routing if others are
     moves: int = 0
     arrival_hold: InstantHold | None = None  # the present held from its arrival to its routing
+    answer_hold: InstantHold | None = None  # the present held from reading the decode side's answer
     end_held_by: str = ""  # the relay holding the present at its end until it is settled
 
     def abandon(self, reason: str) -> None:
@@ -401,6 +403,8 @@ class Frontend(Instance):
             reply = await self.answer(flight, "matched", target)
         except Unanswered:
             return 0
+        finally:
+            self.drop_answer_hold(flight)
         hit = int(reply["hit"])
         flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
         return hit
@@ -645,6 +649,7 @@ class Frontend(Instance):
             await self.route_exchange(flight, hold)
         finally:
             hold.release()
+            self.drop_answer_hold(flight)
         await flight.done.wait()
 
     async def route_exchange(self, flight: Flight, hold: InstantHold) -> None:
@@ -679,8 +684,8 @@ class Frontend(Instance):
             elif not match.cancelled():
                 match.exception()  # raised above when it failed; retrieved either way
         md_hit = (await self.answer(flight, "matched", flight.decode))["hit"]
-        if hold.released and self.exact(flight.p):
-            hold = self.clock.hold_instant()  # the decision and the route take no time
+        if hold.released and self.exact(flight.p):  # the decision and the route take no time
+            hold, flight.answer_hold = flight.answer_hold or self.clock.hold_instant(), None
         try:
             await self.decide_and_route(flight, p_hit, md_hit, meta)
         finally:
@@ -962,9 +967,8 @@ class Frontend(Instance):
     async def on_heartbeat(self, message: Envelope) -> None:
         """Heard (as every message is, in `heard_from`). From a peer on a path without
         modelled time it also says how late this frontend reads its messages (`delivery`,
-        reported), all through the run, whatever the system: the same lateness it reads MD's
-        `matched` answer with (the route, whose excess the analytic check judges). Read late,
-        a heartbeat delays failure detection by as much: a live instance leaves routing only if
+        reported), all through the run, whatever the system. Read late, a heartbeat delays
+        failure detection by as much: a live instance leaves routing only if
         this frontend reads it more than suspect_after - heartbeat_period late (0.4 modelled s
         by default)."""
         at = message.body.get("at")
@@ -985,12 +989,34 @@ class Frontend(Instance):
         self._reply(message, "p_hit")
 
     async def on_matched(self, message: Envelope) -> None:
-        self._reply(message, "matched")
+        """The decode side's answer. Across the WAN the shaper held modelled time at its
+        release (`Channel.send`'s mark) until this frontend reads it: it holds the present
+        itself for the route (`Flight.answer_hold`), then lets the shaper's hold go, so the
+        route is decided as of the answer's arrival however late it is read here."""
+        wan = message.channel is not None and not self.exact(message.channel.peer)
+        hold = self.clock.hold_instant() if wan else None
+        if wan:
+            self.clock.let_routing_go()
+        flight = self._reply(message, "matched")
+        if flight is None or hold is None:
+            if hold is not None:
+                hold.release()
+            return
+        self.drop_answer_hold(flight)
+        flight.answer_hold = hold
+
+    @staticmethod
+    def drop_answer_hold(flight: Flight) -> None:
+        """Let go of the present held from reading the decode side's answer, if still held."""
+        if flight.answer_hold is not None:
+            flight.answer_hold.release()
+            flight.answer_hold = None
 
     async def on_routed(self, message: Envelope) -> None:
         self._reply(message, "routed")
 
-    def _reply(self, message: Envelope, kind: str) -> None:
+    def _reply(self, message: Envelope, kind: str) -> Flight | None:
+        """Hand the reply to the flight's leg waiting for it; returns that flight (else None)."""
         flight = self.legs.get(message.body["rid"])
         if (
             flight is not None
@@ -999,6 +1025,8 @@ class Frontend(Instance):
             and not flight.replies[kind].done()
         ):
             flight.replies[kind].set_result(message.body)
+            return flight
+        return None
 
     async def on_transfer_done(self, message: Envelope) -> None:
         flight = self.legs.get(message.body["rid"])
@@ -1165,8 +1193,8 @@ class Frontend(Instance):
     def lag_kind(self, kind: str) -> str:
         """Tokens and heartbeats: `delivery`, this frontend's lateness in reading, reported:
         tokens are dated by their sending or the kernel's receipt, an end it must act on is held
-        by the relay, a heartbeat only delays failure detection; the same lateness reaches the
-        route (its reading of MD's `matched`), which the analytic check's routing excess judges."""
+        by the relay, a heartbeat only delays failure detection (MD's `matched`, which the route
+        waits for, is held by the shaper until read: `on_matched`)."""
         if kind in ("tokens", "heartbeat"):
             return DELIVERY_KIND
         return REPORT_KIND if kind in REPORTS else "handler"

@@ -66,6 +66,9 @@ class MainDecodeInstance(DecodeInstance):
     # -- the frontend's questions ---------------------------------------------------------
 
     async def on_match(self, message: Envelope) -> None:
+        """How much of the prompt the DRC holds, pinned for the request. Across the WAN the
+        shaper holds modelled time at the match's release until the answer has left
+        (`let_routing_go`): it leaves as of the match's arrival, however late it is read."""
         rid = message.body["rid"]
         prompt = message.token_ids()
         length, node, handles = (
@@ -73,6 +76,8 @@ class MainDecodeInstance(DecodeInstance):
         )
         self.matches[rid] = Pinned(prompt, length, node, handles)
         await message.channel.control("matched", {"rid": rid, "hit": length, "instance": self.name})
+        if not self.exact(message.channel.peer):  # the shaper held the present for the match
+            self.clock.let_routing_go()
         # The request's KV comes a round trip and a prefill after this at the earliest: by then
         # this instance's own connection to the frontend (its tokens and reports) is open, as a
         # deployment's long-lived one is. Opened on first use, its handshake held the run's

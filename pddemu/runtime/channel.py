@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from netem.clock import ROUTING_DSCP
 from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.dated_reads import DatedReader, SocketWriter
 from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size, read_message
@@ -41,6 +42,8 @@ MAX_ATTACHED_BYTES = 512 << 20  # payload they may carry together (each frame is
 AF11 = 10
 AF21 = 18
 DSCP_BY_PURPOSE = {"control": AF21, "heartbeat": AF21, "kv": AF11}
+# The routing exchange's messages that may cross the WAN: the route waits for each
+ROUTING_KINDS = frozenset({"match", "matched"})
 
 
 def mark_socket(sock: socket.socket, purpose: str) -> None:
@@ -150,16 +153,30 @@ class Channel:
     async def send(self, control: Control | Message, *attachments: Message) -> int:
         """Send a message with its attachments. All frames are handed to the transport before
         the first wait, so a sender cancelled while waiting never leaves half a group on a
-        shared connection."""
+        shared connection. A message of the routing exchange (`ROUTING_KINDS`) has its last
+        write marked `netem.clock.ROUTING_DSCP`: where it crosses the WAN, the shaper holds
+        modelled time at that segment's release until its reader lets go
+        (`ModelledClock.let_routing_go`). What the socket cannot take at once (a send buffer
+        still full) leaves unmarked later, and is read as any message is."""
         if attachments:
             assert isinstance(control, Control)
             control = Control(control.kind, {**control.body, "attach": len(attachments)})
         if self.stamp is not None and isinstance(control, Control):
             control = Control(control.kind, {**control.body, "t": self.stamp()})
         buffers = [buffer for message in (control, *attachments) for buffer in encode(message)]
+        routing = isinstance(control, Control) and control.kind in ROUTING_KINDS
+        sock = self.writer.get_extra_info("socket") if routing else None
+        marked = sock is not None and sock.family == socket.AF_INET
         async with self._lock:
-            for buffer in buffers:
+            for buffer in buffers[:-1]:
                 self.writer.write(buffer)
+            if marked:
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
+            try:
+                self.writer.write(buffers[-1])
+            finally:
+                if marked:
+                    mark_socket(sock, self.purpose)
             await self.writer.drain()
         sent = frame_size(buffers)
         self.bytes_sent += sent

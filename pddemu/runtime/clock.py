@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from netem.clock import LAG_COUNTERS, Anchor, SharedClock
+from netem.clock import INSTANT, LAG_COUNTERS, ROUTING_SLOT, Anchor, SharedClock
 from pddemu.metrics.reservoir import Reservoir
 
 T = TypeVar("T")
@@ -60,7 +60,6 @@ if len(CONTROLLED_KINDS) != LAG_COUNTERS:  # the page counts each of them apart
 # read late only delays failure detection by as much: docs/validation.md, "Which lag counts").
 REPORT_KIND = "report"
 DELIVERY_KIND = "delivery"
-INSTANT = "/instant"  # the name suffix of a participant's slot for instant holds
 INSTANT_HOLD_CAP_S = 0.25  # wall seconds an instant hold stands at most (a peer never answers)
 STOP_TIMEOUT_S = 5.0  # wall seconds a paused process is waited for to stop (not in a syscall)
 # Across the WAN a message's modelled transit (queueing included) is unknown to its receiver:
@@ -252,6 +251,17 @@ class ModelledClock:
         self._instant_holders += 1
         hold.timer = asyncio.get_running_loop().call_later(cap_s, hold.release)
         return hold
+
+    def let_routing_go(self) -> None:
+        """A routing message that crossed the WAN has been acted on: let go of the shaper's
+        hold at its release (`netem.clock.ROUTING_DSCP`). The reader has answered it, or holds
+        the present itself (`hold_instant`), so no modelled time passes between the message's
+        arrival and what is done on it."""
+        if not isinstance(self.source, SharedClock):
+            return
+        slot = self.source.slot_named(ROUTING_SLOT)
+        if slot is not None:
+            self.source.release(slot)
 
     def _instant_released(self) -> None:
         self._instant_holders -= 1

@@ -1,0 +1,152 @@
+"""The shaper holds modelled time at a routing message's release (the TCP segment that ends a
+write marked with `netem.clock.ROUTING_DSCP`: data, PSH) until its reader lets go, or the cap
+passes; a bare ACK so marked, a marked write's earlier segment (no PSH), or data of another
+class leaves without a hold. On a clock page at rate 1, through datagram sockets standing for
+the TUN ends."""
+
+from __future__ import annotations
+
+import math
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from netem import shaper as shaper_module
+from netem.clock import ROUTING_DSCP, ROUTING_SLOT, SharedClock
+from netem.packet import ends_a_tcp_write
+from netem.shaper import Shaper
+from netem.spec import LinkSpec
+from tests.netem.test_delivery_record import FakeLink, drain
+
+DELAY_S = 0.005
+
+
+PSH_ACK, ACK = 0x18, 0x10
+
+
+def segment(dscp: int, data: bytes, flags: int = PSH_ACK) -> bytes:
+    """An IPv4 TCP segment (no options) with `data`, marked `dscp`."""
+    total = 40 + len(data)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 1, 0, 64, 6, 0, bytes(4), bytes(4))
+    tcp = struct.pack("!HHIIBBHHH", 1234, 80, 1, 1, 5 << 4, flags, 65535, 0, 0)
+    return ip + tcp + data
+
+
+def shaper_on(page: Path, tmp_path: Path) -> tuple[Shaper, FakeLink]:
+    spec = LinkSpec(delay_s=DELAY_S).to_dict()
+    end = {"ifname": "", "netns": "n"}
+    config = {
+        "links": [
+            {
+                "name": "wan",
+                "a": {**end, "ifname": "a"},
+                "b": {**end, "ifname": "b"},
+                "a2b": spec,
+                "b2a": spec,
+            }
+        ],
+        "control": str(tmp_path / "control.sock"),
+        "clock": str(page),
+    }
+    link = FakeLink()
+    return Shaper(config, link.open_end), link
+
+
+def released_hold(shaper: Shaper, link: FakeLink, packet: bytes) -> tuple[float, float, bytes]:
+    """Send `packet` a to b and run the shaper until it leaves: the clock's earliest hold just
+    after, the time of the turn that released it, and what b received."""
+    assert shaper.clock is not None
+    link.far["a"].send(packet)
+    source = shaper.routes[0].source_fd
+    shaper.turn([source], shaper.now(), early=0.0)
+    assert shaper.routes[0].direction.next_exit() >= shaper.now() + DELAY_S * 0.9  # delayed
+    deadline = time.monotonic() + 5.0
+    while True:
+        assert time.monotonic() < deadline, "the packet never left"
+        time.sleep(0.001)
+        now = shaper.now()
+        shaper.turn([], now, early=0.0)
+        if shaper.routes[0].direction.next_exit() == math.inf:
+            return shaper.clock.anchor().hold, now, link.far["b"].recv(65536)
+
+
+def test_a_routing_message_stands_the_clock_still_from_its_release_until_let_go(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    reader = SharedClock(page)
+    try:
+        answer = segment(ROUTING_DSCP, b'{"kind": "matched"}')
+        hold, released, received = released_hold(shaper, link, answer)
+        assert received == answer
+        assert released <= hold < released + 0.002  # at its release (the turn's time)
+        time.sleep(0.05)  # the reader is late
+        assert reader.now() == hold  # time stood still meanwhile
+        slot = reader.slot_named(ROUTING_SLOT)
+        assert slot is not None
+        reader.release(slot)  # the reader has it (ModelledClock.let_routing_go)
+        time.sleep(0.01)
+        assert reader.now() > hold
+        assert shaper.routing_holds == 1
+    finally:
+        shaper.control.close()
+        link.close()
+        reader.close()
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        segment(ROUTING_DSCP, b""),
+        segment(ROUTING_DSCP, b"ids", flags=ACK),
+        segment(18, b'{"kind": "tokens"}'),
+    ],
+    ids=["a bare ACK so marked", "a marked write's earlier segment", "control data (AF21)"],
+)
+def test_no_hold_for_other_packets(tmp_path: Path, packet: bytes) -> None:
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    try:
+        hold, _, received = released_hold(shaper, link, packet)
+        assert received == packet
+        assert hold == math.inf
+        assert shaper.routing_holds == 0
+    finally:
+        shaper.control.close()
+        link.close()
+
+
+def test_a_routing_message_nobody_lets_go_stands_the_clock_still_no_longer_than_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shaper_module, "ROUTING_HOLD_CAP_S", 0.02)
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    try:
+        hold, _, _ = released_hold(shaper, link, segment(ROUTING_DSCP, b"x"))
+        assert hold < math.inf
+        shaper._cap_routing_hold(time.monotonic())  # within the cap: still held
+        assert shaper.clock is not None and shaper.clock.anchor().hold == hold
+        time.sleep(0.03)
+        shaper._cap_routing_hold(time.monotonic())
+        assert shaper.clock.anchor().hold == math.inf
+        drain(link.far["b"])
+    finally:
+        shaper.control.close()
+        link.close()
+
+
+def test_a_write_ends_with_data_beyond_the_headers_and_psh() -> None:
+    assert ends_a_tcp_write(segment(ROUTING_DSCP, b"x"))
+    assert not ends_a_tcp_write(segment(ROUTING_DSCP, b""))
+    assert not ends_a_tcp_write(segment(ROUTING_DSCP, b"x", flags=ACK))
+    udp = bytearray(segment(ROUTING_DSCP, b"xyz"))
+    udp[9] = socket.IPPROTO_UDP
+    assert not ends_a_tcp_write(bytes(udp))

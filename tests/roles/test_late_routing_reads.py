@@ -1,0 +1,122 @@
+"""Lateness in reading the routing exchange's messages across the WAN does not move the route:
+the shaper holds modelled time at each one's release (tests/netem/test_routing_hold.py) until
+its reader lets go. MD, however late it reads the frontend's `match`, answers as of its
+arrival, then lets go; the frontend, however late it reads MD's `matched`, holds the present
+itself before it lets go, so the route is decided, and P told, as of the answer's arrival.
+In-process on a shared clock (rate 1): the shaper's part is played by a hold in its slot, the
+reader's loop blocked 50 ms of wall time before it reads."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from netem.clock import ROUTING_SLOT, SharedClock
+from pddemu.config import load_config
+from pddemu.roles.frontend import Frontend
+from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.roles.sizing import cost_model
+from pddemu.runtime.channel import Envelope
+from pddemu.runtime.liveness import UP, Liveness
+from pddemu.wire import TokenIds
+from tests.roles.in_process import WireEnd, admit, instance
+
+WAN_ONE_WAY_S = 0.02  # modelled: the answer's arrival, this long after the match leaves
+LATE_S = 0.05  # wall seconds the frontend's loop is blocked before it reads the answer
+
+
+def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(tmp_path: Path) -> None:
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0, ceiling=1.0)
+    shaper = SharedClock(page)
+    slot = shaper.claim(ROUTING_SLOT)
+    config = load_config()
+    fe = instance(Frontend, "FE", config, clock=str(page))
+    fe.p_names, fe.decode_names, fe.rld_names = ["P0"], ["MD0"], ["RLD0"]
+    fe.relay_cost = cost_model(config, "pdd", "RLD")
+    fe.load = {name: 0 for name in ["P0", "MD0", "RLD0"]}
+    fe.liveness = Liveness(list(fe.load), 0.3, 2.0)
+    for name in fe.load:
+        fe.liveness.state[name] = UP
+    fe.transit = {"P0": (0.0, True), "RLD0": (0.0, True), "MD0": (WAN_ONE_WAY_S, False)}
+    arrived: list[float] = []  # where the shaper's hold stood the clock (the answer's arrival)
+    routed: list[float] = []
+
+    async def answer_across_the_wan(rid: str) -> None:
+        await fe.clock.sleep_until(fe.clock.now() + 2 * WAN_ONE_WAY_S)
+        arrived.append(shaper.hold(slot, fe.clock.now()))  # released: the shaper holds
+        time.sleep(LATE_S)  # the frontend's loop is busy elsewhere: it reads the answer late
+        body = {"rid": rid, "hit": 0, "instance": "MD0"}
+        await fe.on_matched(Envelope("matched", body, [], WireEnd("MD0", None)))
+
+    async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+        fe.told.append((name, kind, body))
+        if kind == "prefill":
+            hit = {"rid": body["rid"], "hit": 0, "instance": name}
+            fe.spawn(fe.on_p_hit(Envelope("p_hit", hit, [], None)), "p_hit")
+        elif kind == "match":
+            fe.spawn(answer_across_the_wan(body["rid"]), "matched")
+        elif kind == "route":
+            routed.append(fe.clock.now())
+            fe.spawn(fe.on_routed(Envelope("routed", {"rid": body["rid"]}, [], None)), "routed")
+        return 0
+
+    fe.tell = tell
+
+    async def run() -> Any:
+        flight = admit(fe, "r")
+        routing = asyncio.ensure_future(fe.route(flight))
+        while not routed:
+            await asyncio.sleep(0.001)
+        flight.done.set()
+        await asyncio.wait_for(routing, 5)
+        return flight
+
+    try:
+        flight = asyncio.run(run())
+        assert flight.record.routed_s == routed[0] == arrived[0], (arrived, routed)
+        assert shaper.anchor().hold == math.inf  # the shaper's hold let go, and the frontend's
+    finally:
+        fe.clock.close()
+        shaper.close()
+
+
+class FrontendEnd:
+    """The frontend's end of MD's control connection: when MD's answers left (modelled)."""
+
+    peer = "FE0"
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+        self.sent: list[tuple[str, float]] = []
+
+    async def control(self, kind: str, body: dict) -> None:
+        self.sent.append((kind, self.clock.now()))
+
+
+def test_a_late_read_of_the_match_does_not_move_mds_answer(tmp_path: Path) -> None:
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0, ceiling=1.0)
+    shaper = SharedClock(page)
+    slot = shaper.claim(ROUTING_SLOT)
+    md = instance(MainDecodeInstance, "MD", clock=str(page))
+    md.transit = {"FE0": (WAN_ONE_WAY_S, False)}
+    frontend = FrontendEnd(md.clock)
+
+    async def run() -> float:
+        arrived = shaper.hold(slot, md.clock.now())  # the match released: the shaper holds
+        time.sleep(LATE_S)  # MD's loop is busy elsewhere: it reads the match late
+        ids = [TokenIds.from_ints("r", 0, [1, 2, 3])]
+        await md.on_match(Envelope("match", {"rid": "r"}, ids, frontend))
+        return arrived
+
+    try:
+        arrived = asyncio.run(run())
+        assert frontend.sent == [("matched", arrived)]  # as of the match's arrival
+        assert shaper.anchor().hold == math.inf  # and the shaper's hold let go
+    finally:
+        md.clock.close()
+        shaper.close()
