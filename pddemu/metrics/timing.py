@@ -45,9 +45,11 @@ def timing_summary(
     replayer_holds: Mapping[str, float] | None = None,
     cpu: Mapping[str, Any] | None = None,
     decode_step_s: float | None = None,
+    routing_holds: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """`decode_step_s`: the modelled decode step that bounds the lag when no request has a
-    TPOT (None: such a run cannot be judged)."""
+    TPOT (None: such a run cannot be judged). `routing_holds`: the shaper's, each from a
+    routing answer's release until its reader had it (netem.clock.ROUTING_SLOT)."""
     # each participant's lag samples with their exact totals (`Reservoir`: bounded samples)
     participants = {
         name: {
@@ -111,7 +113,11 @@ def timing_summary(
             **_hold_totals(holds),
             # instant holds (routing exchanges, and the replayer's at each arrival) stand the
             # clock still without slowing it: their frozen wall time shows a slow participant
-            "instant": _hold_totals([h.get("instant", {}) for h in holds] + [replayer_holds or {}]),
+            "instant": _hold_totals(
+                [h.get("instant", {}) for h in holds] + [replayer_holds or {}, routing_holds or {}]
+            ),
+            # of them, the shaper's at the decode side's routing answers
+            "routing": _hold_totals([routing_holds or {}]),
         },
         "dilation": dict(dilation),
         "cpu": dict(cpu or {}),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from netem.clock import SharedClock
+from netem.clock import ROUTING_SLOT, SharedClock
 from netem.procstat import process_cpu_s, steal_between, steal_s
 from netem.topology import Network, TopologyError
 from pddemu.config import Config
@@ -66,6 +66,8 @@ class RunTiming:
         self._release_before: dict[str, Any] | None = None
         self.release_lag: dict[str, Any] | None = None
         self.replayer_holds: dict[str, Any] | None = None
+        self._routing_holds_before: dict[str, float] = {}
+        self.routing_holds: dict[str, float] = {}  # the shaper's at routing answers, in the replay
         self.tpot_p50 = tpot_p50
         self._cpu_before: dict[int, tuple[str, float]] = {}
         self.cpu_s: dict[str, float] = {}  # each process's CPU seconds over the replay
@@ -90,6 +92,7 @@ class RunTiming:
         self._controller = asyncio.ensure_future(self._control())
         self.marks["start"] = (time.monotonic(), self.clock.now())
         self._cpu_before = processes_cpu(shared, self._shaper_pid())
+        self._routing_holds_before = routing_holds(shared)
         self._steal_before = steal_s()
         return self.clock
 
@@ -100,6 +103,11 @@ class RunTiming:
             processes_cpu(self.dilation.clock, self._shaper_pid()), self._cpu_before
         )
         self.host_steal_s = steal_between(self._steal_before, steal_s())
+        answers_now = routing_holds(self.dilation.clock)
+        self.routing_holds = {
+            key: count - self._routing_holds_before.get(key, 0)
+            for key, count in answers_now.items()
+        }
         if self._controller is not None:
             self._controller.cancel()
             try:
@@ -167,7 +175,21 @@ class RunTiming:
                 host_steal_s=self.host_steal_s,
             ),
             decode_step_s=self.decode_step_s,
+            routing_holds=self.routing_holds,
         )
+
+
+def routing_holds(page: SharedClock) -> dict[str, float]:
+    """The shaper's holds at routing answers so far (`netem.clock.ROUTING_SLOT`): posted, how
+    many stood the clock still, for how long (wall seconds); none without such a slot."""
+    for report in page.slots():
+        if report.name == ROUTING_SLOT:
+            return {
+                "posted": report.holds,
+                "binding": report.holds_binding,
+                "frozen_wall_s": report.frozen_wall_s,
+            }
+    return {}
 
 
 def processes_cpu(page: SharedClock, shaper_pid: int | None) -> dict[int, tuple[str, float]]:

@@ -47,6 +47,7 @@ def test_the_mean_lag_of_known_times_judges_the_run_and_bounds_are_only_reported
         "frozen_wall_s": 0.004,
         # the instances' instant holds and the replayer's, where a slow participant shows
         "instant": {"posted": 14, "binding": 5, "frozen_wall_s": pytest.approx(0.52)},
+        "routing": {"posted": 0, "binding": 0, "frozen_wall_s": 0.0},  # the shaper's: none
     }
     assert summary["dilation"]["speedup"] == 8.0
     spiky = stats(handler=[0.0] * 99 + [0.2])  # p99 2 ms, from one stall of 200 ms
@@ -150,3 +151,16 @@ def test_a_run_without_a_tpot_is_judged_against_the_modelled_decode_step() -> No
     )
     assert measured["lag"]["bound_from"] == "tpot_p50"  # a TPOT, when there is one, judges
     assert measured["lag"]["bound_s"] == pytest.approx(0.0015)
+
+
+def test_the_shapers_holds_at_routing_answers_count_as_instant_and_apart() -> None:
+    """The shaper holds the clock at each routing answer's release until the frontend has read
+    it: time stood still by design, shown with the instant holds and apart (`answers`)."""
+    replayer = {"posted": 4, "binding": 2, "frozen_wall_s": 0.01}
+    answers = {"posted": 3, "binding": 3, "frozen_wall_s": 0.002}
+    holds = timing_summary(
+        {}, {}, None, DILATION, 0.03, 0.05, replayer_holds=replayer, routing_holds=answers
+    )["holds"]
+    assert holds["routing"] == answers
+    assert holds["instant"]["posted"] == 7 and holds["instant"]["binding"] == 5
+    assert holds["instant"]["frozen_wall_s"] == pytest.approx(0.012)
