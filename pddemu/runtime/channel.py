@@ -154,7 +154,7 @@ class Channel:
         """Send a message with its attachments. All frames are handed to the transport before
         the first wait, so a sender cancelled while waiting never leaves half a group on a
         shared connection. A message of the routing exchange (`ROUTING_KINDS`) has its last
-        write marked `netem.clock.ROUTING_DSCP`: where it crosses the WAN, the shaper holds
+        byte sent marked `netem.clock.ROUTING_DSCP`: where it crosses the WAN, the shaper holds
         modelled time at that segment's release until its reader lets go
         (`ModelledClock.let_routing_go`). What the socket cannot take at once (a send buffer
         still full) leaves unmarked later, and is read as any message is."""
@@ -167,15 +167,22 @@ class Channel:
         routing = isinstance(control, Control) and control.kind in ROUTING_KINDS
         sock = self.writer.get_extra_info("socket") if routing else None
         marked = sock is not None and sock.family == socket.AF_INET
+        # a routing message's last byte is a write of its own, the one marked: a segment so
+        # marked then ends the message, or (the socket did not take what came before at once)
+        # the byte leaves later, unmarked
+        tail = memoryview(buffers[-1]).cast("B") if marked else None
         async with self._lock:
             for buffer in buffers[:-1]:
                 self.writer.write(buffer)
-            if marked:
-                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
-            try:
+            if tail is None or not tail.nbytes:
                 self.writer.write(buffers[-1])
-            finally:
-                if marked:
+            else:
+                self.writer.write(tail[:-1])
+                last = tail[-1:]
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
+                try:
+                    self.writer.write(last)
+                finally:
                     mark_socket(sock, self.purpose)
             await self.writer.drain()
         sent = frame_size(buffers)

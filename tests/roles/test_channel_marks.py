@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 from netem import nsutil
+from netem.clock import ROUTING_DSCP
 from netem.spec import LinkSpec
 from netem.topology import LinkConfig, Network
 from pddemu.runtime.auth import HelloCheck, RunSecret
@@ -82,3 +83,43 @@ def test_a_prio_wan_sees_control_in_band_1_and_kv_in_band_2(run_name: str) -> No
                 assert counts[band] >= 3 and counts[0] == 0, (purpose, direction, counts)
                 if purpose == "control" and direction == "a2b":  # marked from its SYN on
                     assert counts[2] == 0, counts
+
+
+def test_a_routing_messages_last_byte_alone_is_marked() -> None:
+    """`match` and `matched` (the route waits for each across the WAN) end with a one-byte
+    write marked ROUTING_DSCP, the shaper's cue to hold the clock at its release
+    (tests/netem/test_routing_hold.py); everything before it, and any other message, keeps
+    the purpose's mark; the reader gets the messages whole."""
+
+    async def scenario() -> tuple[list[tuple[int, bytes]], list[Envelope]]:
+        server = socket.create_server(("127.0.0.1", 0))
+        near_sock = socket.create_connection(server.getsockname())
+        far_sock, _ = server.accept()
+        server.close()
+        near = Channel.dated(near_sock, "MD0", "control")
+        far = Channel.dated(far_sock, "FE0", "control")
+        writes: list[tuple[int, bytes]] = []
+        write = near.writer.write
+
+        def recorded(data: bytes | memoryview) -> None:
+            writes.append(
+                (near_sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) >> 2, bytes(data))
+            )
+            write(data)
+
+        near.writer.write = recorded  # type: ignore[method-assign]
+        await near.send(Control("matched", {"rid": "r", "hit": 3}))
+        await near.send(Control("match", {"rid": "r"}), TokenIds.from_ints("r", 0, [1, 2, 3]))
+        await near.send(Control("tokens", {"rid": "r"}))
+        received = [await far.receive() for _ in range(3)]
+        near.close()
+        far.close()
+        return writes, received  # type: ignore[return-value]
+
+    writes, received = asyncio.run(scenario())
+    assert [m.kind for m in received] == ["matched", "match", "tokens"]
+    assert received[1].token_ids() == [1, 2, 3]
+    marked = [i for i, (dscp, _) in enumerate(writes) if dscp == ROUTING_DSCP]
+    ends = [i for i, (_, data) in enumerate(writes) if len(data) == 1]
+    assert marked == ends and len(marked) == 2  # the last byte of each routing message
+    assert all(dscp in (AF21, ROUTING_DSCP) for dscp, _ in writes)
