@@ -7,9 +7,11 @@
 Each instance is one OS process in its namespace; ports are numbered per instance (the
 namespaces belong to this run, so they never collide with another run's).
 
-The run's secret is made here and handed to each instance on its standard input (never on disk
-or in an environment a local user could read): control requests carry it, data-plane
-connections prove it (`pddemu.runtime.auth`).
+The instances are forked from a launcher that has imported their code once
+(`pddemu.roles.launcher`), started with the deployment and ended with it. The run's secret is
+made here and handed to each instance through the launcher's standard input (never on disk or
+in an environment a local user could read): control requests carry it, data-plane connections
+prove it (`pddemu.runtime.auth`).
 
 Every process is watched through a pidfd, so its death is noticed the moment it happens, with
 its exit status; `kill`, `pause`, `resume` and `restart` are the instance faults a scenario can
@@ -23,7 +25,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ import aiohttp
 from netem.clock import SharedClock
 from netem.topology import Network
 from pddemu.config import Config, config_to_json
+from pddemu.roles.launcher import InstanceProcess, Launcher, LaunchError
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.clock import ModelledClock, PauseError, pause_process
@@ -41,6 +43,7 @@ from pddemu.runtime.clock import ModelledClock, PauseError, pause_process
 BASE_PORT = 7100
 HOST_OF_ROLE = {"FE": "a", "P": "a", "RLD": "a2", "D": "a2", "MD": "b"}
 START_TIMEOUT_S = 120.0
+HEALTH_POLL_S = 0.05  # wall seconds between asking the instances not yet up whether they are
 STATS_TIMEOUT_S = 30.0
 ERROR_TAIL_CHARS = 2000
 
@@ -79,10 +82,14 @@ class Deployment:
     secret: RunSecret = field(default_factory=RunSecret.new)
     # `pddemu serve`'s host door (`pddemu.host_door`), handed to the frontend process
     host_door: socket.socket | None = None
+    # a launcher the caller keeps for several deployments (one after the other): its imports
+    # are paid once; without one, the deployment starts its own at `start` and ends it at `stop`
+    launcher: Launcher | None = None
 
     def __post_init__(self) -> None:
         self.specs = self.plan()
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, InstanceProcess] = {}
+        self._own_launcher = self.launcher is None
         self.clock = ModelledClock.reading(self.network.clock_path, self.epoch)
         self.events: list[InstanceEvent] = []
         self.missing_stats: dict[str, str] = {}  # instance -> why its stats could not be read
@@ -144,31 +151,32 @@ class Deployment:
     async def start(self) -> None:
         specs_dir = self.run_dir / "specs" / self.system
         specs_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs" / self.system).mkdir(parents=True, exist_ok=True)
+        logs = self.run_dir / "logs" / self.system
+        logs.mkdir(parents=True, exist_ok=True)
+        if self._own_launcher:
+            door = () if self.host_door is None else (self.host_door.fileno(),)
+            self.launcher = Launcher(logs / "launcher.err", pass_fds=door)
         for name, spec in self.specs.items():
             (specs_dir / f"{name}.json").write_text(spec.to_json())
             self._launch(name)
         await self.wait_healthy(set(self.specs))
 
     def _launch(self, name: str) -> None:
+        if self.launcher is None:
+            raise DeploymentError(f"{self.system}: {name} launched before the deployment started")
         path = self.run_dir / "specs" / self.system / f"{name}.json"
         err = Path(self.specs[name].log_path).with_suffix(".err")
-        with open(err, "a") as stderr:
-            door = self.specs[name].extra.get("host_door_fd")
-            process = subprocess.Popen(
-                [sys.executable, "-m", "pddemu.roles", str(path)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                pass_fds=() if door is None else (door,),
+        door = self.specs[name].extra.get("host_door_fd")
+        try:
+            process = self.launcher.launch(
+                path, err, self.secret.line(), keep_fds=() if door is None else (door,)
             )
-        assert process.stdin is not None
-        process.stdin.write(self.secret.line())
-        process.stdin.close()
+        except LaunchError as error:
+            raise DeploymentError(f"{self.system}: {error}") from error
         self.processes[name] = process
         self._watch(name, process)
 
-    def _watch(self, name: str, process: subprocess.Popen) -> None:
+    def _watch(self, name: str, process: InstanceProcess) -> None:
         """Notice the process's end when it happens (its pidfd becomes readable)."""
         loop = asyncio.get_running_loop()
         fd = os.pidfd_open(process.pid)
@@ -181,7 +189,7 @@ class Deployment:
             asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
 
-    def _ended(self, name: str, process: subprocess.Popen) -> None:
+    def _ended(self, name: str, process: InstanceProcess) -> None:
         self._unwatch(name)
         code = process.wait()
         if name in self._expected_exit or self._stopping:
@@ -219,7 +227,7 @@ class Deployment:
                         f"{self.system}: instances not healthy after {START_TIMEOUT_S:.0f} s: {sorted(pending)}"
                     )
                 if pending:
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(HEALTH_POLL_S)
 
     def check_alive(self, name: str) -> None:
         process = self.processes[name]
@@ -335,15 +343,18 @@ class Deployment:
         for name in list(self.paused):
             self.resume(name)
         async with aiohttp.ClientSession(headers=self.headers) as session:
-            for name, process in self.processes.items():
-                if process.poll() is None:
-                    try:
-                        async with session.post(
-                            self.url(name, "/shutdown"), timeout=aiohttp.ClientTimeout(total=5)
-                        ):
-                            pass
-                    except (aiohttp.ClientError, TimeoutError):
-                        process.terminate()
+
+            async def shut_down(name: str, process: InstanceProcess) -> None:
+                try:
+                    async with session.post(
+                        self.url(name, "/shutdown"), timeout=aiohttp.ClientTimeout(total=5)
+                    ):
+                        pass
+                except (aiohttp.ClientError, TimeoutError):
+                    process.terminate()
+
+            running = [(n, p) for n, p in self.processes.items() if p.poll() is None]
+            await asyncio.gather(*(shut_down(name, process) for name, process in running))
         deadline = time.monotonic() + 10
         for process in self.processes.values():
             try:
@@ -354,3 +365,6 @@ class Deployment:
         for name in list(self._pidfds):
             self._unwatch(name)
         self.processes.clear()
+        if self._own_launcher and self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None

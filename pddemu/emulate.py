@@ -71,6 +71,7 @@ from pddemu.metrics.reservoir import Reservoir
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
+from pddemu.roles.launcher import Launcher
 from pddemu.runtime.events import EVENT_CAPACITY
 from pddemu.runtime.timekeeping import TYPICAL_CONTEXT, RunTiming
 from pddemu.scale import ScaleModel
@@ -132,15 +133,21 @@ async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
 
 
 async def run_system(
-    system: str, config: Config, network: Network, workload: list[Any], out: Path
+    system: str,
+    config: Config,
+    network: Network,
+    workload: list[Any],
+    out: Path,
+    launcher: Launcher | None = None,
 ) -> SystemRun:
     """One system's replay. Whatever happens (an instance dying, its stats unreadable, the
     run interrupted) it returns the records of every request sent, with what went wrong in
-    `partial`; only a second interrupt loses them."""
+    `partial`; only a second interrupt loses them. `launcher`: the instances' launcher, kept
+    by the caller across systems (without one the deployment starts its own)."""
     from pddemu.metrics.figure_inputs import wan_transfers
 
     epoch = time.monotonic()
-    deployment = Deployment(system, config, network, out, epoch)
+    deployment = Deployment(system, config, network, out, epoch, launcher=launcher)
     result = ReplayResult([])
     timing = RunTiming(
         network, config, system, typical_context(workload), lambda: completed_tpot_p50(result)
@@ -379,9 +386,16 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
     runs: dict[str, SystemRun] = {}
     warmup_ids = frozenset(r.request_id for r in workload[: config.workload.warmup_requests])
     tokens = ReferenceCheck(config, workload)
-    with network_for(config, scale, seed=config.workload.seed) as network:
+    (out / "logs").mkdir(exist_ok=True)
+    # The launcher imports the instances' code while the network is built, and serves every
+    # system's deployment.
+    with (
+        Launcher(out / "logs" / "launcher.err") as launcher,
+        network_for(config, scale, seed=config.workload.seed) as network,
+    ):
         for system in systems:
-            run = uvloop.run(until_interrupted(run_system(system, config, network, workload, out)))
+            replaying = run_system(system, config, network, workload, out, launcher)
+            run = uvloop.run(until_interrupted(replaying))
             on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
             print(f"pddemu: checking {system}'s tokens against the reference ...", file=sys.stderr)
             tokens.check(run)

@@ -1,7 +1,9 @@
 """`python -m pddemu.roles SPEC.json`: run one emulated instance in its namespace.
 
-Started by the deployment; it dies with the process that started it (PR_SET_PDEATHSIG), so a
-crashed emulator leaves no instance behind even before namespace cleanup kills what is left.
+A deployment forks its instances from a launcher (`pddemu.roles.launcher`), which runs
+`serve_instance` in each; this command runs one by itself. Either way the instance dies with
+the process that started the run (PR_SET_PDEATHSIG), so a crashed emulator leaves no instance
+behind even before namespace cleanup kills what is left.
 """
 
 from __future__ import annotations
@@ -58,7 +60,12 @@ def role_class(role: str) -> type:
 def main(argv: list[str]) -> int:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     spec = InstanceSpec.from_json(Path(argv[0]).read_text())
-    secret = RunSecret.read(sys.stdin)
+    serve_instance(spec, RunSecret.read(sys.stdin))
+    return 0
+
+
+def serve_instance(spec: InstanceSpec, secret: RunSecret) -> None:
+    """Run the instance `spec` describes in its namespace until it is told to stop."""
     nsutil.enter(spec.netns)
     logging.basicConfig(
         filename=spec.log_path or None,
@@ -79,7 +86,17 @@ def main(argv: list[str]) -> int:
         loop.run_until_complete(instance.run())
     finally:
         loop.close()
-    return 0
+
+
+def exit_at_once(code: int) -> None:
+    """End the process without the interpreter's finalization, its files flushed: with torch
+    loaded the finalization costs over a second of CPU a process, and a deployment stops all
+    its instances at once on a few cores. Nothing of an instance is left for it to do: its run
+    has closed its connections, threads and clock page (`Instance.run`)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
@@ -87,4 +104,4 @@ if __name__ == "__main__":
     # OpenMP threads of one instance would steal time from the others (the model's results
     # do not depend on the thread count, docs/model.md).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main(sys.argv[1:]))
+    exit_at_once(main(sys.argv[1:]))

@@ -1,0 +1,316 @@
+"""Instance processes forked from one launcher that has imported the roles' code once.
+
+An instance started by `python -m pddemu.roles` spends seconds of CPU importing torch and the
+roles before it can answer; a deployment's six instances starting at once on two cores paid
+that six times over, and it was most of a short run's wall time. The launcher
+(`python -m pddemu.roles.launcher`, one per deployment) imports it all once and forks each
+instance from itself on request, single-threaded (nothing of torch runs in it before a fork).
+
+Each instance is forked twice, the middle process exiting at once, so that it becomes a child
+of the orchestrator (a child subreaper, PR_SET_CHILD_SUBREAPER): the deployment waits for it,
+reads its exit status and signals it as it did a process it had started itself
+(`InstanceProcess`), and it dies with the orchestrator (PR_SET_PDEATHSIG, set once it is the
+orchestrator's child). Its command line reads `python -m pddemu.roles SPEC.json`, as an
+instance's started by itself, so `ps` tells the instances apart.
+
+The launcher reads one request a line on its standard input (JSON: the spec's path, the
+instance's stderr file, the run's secret, the descriptors it keeps) and answers the forked
+instance's pid, or an error, a line on its standard output. It exits when its input closes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# Room the launcher's command line keeps for an instance's (`python -m pddemu.roles SPEC`):
+# a process's command line is the memory its arguments were given in, never longer.
+TITLE_ROOM = 4096
+INSTANCE_THREADS_ENV = "PDDEMU_INSTANCE_THREADS"  # the OMP_NUM_THREADS the instances get
+REPARENT_TIMEOUT_S = 10.0  # wall seconds a forked instance waits to become the orchestrator's
+
+
+class LaunchError(RuntimeError):
+    """The launcher could not start an instance, or is gone."""
+
+
+def _prctl(option: int, value: int) -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl({option}): {os.strerror(error)}")
+
+
+# -- the orchestrator's side ---------------------------------------------------------------
+
+
+class InstanceProcess:
+    """A forked instance, as `subprocess.Popen` is to a started one (the calls a deployment
+    makes): it is this process's child, so its exit status is read with waitpid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if timeout is not None and not self._ends_within(timeout):
+                raise subprocess.TimeoutExpired(f"instance {self.pid}", timeout)
+            self._reap(0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def _ends_within(self, timeout: float) -> bool:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:  # reaped elsewhere: not ours to wait for
+            return True
+        try:
+            return bool(select.select([fd], [], [], max(0.0, timeout))[0])
+        finally:
+            os.close(fd)
+
+    def _reap(self, options: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, options)
+        except ChildProcessError:  # not (or no longer) a child of this process
+            self.returncode = -signal.SIGKILL if self.returncode is None else self.returncode
+            return
+        if pid == self.pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Launcher:
+    """The orchestrator's handle on a launcher process: `launch` forks an instance from it."""
+
+    def __init__(self, log_path: Path, pass_fds: Sequence[int] = ()) -> None:
+        """`pass_fds`: descriptors an instance may keep (`launch`'s `keep_fds`), handed to
+        the launcher at their numbers. The launcher's errors go to `log_path`."""
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.log_path = log_path
+        with open(log_path, "a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pddemu.roles.launcher", " " * TITLE_ROOM],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                pass_fds=tuple(pass_fds),
+            )
+
+    def launch(
+        self, spec_path: Path, stderr_path: Path, secret_line: bytes, keep_fds: Sequence[int] = ()
+    ) -> InstanceProcess:
+        """Fork the instance `spec_path` describes; its stderr appends to `stderr_path`.
+        Waits for the launcher's answer (its first waits for its imports)."""
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        request = {
+            "spec": str(spec_path),
+            "stderr": str(stderr_path),
+            "secret": secret_line.decode(),
+            "keep_fds": list(keep_fds),
+        }
+        try:
+            stdin.write(json.dumps(request).encode() + b"\n")
+            stdin.flush()
+        except BrokenPipeError:
+            pass  # the launcher is gone: its answer below is empty
+        answer = stdout.readline()
+        if not answer:
+            raise LaunchError(f"the instance launcher has exited{self._error_tail()}")
+        reply = json.loads(answer)
+        if "error" in reply:
+            raise LaunchError(
+                f"the instance launcher could not start {spec_path.stem}: " + reply["error"]
+            )
+        return InstanceProcess(int(reply["pid"]))
+
+    def _error_tail(self) -> str:
+        text = self.log_path.read_text(errors="replace").strip() if self.log_path.exists() else ""
+        return f": {text.splitlines()[-1]}" if text else ""
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the launcher (its input closed); the instances it forked are not its own."""
+        if self.process.stdin is not None:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+# -- the launcher process ------------------------------------------------------------------
+
+
+def serve_requests(requests: IO[bytes], answers: IO[bytes]) -> None:
+    """Fork an instance for each request line until `requests` ends."""
+    from pddemu.roles.__main__ import role_class
+
+    for role in ("FE", "P", "RLD", "MD"):
+        role_class(role)  # the roles' modules, torch with them: imported once, here
+    import uvloop  # noqa: F401 - every instance's loop
+
+    orchestrator = os.getppid()
+    for line in requests:
+        try:
+            pid = fork_instance(json.loads(line), orchestrator)
+            answer: dict[str, Any] = {"pid": pid}
+        except Exception as error:  # noqa: BLE001 - reported to the deployment, which raises
+            answer = {"error": f"{type(error).__name__}: {error}"}
+        answers.write(json.dumps(answer).encode() + b"\n")
+        answers.flush()
+
+
+def fork_instance(request: dict[str, Any], orchestrator: int) -> int:
+    """Fork the instance twice over and return its pid, once the middle process has exited
+    (so the instance is the orchestrator's child by then)."""
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1 or threading.active_count() != 1:
+        raise LaunchError(f"the launcher runs {threads} threads: a fork would copy their locks")
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(read_end)
+        try:
+            instance = os.fork()
+            if instance == 0:
+                os.close(write_end)
+                become_instance(request, orchestrator, os.getppid())
+            os.write(write_end, str(instance).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read()
+    os.waitpid(middle, 0)
+    if not text:
+        raise LaunchError("the fork failed")
+    return int(text)
+
+
+def become_instance(request: dict[str, Any], orchestrator: int, middle: int) -> None:
+    """In the forked process: wait to be the orchestrator's child, take the instance's
+    descriptors and command line, and run it. Never returns."""
+    code = 1
+    try:
+        deadline = time.monotonic() + REPARENT_TIMEOUT_S
+        while os.getppid() == middle and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != orchestrator:  # the orchestrator has gone, or reaps no orphans
+            os._exit(1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        take_descriptors(Path(request["stderr"]), request["keep_fds"])
+        take_threads(os.environ.pop(INSTANCE_THREADS_ENV, "1"))
+        spec_path = request["spec"]
+        set_command_line([sys.executable, "-m", "pddemu.roles", spec_path])
+        from pddemu.roles.__main__ import exit_at_once, serve_instance
+        from pddemu.roles.spec import InstanceSpec
+        from pddemu.runtime.auth import RunSecret
+
+        secret = RunSecret.read(io.StringIO(request["secret"]))
+        serve_instance(InstanceSpec.from_json(Path(spec_path).read_text()), secret)
+        code = 0
+        exit_at_once(code)
+    except BaseException:  # noqa: BLE001 - the instance's end: its stderr says why
+        traceback.print_exc()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def take_descriptors(stderr_path: Path, keep: Sequence[int]) -> None:
+    """stdin and stdout on /dev/null, stderr on the instance's file, and no descriptor of the
+    launcher's left but `keep` (as a started process has)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    err = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(err, 2)
+    kept = sorted({2, *keep})
+    low = 3
+    for fd in kept:
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def take_threads(asked: str) -> None:
+    """The intra-op threads the instance was asked for (OMP_NUM_THREADS as its orchestrator
+    had it), now that it is forked."""
+    os.environ["OMP_NUM_THREADS"] = asked
+    if asked != "1":
+        import torch
+
+        torch.set_num_threads(int(asked))
+
+
+def set_command_line(argv: Sequence[str]) -> None:
+    """Write `argv` over this process's command line (/proc/self/cmdline), within the room
+    its arguments were given in; too long, it is cut."""
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    text = b"".join(arg.encode() + b"\0" for arg in argv)[: end - start - 1]
+    with open("/proc/self/mem", "r+b", buffering=0) as memory:
+        memory.seek(start)
+        memory.write(text.ljust(end - start, b"\0"))
+
+
+def main() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the orchestrator ends it (its input closed)
+    set_command_line([sys.executable, "-m", "pddemu.roles.launcher"])
+    serve_requests(sys.stdin.buffer, sys.stdout.buffer)
+    from pddemu.roles.__main__ import exit_at_once
+
+    exit_at_once(0)  # no finalization of what it imported for the instances
+
+
+if __name__ == "__main__":
+    # torch starts OpenMP's threads as it loads unless told to run one; a fork copies no
+    # thread. So the launcher loads it with one, and each instance takes the intra-op threads
+    # asked for (`python -m pddemu.roles`'s default: one) once forked.
+    os.environ[INSTANCE_THREADS_ENV] = os.environ.get("OMP_NUM_THREADS", "1")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    main()

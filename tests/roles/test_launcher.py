@@ -1,0 +1,182 @@
+"""Instances forked from the launcher (`pddemu.roles.launcher`) are what a deployment started
+itself before: its children (their exit status read), named `python -m pddemu.roles SPEC` in
+/proc, their stderr in their file, ended with the process that made them; and an instance that
+stops ends at once, its files flushed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pddemu.config import config_to_json, load_config
+from pddemu.roles.launcher import Launcher
+from pddemu.roles.spec import Address, InstanceSpec
+from pddemu.runtime.auth import RunSecret
+
+START_TIMEOUT_S = 60.0  # wall seconds: the launcher imports torch first, on a busy host
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def frontend_spec(directory: Path) -> tuple[Path, str]:
+    """A frontend alone, in this process's namespace, on real time: its spec's path and URL."""
+    me = Address("FE0", "FE", "127.0.0.1", free_port(), free_port())
+    spec = InstanceSpec(
+        me,
+        "pdd",
+        "/proc/self/ns/net",
+        {"FE0": me},
+        config_to_json(load_config()),
+        time.monotonic(),
+        log_path=str(directory / "FE0.log"),
+    )
+    path = directory / "FE0.json"
+    path.write_text(spec.to_json())
+    return path, f"http://127.0.0.1:{me.http_port}"
+
+
+def wait_healthy(url: str, pid: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert Path(f"/proc/{pid}").exists(), "the instance has exited"
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+    raise AssertionError("the instance did not answer")
+
+
+def state_of(pid: int) -> str | None:
+    """The process's state letter (Z: ended, not yet reaped), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    made = Launcher(tmp_path_factory.mktemp("launcher") / "launcher.err")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_a_forked_instance_is_this_process_child_named_as_one_started_and_stops_at_once(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    spec_path, url = frontend_spec(tmp_path)
+    secret = RunSecret.new()
+    process = launcher.launch(spec_path, tmp_path / "FE0.err", secret.line())
+    try:
+        wait_healthy(url, process.pid)
+        assert parent_of(process.pid) == os.getpid()
+        cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        assert cmdline == [os.fsencode(a) for a in (sys.executable, "-m", "pddemu.roles")] + [
+            os.fsencode(spec_path)
+        ]
+        assert process.poll() is None
+        shutdown = urllib.request.Request(
+            url + "/shutdown", method="POST", headers=secret.headers(), data=b""
+        )
+        with urllib.request.urlopen(shutdown, timeout=10) as reply:
+            assert reply.status == 200
+        assert process.wait(30) == 0
+    finally:
+        process.kill()
+        process.wait(30)
+
+
+def test_an_instance_that_cannot_start_exits_with_the_reason_in_its_stderr(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    process = launcher.launch(tmp_path / "absent.json", tmp_path / "P0.err", RunSecret.new().line())
+    assert process.wait(30) == 1
+    assert "absent.json" in (tmp_path / "P0.err").read_text()
+
+
+def test_forked_instances_die_with_the_process_that_launched_them(tmp_path: Path) -> None:
+    """The orchestrator SIGKILLed (nothing of it runs after): the instance and the launcher
+    end too."""
+    spec_path, url = frontend_spec(tmp_path)
+    orchestrator = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import json, sys, time
+                from pathlib import Path
+                from pddemu.roles.launcher import Launcher
+                from pddemu.runtime.auth import RunSecret
+                launcher = Launcher(Path({str(tmp_path / "launcher.err")!r}))
+                process = launcher.launch(
+                    Path({str(spec_path)!r}), Path({str(tmp_path / "FE0.err")!r}),
+                    RunSecret.new().line(),
+                )
+                print(json.dumps([launcher.process.pid, process.pid]), flush=True)
+                time.sleep(600)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert orchestrator.stdout is not None
+        launcher_pid, instance_pid = json.loads(orchestrator.stdout.readline())
+        wait_healthy(url, instance_pid)
+        orchestrator.send_signal(signal.SIGKILL)
+        orchestrator.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if state_of(instance_pid) in (None, "Z") and state_of(launcher_pid) in (None, "Z"):
+                break
+            time.sleep(0.05)
+        assert state_of(instance_pid) in (None, "Z")
+        assert state_of(launcher_pid) in (None, "Z")
+    finally:
+        orchestrator.kill()
+        orchestrator.wait()
+
+
+def test_an_instance_ends_at_once_with_its_log_written(tmp_path: Path) -> None:
+    """`exit_at_once`: the exit status given, the log flushed, no interpreter finalization
+    (an exit handler does not run)."""
+    log = tmp_path / "instance.log"
+    script = textwrap.dedent(
+        f"""
+        import atexit, logging
+        from pddemu.roles.__main__ import exit_at_once
+        logging.basicConfig(filename={str(log)!r})
+        logging.getLogger("pddemu").warning("the last line")
+        atexit.register(print, "finalized")
+        exit_at_once(3)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 3
+    assert "the last line" in log.read_text()
+    assert "finalized" not in done.stdout
