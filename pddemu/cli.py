@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
+
+    from pddemu.roles.launcher import Launcher
 
 # (sub-command, module providing `add_parser(subparsers)`); imported lazily so that
 # `pddemu trace stats` does not pay for torch.
@@ -86,6 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     except (RootlessError, ListenError) as error:
         print(f"pddemu: {error}", file=sys.stderr)
         return 1
+    launcher = None
+    if command in ("emulate", "validate"):
+        from pddemu.roles.launcher import Launcher
+
+        # The instances' launcher imports their code (torch) on another core while this
+        # process imports its own below; the command's deployments fork from it.
+        launcher = Launcher()
+    try:
+        return _run_command(argv, listener, launcher)
+    finally:
+        if launcher is not None:
+            launcher.close()
+
+
+def _run_command(argv: list[str], listener: socket.socket | None, launcher: Launcher | None) -> int:
+    """Parse `argv` and run its sub-command; the errors a user can mend are one line."""
     from netem.registry import RunError
     from netem.topology import TopologyError
     from pddemu.config import ConfigError
@@ -103,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.listener = listener
+    args.launcher = launcher
     try:
         return int(args.func(args) or 0)
     except (

@@ -317,25 +317,37 @@ class Deployment:
     async def stats(self, timeout_s: float = STATS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
         """Every live instance's stats; an instance that is dead or does not answer is left
         out, with the reason in `missing_stats` (its results are lost, not the run's)."""
-        out: dict[str, dict[str, Any]] = {}
-        self.missing_stats = {}
+        why: dict[str, str] = {}
+        live = []
+        for name in self.specs:
+            if not self.alive(name):
+                why[name] = "the instance is not running"
+                continue
+            if name in self.paused:
+                self.resume(name)
+            live.append(name)
         async with aiohttp.ClientSession(headers=self.headers) as session:
-            for name in self.specs:
-                if not self.alive(name):
-                    self.missing_stats[name] = "the instance is not running"
-                    continue
-                if name in self.paused:
-                    self.resume(name)
+
+            async def read(name: str) -> dict[str, Any] | str:
+                """The instance's stats, or why they could not be read."""
                 try:
                     async with session.get(
-                        self.url(name, "/stats"),
-                        timeout=aiohttp.ClientTimeout(total=timeout_s),
+                        self.url(name, "/stats"), timeout=aiohttp.ClientTimeout(total=timeout_s)
                     ) as reply:
                         if reply.status != 200:
                             raise DeploymentError(f"answered {reply.status}")
-                        out[name] = await reply.json()
+                        return await reply.json()
                 except (aiohttp.ClientError, TimeoutError, ValueError, DeploymentError) as error:
-                    self.missing_stats[name] = f"stats unreadable: {type(error).__name__}: {error}"
+                    return f"stats unreadable: {type(error).__name__}: {error}"
+
+            answers = await asyncio.gather(*(read(name) for name in live))  # all at once
+        out: dict[str, dict[str, Any]] = {}
+        for name, answer in zip(live, answers, strict=True):
+            if isinstance(answer, str):
+                why[name] = answer
+            else:
+                out[name] = answer
+        self.missing_stats = {name: why[name] for name in self.specs if name in why}
         return out
 
     async def stop(self) -> None:

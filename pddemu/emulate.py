@@ -34,6 +34,7 @@ import sys
 import time
 import traceback
 from collections.abc import Collection, Coroutine
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,9 +370,17 @@ class ReferenceCheck:
                 record.token_mismatch = True
 
 
-def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) -> int:
+def emulate(
+    config: Config,
+    systems: list[str],
+    out: Path,
+    workload: list[Any],
+    launcher: Launcher | None = None,
+) -> int:
     """Run the systems one after another; after each, write every result so far (a run cut
-    short by anything keeps the systems that finished). Returns the exit status."""
+    short by anything keeps the systems that finished). Returns the exit status. `launcher`:
+    the instances' launcher (`pddemu emulate` starts it before its own imports); without one,
+    the run starts its own."""
     scale = scale_model(config)
     out.mkdir(parents=True, exist_ok=True)
     link = wan_link(config, scale)
@@ -386,13 +395,11 @@ def emulate(config: Config, systems: list[str], out: Path, workload: list[Any]) 
     runs: dict[str, SystemRun] = {}
     warmup_ids = frozenset(r.request_id for r in workload[: config.workload.warmup_requests])
     tokens = ReferenceCheck(config, workload)
-    (out / "logs").mkdir(exist_ok=True)
-    # The launcher imports the instances' code while the network is built, and serves every
-    # system's deployment.
-    with (
-        Launcher(out / "logs" / "launcher.err") as launcher,
-        network_for(config, scale, seed=config.workload.seed) as network,
-    ):
+    with ExitStack() as stack:
+        if launcher is None:  # one for every system's deployment
+            (out / "logs").mkdir(exist_ok=True)
+            launcher = stack.enter_context(Launcher(out / "logs" / "launcher.err"))
+        network = stack.enter_context(network_for(config, scale, seed=config.workload.seed))
         for system in systems:
             replaying = run_system(system, config, network, workload, out, launcher)
             run = uvloop.run(until_interrupted(replaying))
@@ -633,7 +640,7 @@ def run_cli(args: argparse.Namespace) -> int:
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)
     try:
-        return emulate(config, systems, args.out, workload)
+        return emulate(config, systems, args.out, workload, args.launcher)
     except KeyboardInterrupt:
         print(
             "pddemu: stopped at once; the systems that finished before are written, everything "

@@ -15,7 +15,8 @@ instance's started by itself, so `ps` tells the instances apart.
 
 The launcher reads one request a line on its standard input (JSON: the spec's path, the
 instance's stderr file, the run's secret, the descriptors it keeps) and answers the forked
-instance's pid, or an error, a line on its standard output. It exits when its input closes.
+instance's pid, or an error, a line on its standard output. It exits when its input closes,
+or is killed by its orchestrator when no longer needed.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ PR_SET_CHILD_SUBREAPER = 36
 # a process's command line is the memory its arguments were given in, never longer.
 TITLE_ROOM = 4096
 INSTANCE_THREADS_ENV = "PDDEMU_INSTANCE_THREADS"  # the OMP_NUM_THREADS the instances get
-REPARENT_TIMEOUT_S = 10.0  # wall seconds a forked instance waits to become the orchestrator's
+REPARENT_TIMEOUT_S = 10.0
+NOT_ADOPTED_EXIT = 1  # the exit status of a forked instance that never became this process's  # wall seconds a forked instance waits to become the orchestrator's
 
 
 class LaunchError(RuntimeError):
@@ -91,8 +93,8 @@ class InstanceProcess:
     def _reap(self, options: int) -> None:
         try:
             pid, status = os.waitpid(self.pid, options)
-        except ChildProcessError:  # not (or no longer) a child of this process
-            self.returncode = -signal.SIGKILL if self.returncode is None else self.returncode
+        except ChildProcessError:  # never this process's: it gave up before it became one
+            self.returncode = NOT_ADOPTED_EXIT
             return
         if pid == self.pid:
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -111,12 +113,14 @@ class InstanceProcess:
 class Launcher:
     """The orchestrator's handle on a launcher process: `launch` forks an instance from it."""
 
-    def __init__(self, log_path: Path, pass_fds: Sequence[int] = ()) -> None:
+    def __init__(self, log_path: Path | None = None, pass_fds: Sequence[int] = ()) -> None:
         """`pass_fds`: descriptors an instance may keep (`launch`'s `keep_fds`), handed to
-        the launcher at their numbers. The launcher's errors go to `log_path`."""
+        the launcher at their numbers. The launcher's errors go to `log_path` (None: this
+        process's stderr)."""
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.log_path = log_path
-        with open(log_path, "a") as log:
+        log = None if log_path is None else open(log_path, "a")  # noqa: SIM115 - closed below
+        try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pddemu.roles.launcher", " " * TITLE_ROOM],
                 stdin=subprocess.PIPE,
@@ -124,6 +128,9 @@ class Launcher:
                 stderr=log,
                 pass_fds=tuple(pass_fds),
             )
+        finally:
+            if log is not None:
+                log.close()
 
     def launch(
         self, spec_path: Path, stderr_path: Path, secret_line: bytes, keep_fds: Sequence[int] = ()
@@ -154,7 +161,9 @@ class Launcher:
         return InstanceProcess(int(reply["pid"]))
 
     def _error_tail(self) -> str:
-        text = self.log_path.read_text(errors="replace").strip() if self.log_path.exists() else ""
+        if self.log_path is None or not self.log_path.exists():
+            return ""  # on this process's stderr
+        text = self.log_path.read_text(errors="replace").strip()
         return f": {text.splitlines()[-1]}" if text else ""
 
     def __enter__(self) -> Launcher:
@@ -164,19 +173,17 @@ class Launcher:
         self.close()
 
     def close(self) -> None:
-        """End the launcher (its input closed); the instances it forked are not its own."""
-        if self.process.stdin is not None:
-            try:
-                self.process.stdin.close()
-            except BrokenPipeError:
-                pass
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        """End the launcher at once, whatever it is doing (still importing, when a command
+        ends before it deployed anything): it holds nothing of a run, the instances it forked
+        being this process's."""
+        self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except BrokenPipeError:
+                    pass
 
 
 # -- the launcher process ------------------------------------------------------------------
@@ -231,14 +238,13 @@ def fork_instance(request: dict[str, Any], orchestrator: int) -> int:
 def become_instance(request: dict[str, Any], orchestrator: int, middle: int) -> None:
     """In the forked process: wait to be the orchestrator's child, take the instance's
     descriptors and command line, and run it. Never returns."""
-    code = 1
     try:
         deadline = time.monotonic() + REPARENT_TIMEOUT_S
         while os.getppid() == middle and time.monotonic() < deadline:
             time.sleep(0.0005)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != orchestrator:  # the orchestrator has gone, or reaps no orphans
-            os._exit(1)
+            os._exit(NOT_ADOPTED_EXIT)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         take_descriptors(Path(request["stderr"]), request["keep_fds"])
         take_threads(os.environ.pop(INSTANCE_THREADS_ENV, "1"))
@@ -250,12 +256,11 @@ def become_instance(request: dict[str, Any], orchestrator: int, middle: int) -> 
 
         secret = RunSecret.read(io.StringIO(request["secret"]))
         serve_instance(InstanceSpec.from_json(Path(spec_path).read_text()), secret)
-        code = 0
-        exit_at_once(code)
+        exit_at_once(0)
     except BaseException:  # noqa: BLE001 - the instance's end: its stderr says why
         traceback.print_exc()
         sys.stderr.flush()
-    os._exit(code)
+    os._exit(1)
 
 
 def take_descriptors(stderr_path: Path, keep: Sequence[int]) -> None:

@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from pddemu.cli import add_rootless_flag
 from pddemu.config import Config, load_config
 from pddemu.emulate import INTERRUPTED_EXIT, run_system, until_interrupted, workload_of
 from pddemu.emulated_network import network_for, scale_model
+from pddemu.roles.launcher import Launcher
 from pddemu.validate import analytic, invariance
 from pddemu.workload.expansion import genuine_output_length
 
@@ -56,7 +58,9 @@ FULL = {
 }
 
 
-def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
+def run_analytic(
+    base: Config, out: Path, full: bool, launcher: Launcher | None = None
+) -> dict[str, Any]:
     sizes = analytic.FULL_SIZES if full else analytic.SIZES
     hits = analytic.FULL_HITS if full else analytic.HITS
     outcomes = []
@@ -67,7 +71,9 @@ def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
         probes = analytic.probes(config, system, pipeline, sizes, hits)
         print(f"validate: analytic, {system} {pipeline}, {len(probes)} requests", file=sys.stderr)
         started = time.monotonic()
-        run = _run(system, config, probes, out / "analytic" / f"{system}-{pipeline}")
+        run = _run(
+            system, config, probes, out / "analytic" / f"{system}-{pipeline}", launcher=launcher
+        )
         walls[f"{system} {pipeline}"] = time.monotonic() - started
         steals[f"{system} {pipeline}"] = _steal(run)
         by_id = {r.request_id: r for r in run.records}
@@ -86,7 +92,9 @@ def run_analytic(base: Config, out: Path, full: bool) -> dict[str, Any]:
     }
 
 
-def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
+def run_invariance(
+    base: Config, out: Path, full: bool, launcher: Launcher | None = None
+) -> dict[str, Any]:
     plan = FULL if full else QUICK
     runs: dict[tuple, tuple[dict[str, float | None], float | None]] = {}
     walls: dict[str, float] = {}
@@ -102,7 +110,7 @@ def run_invariance(base: Config, out: Path, full: bool) -> dict[str, Any]:
             print(f"validate: invariance, {variant.name}, seed {seed}", file=sys.stderr)
             tag = f"token{key[0]}-time{key[1] or 'auto'}-seed{seed}"
             started = time.monotonic()
-            run = _run("pdd", config, workload, out / "invariance" / tag)
+            run = _run("pdd", config, workload, out / "invariance" / tag, launcher=launcher)
             walls[tag] = time.monotonic() - started
             steals[tag] = _steal(run)
             runs[key] = (invariance.metrics_of(run.records), run.timing["dilation"]["speedup"])
@@ -145,12 +153,16 @@ def _capped(workload: list[Any], cap: int | None, config: Config) -> list[Any]:
     ]
 
 
-def _run(system: str, config: Config, workload: list[Any], out: Path) -> Any:
+def _run(
+    system: str, config: Config, workload: list[Any], out: Path, launcher: Launcher | None = None
+) -> Any:
     """One replay; an interrupted one ends the whole validation (KeyboardInterrupt): a check
-    judged on part of its runs would be no check."""
+    judged on part of its runs would be no check. `launcher`: the instances' launcher, kept
+    across the validation's runs."""
     out.mkdir(parents=True, exist_ok=True)
     with network_for(config, scale_model(config), seed=config.workload.seed) as network:
-        run = uvloop.run(until_interrupted(run_system(system, config, network, workload, out)))
+        replaying = run_system(system, config, network, workload, out, launcher)
+        run = uvloop.run(until_interrupted(replaying))
     if run.interrupted:
         raise KeyboardInterrupt
     return run
@@ -247,12 +259,16 @@ def run_cli(args: argparse.Namespace) -> int:
     started = time.monotonic()
     on_termination(raise_keyboard_interrupt)
     try:
-        result = {
-            "config": base.source,
-            "full": args.full,
-            "analytic": run_analytic(base, args.out, args.full),
-            "invariance": run_invariance(base, args.out, args.full),
-        }
+        # one launcher for every run (the command's, started before its imports): the
+        # instances' code is imported once
+        with ExitStack() as stack:
+            launcher = args.launcher or stack.enter_context(Launcher(args.out / "launcher.err"))
+            result = {
+                "config": base.source,
+                "full": args.full,
+                "analytic": run_analytic(base, args.out, args.full, launcher),
+                "invariance": run_invariance(base, args.out, args.full, launcher),
+            }
     except KeyboardInterrupt:
         print(
             "pddemu validate: interrupted; no verdict written, everything the runs made has "

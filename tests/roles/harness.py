@@ -18,6 +18,7 @@ from pddemu.deployment import Deployment
 from pddemu.emulated_network import network_for, scale_model
 from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
+from pddemu.roles.launcher import Launcher
 from pddemu.runtime.clock import INSTANT, ModelledClock
 from pddemu.runtime.timekeeping import RunTiming
 from pddemu.workload.expansion import genuine_output_length
@@ -80,7 +81,8 @@ def random_tokens(rng: random.Random, n: int) -> list[int]:
 class Emulation:
     """One network, deployments of one system after another, requests sent with the replayer.
     Each deployment gets a directory of its own under `run_dir` (a later one never adds to an
-    earlier one's logs), recorded for a failed test's report (tests/run_logs.py)."""
+    earlier one's logs), recorded for a failed test's report (tests/run_logs.py). One launcher
+    forks every deployment's instances (their code imported once)."""
 
     def __init__(self, name: str, config: Config, run_dir: Path) -> None:
         self.config = config
@@ -91,7 +93,12 @@ class Emulation:
         )
 
     def __enter__(self) -> Emulation:
-        self.network.up()
+        self.launcher = Launcher(self.run_dir / "launcher.err")
+        try:
+            self.network.up()
+        except BaseException:
+            self.launcher.close()
+            raise
         return self
 
     def next_run_dir(self, system: str) -> Path:
@@ -102,7 +109,10 @@ class Emulation:
         return path
 
     def __exit__(self, *exc: object) -> None:
-        self.network.down()
+        try:
+            self.network.down()
+        finally:
+            self.launcher.close()
 
     def run(
         self, system: str, phases: list[tuple[dict[str, Any], list[Request]]]
@@ -113,7 +123,9 @@ class Emulation:
     async def _run(self, system: str, phases: list[tuple[dict[str, Any], list[Request]]]):
         epoch = time.monotonic()
         run_dir = self.next_run_dir(system)
-        deployment = Deployment(system, self.config, self.network, run_dir, epoch)
+        deployment = Deployment(
+            system, self.config, self.network, run_dir, epoch, launcher=self.launcher
+        )
         records: list[RequestRecord] = []
         outputs: dict[str, list[int]] = {}
         timing = RunTiming(self.network, self.config, system)
@@ -162,7 +174,9 @@ class Emulation:
 
         epoch = time.monotonic()
         run_dir = self.next_run_dir(system)
-        deployment = Deployment(system, config, self.network, run_dir, epoch)
+        deployment = Deployment(
+            system, config, self.network, run_dir, epoch, launcher=self.launcher
+        )
         timing = RunTiming(self.network, config, system)
         try:
             await deployment.start()

@@ -24,7 +24,7 @@ def other_checkout(tmp_path: Path) -> tuple[Path, Path]:
     for package in ("pddemu", "pddemu/sweep", "pddemu/roles"):
         (other / package).mkdir(parents=True, exist_ok=True)
         (other / package / "__init__.py").write_text("")
-    for module in ("sweep/child.py", "roles/__main__.py"):
+    for module in ("sweep/child.py", "roles/__main__.py", "roles/launcher.py"):
         (other / "pddemu" / module).write_text(
             f"with open({str(marker)!r}, 'a') as f:\n    f.write('other checkout {module}\\n')\n"
         )
@@ -51,11 +51,16 @@ def test_the_child_does_not_import_a_pddemu_in_its_working_directory(
     assert not marker.exists()
     assert "no-such-config.toml" in (tmp_path / "out" / EMULATE_LOG).read_text()
 
-    # What the emulation does next, in the child's environment and directory: start a role
-    # as deployment.py does, `python -m pddemu.roles` (with no -P of its own).
+    # What the emulation does next, in the child's environment and directory: start the
+    # instances' launcher as pddemu.cli does, `python -m pddemu.roles.launcher`, and a role by
+    # itself, `python -m pddemu.roles` (each with no -P of its own).
     (child,) = started
-    grandchild = "import subprocess, sys; subprocess.run([sys.executable, '-m', 'pddemu.roles'])"
-    subprocess.run(
-        [sys.executable, "-c", grandchild], env=child.get("env"), cwd=child["cwd"], check=True
-    )
+    for module in ("pddemu.roles.launcher", "pddemu.roles"):
+        grandchild = (
+            "import subprocess, sys; "
+            f"subprocess.run([sys.executable, '-m', {module!r}], stdin=subprocess.DEVNULL)"
+        )
+        subprocess.run(
+            [sys.executable, "-c", grandchild], env=child.get("env"), cwd=child["cwd"], check=True
+        )
     assert not marker.exists(), marker.read_text()

@@ -17,7 +17,9 @@ def test_analytic_part_records_each_pipelines_steal(
 ) -> None:
     stolen = iter([[0.1, 0.2], [0.0, 0.0], [1.5, 0.3], [0.4, 0.0]])
 
-    def run(system: str, config: Any, workload: list[Any], out: Path) -> SimpleNamespace:
+    def run(
+        system: str, config: Any, workload: list[Any], out: Path, launcher: Any = None
+    ) -> SimpleNamespace:
         return SimpleNamespace(records=[], timing={"cpu": {"host_steal_s": next(stolen)}})
 
     monkeypatch.setattr(cli, "_run", run)
