@@ -206,7 +206,9 @@ def test_local_and_ray_give_the_same_streams_and_summaries(
 def test_goodput_search_on_a_tiny_system(tmp_path: Path) -> None:
     """indc with one prefill instance taking one chunk slot per step: a 24K-token prompt alone
     is prefilled well within a TTFT target of 0.6 s; one queued behind another is not. So low
-    rates meet the target and high ones do not, and the search must bracket the knee."""
+    rates meet the target and high ones do not, and the search must bracket the knee: here
+    with its first two probes, the start and the rate it doubles or halves to, each a real
+    point (how it narrows a bracket down is tests/sweep/test_search.py's)."""
     require_namespaces()
     trace = write_trace(
         tmp_path / "knee.jsonl",
@@ -218,13 +220,14 @@ def test_goodput_search_on_a_tiny_system(tmp_path: Path) -> None:
     out = tmp_path / "search"
     ran = sweep(
         "--config", str(config), "--system", "indc", "--out", str(out),
-        "--search", "goodput", "--set", "slo.ttft_s=0.6", "--rate-start", "1",
+        "--search", "goodput", "--set", "slo.ttft_s=0.6", "--rate-start", "2",
         "--rate-min", "0.125", "--rate-max", "8", "--rate-tolerance", "0.5",
-        "--max-probes", "4", "--cpus-per-point", "1",
+        "--max-probes", "2", "--cpus-per-point", "1",
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     (result,) = json.loads((out / "search.json").read_text())["results"]
-    assert result["status"] in ("found", "probe-limit") and result["system"] == "indc"
+    assert result["status"] == "probe-limit" and result["system"] == "indc"
+    assert len(result["probes"]) == 2
     passing, failing = result["bracket"]
     assert passing is not None and failing is not None and passing < failing
     assert result["arrival_rate"] == passing
