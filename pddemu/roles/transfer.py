@@ -103,7 +103,7 @@ class TcpLedger:
             return
         try:
             info = tcp_info(sock)
-        except OSError:
+        except (OSError, ValueError):  # closed (uvloop's socket of a closed transport: ValueError)
             return
         before = self._last[id(sock)][1] if id(sock) in self._last else OPENED
         counters = transfer_counters(before, info)
@@ -128,7 +128,7 @@ class TcpLedger:
         for key, (sock, before, transfer) in list(self._last.items()):
             try:
                 info = tcp_info(sock)
-            except OSError:
+            except (OSError, ValueError):  # closed since
                 del self._last[key]
                 continue
             counters = transfer_counters(before, info)

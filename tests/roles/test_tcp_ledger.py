@@ -3,10 +3,12 @@ those before its end and those of its tail after it (`TcpLedger.settle`)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import uvloop
 
 import pddemu.roles.transfer as transfer
 
@@ -71,3 +73,25 @@ def test_a_tail_counts_once_for_a_transfer_without_retransmissions_before(
     readings.info = None  # the connection closed: forgotten, its counts kept
     ledger.settle()
     assert intra["retransmits"] == 2
+
+
+def test_a_connection_closed_since_its_last_transfer_is_forgotten() -> None:
+    """A real connection on uvloop, closed after its transfer: its socket is then uvloop's
+    stand-in of a closed descriptor, whose read raises ValueError (not OSError); `settle`
+    forgets it (it raised before, and the prefill's /stats answered 500)."""
+
+    async def scenario() -> transfer.TcpLedger:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        ledger = transfer.TcpLedger(lambda: 1.0)
+        ledger.charge(SimpleNamespace(writer=writer), True, 1000)
+        writer.close()
+        await writer.wait_closed()
+        ledger.settle()
+        server.close()
+        return ledger
+
+    ledger = uvloop.run(scenario())
+    assert ledger.totals.counters["wan"]["retransmits"] == 0
+    ledger.settle()  # nothing left to read
