@@ -269,6 +269,7 @@ class PrefillInstance(Instance):
             if not lost:
                 raise
             return
+        self.tcp.begin(channel)
         try:
             await channel.control(
                 "kv_begin",
@@ -309,6 +310,7 @@ class PrefillInstance(Instance):
         except (asyncio.CancelledError, ConnectionError) as error:
             # Cancelled, or the connection broke (the receiver was lost): the receiver sees the
             # transfer end unfinished and forgets it; the frontend hears it will not complete.
+            self.tcp.forget(channel)
             channel.close()
             self.transfers_cut += 1
             destination.as_of_cut()
@@ -363,7 +365,7 @@ class PrefillInstance(Instance):
         )
 
     def stats(self) -> dict[str, Any]:
-        self.tcp.settle()  # the transfers' tails, retransmitted after their last frame left
+        self.tcp.settle()  # the tails of the transfers on idle connections
         return {
             **super().stats(),
             "prefill_tokens": self.prefill_tokens,

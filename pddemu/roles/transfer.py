@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from netem.tcp import tcp_info, transfer_counters
@@ -77,36 +78,59 @@ KEPT_TRANSFERS = 4096  # per-transfer rows a sender keeps (the latest), for a re
 OPENED = {"total_retrans": 0, "total_rto": 0, "bytes_sent": 0}
 
 
+@dataclass
+class Connection:
+    """A KV connection as the ledger knows it: its last TCP_INFO reading, its last charged
+    transfer, and whether a transfer is on it now."""
+
+    sock: Any
+    reading: dict[str, Any]
+    transfer: dict[str, Any] | None = None
+    busy: bool = False
+
+
 class TcpLedger:
     """TCP_INFO counters (`netem.tcp`) of every KV transfer a sender made.
 
-    A transfer is charged with what its connection did from the end of the previous transfer
-    on it (or its opening) to its own end, when its last frame was handed to the kernel: the
-    retransmissions of a transfer's tail, after that, count for the next one on the
-    connection, or, for the connection's last transfer (a lone one: all of it, the kernel
-    taking its frames long before the peer has them), when the sender's stats are read
-    (`settle`). Times are turned into modelled time at the clock's rate when read. A serve
-    makes transfers without end: the summary is kept as sums and bounded samples (`totals`),
-    the rows of the latest `KEPT_TRANSFERS` transfers only.
+    A transfer is charged, when its last frame was handed to the kernel (`charge`), with what
+    its connection did from its start (`begin`; a new connection: from its opening). Its tail,
+    the retransmissions after that, is added to it when the next transfer starts on the
+    connection, or, while the connection is idle, whenever the sender's stats are read
+    (`settle`): never while a later transfer is on the connection, whose counts are its own.
+    A connection the sender closes (a cut) is forgotten then (`forget`), one closed by its
+    peer when it is next read. Times are turned into modelled time at the clock's rate when
+    read. A serve makes transfers without end: the summary is kept as sums and bounded samples
+    (`totals`), the rows of the latest `KEPT_TRANSFERS` transfers only.
     """
 
     def __init__(self, rate: Callable[[], float], sender: str = "") -> None:
         self.rate = rate
         self.transfers: deque[dict[str, Any]] = deque(maxlen=KEPT_TRANSFERS)
         self.totals = TcpTotals(sender)
-        # by id of the connection's socket: the socket, its last reading, its last transfer
-        self._last: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+        self._connections: dict[int, Connection] = {}  # by id of the connection's socket
 
-    def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:
+    def begin(self, channel: Channel) -> None:
+        """A transfer starts on `channel`: the previous one on it gets its tail, and what the
+        connection does from now is the new one's."""
         sock = channel.writer.get_extra_info("socket")
         if sock is None:
             return
+        known = self._connections.get(id(sock))
+        if known is None or not self._add_tail(known):
+            known = self._connections[id(sock)] = Connection(sock, OPENED)
+        known.busy = True
+
+    def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:
+        """The transfer on `channel` handed its last frame to the kernel."""
+        sock = channel.writer.get_extra_info("socket")
+        if sock is None:
+            return
+        known = self._connections.pop(id(sock), None)
         try:
             info = tcp_info(sock)
         except (OSError, ValueError):  # closed (uvloop's socket of a closed transport: ValueError)
             return
-        before = self._last[id(sock)][1] if id(sock) in self._last else OPENED
-        counters = transfer_counters(before, info)
+        counters = transfer_counters(known.reading if known else OPENED, info)
         rate = self.rate()
         rtt, delivery = counters["min_rtt_us"], counters["delivery_rate_Bps"]
         transfer = {
@@ -117,22 +141,34 @@ class TcpLedger:
             "min_rtt_s": rtt * 1e-6 * rate if rtt else None,  # modelled
             "delivery_rate_Bps": delivery / rate if delivery else None,  # per modelled s
         }
-        self._last[id(sock)] = (sock, info, transfer)
+        self._connections[id(sock)] = Connection(sock, info, transfer)
         self.transfers.append(transfer)
         self.totals.add(transfer)
 
+    def forget(self, channel: Channel) -> None:
+        """`channel` is being closed (its transfer cut): nothing more is read of it."""
+        sock = channel.writer.get_extra_info("socket")
+        if sock is not None:
+            self._connections.pop(id(sock), None)
+
     def settle(self) -> None:
-        """Charge each connection's last transfer with what its connection did since that
-        transfer's end (the retransmissions of its tail); a connection closed since is
-        forgotten."""
-        for key, (sock, before, transfer) in list(self._last.items()):
-            try:
-                info = tcp_info(sock)
-            except (OSError, ValueError):  # closed since
-                del self._last[key]
-                continue
-            counters = transfer_counters(before, info)
+        """Charge the last transfer of each idle connection with its tail so far; a connection
+        closed since is forgotten."""
+        for key, connection in list(self._connections.items()):
+            if not connection.busy and not self._add_tail(connection):
+                del self._connections[key]
+
+    def _add_tail(self, connection: Connection) -> bool:
+        """Add what `connection` did since its last reading to its last transfer (False:
+        it is closed)."""
+        try:
+            info = tcp_info(connection.sock)
+        except (OSError, ValueError):  # closed (uvloop's socket of a closed transport: ValueError)
+            return False
+        if connection.transfer is not None:
+            counters = transfer_counters(connection.reading, info)
             self.totals.add_tail(
-                transfer, counters["retransmits"] or 0, counters["rto_events"] or 0
+                connection.transfer, counters["retransmits"] or 0, counters["rto_events"] or 0
             )
-            self._last[key] = (sock, info, transfer)
+        connection.reading = info
+        return True

@@ -1,5 +1,6 @@
 """A sender's TCP counters of its KV transfers: a lone transfer's retransmissions are counted,
-those before its end and those of its tail after it (`TcpLedger.settle`)."""
+those before its end and those of its tail after it (`TcpLedger.settle`); a transfer on a
+reused connection is charged with its own, whenever the sender's stats are read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import pytest
 import uvloop
 
 import pddemu.roles.transfer as transfer
+from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
+from pddemu.roles.spec import Address
+from pddemu.runtime.channel import Envelope
+from tests.roles.in_process import instance
+from tests.roles.test_cut_transfer import Connection, Receiver
 
 
 class Readings:
@@ -95,3 +101,96 @@ def test_a_connection_closed_since_its_last_transfer_is_forgotten() -> None:
     ledger = uvloop.run(scenario())
     assert ledger.totals.counters["wan"]["retransmits"] == 0
     ledger.settle()  # nothing left to read
+
+
+class Socketed(Receiver):
+    """A KV connection with a socket to read TCP counters of: scripted (`Readings`), or a real
+    connection's (`writer`), whose closing closes it."""
+
+    def __init__(self, writer: Any = None) -> None:
+        super().__init__()
+        self.sock = object() if writer is None else writer.get_extra_info("socket")
+        self.real = writer
+
+    def get_extra_info(self, _name: str) -> Any:
+        return self.sock
+
+    def close(self) -> None:
+        super().close()
+        if self.real is not None:
+            self.real.close()
+
+
+async def two_transfers(
+    p: PrefillInstance, connection: Socketed, between: Any, cut_second: bool = False
+) -> None:
+    """P sends two transfers to MD0, one after the other on the same pooled `connection`; the
+    first ends, then `between()` runs while the second is on its way, which then ends (or is
+    cut)."""
+
+    async def reopened(_name: str, _purpose: str) -> Socketed:
+        return connection
+
+    p.pool = transfer.TransferPool(reopened)
+    p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
+    frontend = Connection()
+    frontend.closed = False  # type: ignore[attr-defined]
+    step = p.chunk_genuine
+    prompt = [1 + i % 200 for i in range(2 * step)]
+    kv, _ = p.model.prefill(prompt, None, len(prompt))
+    for rid, last in (("r1", False), ("r2", True)):
+        job = PrefillJob(rid, prompt, {}, frontend, kv=kv, first_token=1)
+        await job.progress.advance(step, 0.0)
+        destination = Destination("MD0", 0, {})
+        destination.task = p.spawn(p.send(job, destination), rid)
+        job.destinations.append(destination)
+        p.jobs[rid] = job
+        await asyncio.sleep(0.02)  # its first chunk is sent
+        if last:
+            between()
+        if last and cut_second:
+            await p.on_cut(Envelope("cut", {"rid": rid, "destination": "MD0"}, [], None))
+        else:
+            await job.progress.advance(2 * step, 0.0, finished=True)
+        await asyncio.sleep(0.02)
+
+
+def test_a_transfer_in_flight_keeps_its_retransmissions_when_stats_are_read(
+    readings: Readings,
+) -> None:
+    """P's stats are read while a second transfer is on the connection the first one used:
+    what was retransmitted meanwhile is the second one's, not the first one's tail (before,
+    `settle` charged it to the first, and the second counted from that reading: 0)."""
+    p = instance(PrefillInstance, "P")
+    readings.now(retransmitted=0)
+
+    def retransmit_and_read_stats() -> None:
+        readings.now(retransmitted=4)
+        p.stats()
+
+    asyncio.run(two_transfers(p, Socketed(), retransmit_and_read_stats))
+    assert [row["retransmits"] for row in p.tcp.transfers] == [0, 4]
+    p.stats()  # the connection idle: nothing new, nothing counted twice
+    assert p.tcp.totals.counters["wan"]["retransmits"] == 4
+
+
+def test_the_prefill_stats_after_a_cut_on_a_reused_real_connection() -> None:
+    """On uvloop, a real connection carries a finished transfer, then one cut (P closes the
+    connection): P's stats still read (they raised ValueError, a closed socket's negative
+    descriptor, and /stats answered 500), with the finished transfer charged once."""
+
+    async def scenario() -> tuple[PrefillInstance, dict[str, Any]]:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        p = instance(PrefillInstance, "P")
+        connection = Socketed(writer)
+        await two_transfers(p, connection, lambda: None, cut_second=True)
+        assert connection.closed and writer.is_closing()
+        stats = p.stats()
+        server.close()
+        return p, stats
+
+    p, stats = uvloop.run(scenario())
+    assert stats["transfers_cut"] == 1 and len(stats["kv_transfers_tcp"]) == 1
+    assert stats["kv_transfers_tcp_totals"]["wan"]["transfers"] == 1
