@@ -4,7 +4,6 @@ the instances' reports are read gzipped too (`run_file`)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 from pddemu.metrics.errors import MetricsError
 from pddemu.metrics.outputs import (
+    GZIP_DAMAGE,
     GZIP_SUFFIX,
     REQUESTS_FILE,
     SUMMARY_FILE,
@@ -98,8 +98,10 @@ def _instances(path: Path | None) -> dict[str, dict[str, Any]]:
             instances = json.load(handle)
     except json.JSONDecodeError as error:
         raise ExportError(f"{path}: not JSON: {error}") from None
-    except (gzip.BadGzipFile, EOFError) as error:  # EOFError: a gzip stream cut short
+    except GZIP_DAMAGE as error:
         raise ExportError(f"{path}: not a whole gzip file ({error})") from None
+    except UnicodeDecodeError as error:
+        raise ExportError(f"{path}: not UTF-8 text ({error})") from None
     if not isinstance(instances, dict):
         raise ExportError(f"{path}: expected an object of instance reports")
     return instances

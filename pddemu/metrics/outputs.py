@@ -17,6 +17,7 @@ import gzip
 import json
 import types
 import typing
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -62,6 +63,9 @@ def write_requests_csv(path: Path | str, records: Iterable[RequestRecord]) -> Pa
 
 
 GZIP_SUFFIX = ".gz"
+# What reading a damaged gzip file raises: a bad header or CRC, a stream cut short (EOFError),
+# or deflate data that does not decode (zlib.error)
+GZIP_DAMAGE = (gzip.BadGzipFile, EOFError, zlib.error)
 
 
 def open_run_file(path: Path) -> TextIO:
@@ -79,8 +83,10 @@ def read_requests_csv(path: Path | str) -> list[RequestRecord]:
     path = Path(path)
     try:
         return _read_records(path)
-    except (gzip.BadGzipFile, EOFError) as error:  # EOFError: a gzip stream cut short
+    except GZIP_DAMAGE as error:
         raise MetricsError(f"{path}: not a whole gzip file ({error})") from None
+    except UnicodeDecodeError as error:
+        raise MetricsError(f"{path}: not UTF-8 text ({error})") from None
 
 
 def _read_records(path: Path) -> list[RequestRecord]:

@@ -149,3 +149,28 @@ def test_a_gzipped_file_that_is_not_whole_is_named(
     (run_dir / "instances-pdd.json").unlink()
     (run_dir / "instances-pdd.json.gz").write_bytes(b"not gzip")
     assert f"{run_dir}/instances-pdd.json.gz: not a whole gzip file" in _refused(run_dir, capsys)
+
+
+def _damaged(packed: bytes) -> bytes:
+    """`packed` with its first deflate bytes, past gzip's 10-byte header, overwritten: an
+    invalid block."""
+    return packed[:10] + b"\xff" * 8 + packed[18:]
+
+
+def test_a_gzipped_file_whose_data_does_not_decode_is_named(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A whole-looking gzip file whose deflate data is damaged (zlib.error), or whose text is
+    not UTF-8, is named, not a traceback."""
+    packed = _gzip(run_dir / "requests.csv")
+    whole = packed.read_bytes()
+    packed.write_bytes(_damaged(whole))
+    assert f"{packed}: not a whole gzip file" in _refused(run_dir, capsys)
+    packed.write_bytes(gzip.compress(b"\xff\xfe"))
+    assert f"{packed}: not UTF-8 text" in _refused(run_dir, capsys)
+    packed.write_bytes(whole)
+    instances = _gzip(run_dir / "instances-pdd.json")
+    instances.write_bytes(_damaged(instances.read_bytes()))
+    assert f"{instances}: not a whole gzip file" in _refused(run_dir, capsys)
+    instances.write_bytes(gzip.compress(b"\xff\xfe"))
+    assert f"{instances}: not UTF-8 text" in _refused(run_dir, capsys)
