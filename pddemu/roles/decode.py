@@ -590,7 +590,7 @@ class DecodeInstance(Instance):
             self.intake_done(request)  # before anything of the request is sent
             if report is not None:
                 await report()
-            if first is not None:
+            if first is not None and self.requests.get(request.rid) is request:  # not released
                 await self.send_group(request, first)
         except Exception:
             if not request.finished and self.requests.get(request.rid, request) is request:

@@ -384,7 +384,7 @@ def test_a_handoff_part_md_cannot_take_loses_the_request_there(payload: str) -> 
     finish it (or moves it) rather than wait for MD's tokens after the switch. On the code
     before, MD kept the request and its memory, and told no one."""
 
-    async def scenario() -> tuple[list[str], list[str], int]:
+    async def scenario() -> tuple[list[str], int]:
         md = instance(MainDecodeInstance, "MD")
         await md.start()
         request = prompt_request(md, "r")
@@ -555,6 +555,33 @@ def test_md_reports_the_kv_arrived_before_the_first_token() -> None:
         return [kind for name, kind, body in md.told if name == "FE0"]
 
     assert asyncio.run(scenario()) == ["kv_arrived", "tokens"]
+
+
+def test_a_release_read_while_md_reports_the_kv_arrived_sends_no_token() -> None:
+    """The request fails at the frontend while MD tells it the KV arrived: MD reads the release
+    during that report and drops the request, and its first token (here its only output) is
+    not sent after. On the code before, the token went to the frontend, which had failed the
+    request, and MD finished the request it had dropped."""
+
+    async def scenario() -> tuple[list[str], int]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        told = md.tell
+
+        async def tell_then_read_the_release(name: str, kind: str, body: dict) -> int:
+            await told(name, kind, body)
+            if kind == "kv_arrived":
+                release = Envelope("release", {"rid": "r", "kv_expected": False}, [], None)
+                await md.on_release(release)
+            return 0
+
+        md.tell = tell_then_read_the_release
+        meta = {**META, "pipeline": "P-MD", "output_tokens": 1, "predicted_output_tokens": 1}
+        await deliver(md, p_md_transfer(md, "r", meta))
+        await asyncio.sleep(0.1)
+        return [kind for name, kind, body in md.told if name == "FE0"], md.kv_reserved
+
+    assert asyncio.run(scenario()) == (["kv_arrived"], 0)
 
 
 @pytest.mark.parametrize("pipeline", ["P-MD", "P-RLD-MD"])
