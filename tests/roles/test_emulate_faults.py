@@ -34,7 +34,7 @@ def test_a_faults_file_runs_on_the_replays_timeline(tmp_path: Path) -> None:
             "--system",
             "pdd",
             "--requests",
-            "8",
+            "6",
             "--set",
             "workload.arrival_rate=2.0",
             "--faults",
@@ -47,7 +47,7 @@ def test_a_faults_file_runs_on_the_replays_timeline(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     pdd = summary["systems"]["pdd"]
     assert done.returncode == 0, done.stderr[-3000:]  # planned faults: complete, not partial
-    assert pdd["requests"]["completed"] == 8 and pdd["token_mismatches"] == 0
+    assert pdd["requests"]["completed"] == 6 and pdd["token_mismatches"] == 0
     assert summary["faults"] == str(faults)
     kinds = [(f["action"], f["instance"]) for f in pdd["faults"]["scheduled"]]
     assert kinds == [("kill", "MD0"), ("restart", "MD0"), ("kill", "RLD7")]
