@@ -32,3 +32,9 @@ class Recent(OrderedDict[str, V]):
 
     def discard(self, rid: str) -> None:
         self.pop(rid, None)
+
+    def copy(self) -> Recent[V]:
+        """The same entries, with the same bound (OrderedDict's would pass them as the bound)."""
+        made: Recent[V] = Recent(self.kept)
+        made.update(self)
+        return made

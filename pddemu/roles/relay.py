@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pddemu.model.kv import KV
 from pddemu.policy.handoff import (
     ONE_SHOT,
     DelayEstimate,
@@ -79,9 +80,12 @@ class RelayInstance(DecodeInstance):
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
         self.handoffs: dict[str, Handoff] = {}
-        self.md_ready_early: Recent[dict[str, Any]] = Recent()  # MD was ready before the relay
+        # MD was ready before the relay had the request: of requests on their way here (kept
+        # until they end), and of those not known here, not yet or no longer (the latest kept)
+        self.md_ready_early: dict[str, dict[str, Any]] = {}
+        self.md_ready_unknown: Recent[dict[str, Any]] = Recent()
         self.leads: dict[str, Handoff] = {}  # paced leads still delivering, by request
-        self.md_lost: Recent[None] = Recent()  # their MD was lost: no handoff, finished here
+        self.md_lost: set[str] = set()  # held here, their MD lost: no handoff, finished here
         # finished here before any handover: the clock held until the frontend settles them
         self.ends_held: dict[str, InstantHold] = {}
         self.md_cost = cost_model(self.config, spec.system, "MD")
@@ -93,13 +97,16 @@ class RelayInstance(DecodeInstance):
     async def kv_arrived(
         self, request: DecodeRequest, first_token: int, begin: dict[str, Any], genuine_bytes: int
     ) -> None:
+        ready = self.md_ready_early.pop(request.rid, None) or self.md_ready_unknown.pop(
+            request.rid, None
+        )
         if request.rid in self.released:
             self.released.discard(request.rid)
+            self.md_lost.discard(request.rid)
             await self.release_memory(request)
             return
         request.on_step = self.after_step
         await self.start_stream(request, first_token)
-        ready = self.md_ready_early.pop(request.rid, None)
         if ready is not None and not request.finished:
             self.open_handoff(request, ready)
 
@@ -153,8 +160,11 @@ class RelayInstance(DecodeInstance):
         if rid in self.md_lost:  # an MD that was given up for lost came back: too late
             return
         request = self.requests.get(rid)
-        if request is None:  # still waiting for memory here, or already gone
+        if request is None and self.expects(rid):  # on its way, perhaps waiting for memory
             self.md_ready_early[rid] = message.body
+            return
+        if request is None:  # its KV not begun here yet, or the request gone
+            self.md_ready_unknown[rid] = message.body
             return
         if not request.finished:
             self.open_handoff(request, message.body)
@@ -163,7 +173,7 @@ class RelayInstance(DecodeInstance):
         """The request failed at the frontend: stop working on it."""
         rid = message.body["rid"]
         self.handoffs.pop(rid, None)
-        self.md_ready_early.pop(rid, None)
+        self.forget_md_ready(rid)
         held = self.leads.pop(rid, None)
         if held is not None:
             held.held.clear()
@@ -186,13 +196,23 @@ class RelayInstance(DecodeInstance):
         """No handoff to MD (lost): the request is finished here, and a lead held back for
         MD's takeover goes on at once, at the times its tokens were produced: there is no MD
         to pace it to."""
-        self.md_lost.add(rid)
+        if rid in self.requests or self.expects(rid):
+            self.md_lost.add(rid)
         self.handoffs.pop(rid, None)
-        self.md_ready_early.pop(rid, None)
+        self.forget_md_ready(rid)
         held = self.leads.get(rid)
         if held is not None:  # kept, so that its groups still leave in order
             held.paced_from = math.inf  # no position is the lead's any more
             held.replan.set()  # the group waiting for its paced time goes now
+
+    def forget_md_ready(self, rid: str) -> None:
+        self.md_ready_early.pop(rid, None)
+        self.md_ready_unknown.pop(rid, None)
+
+    def transfer_cut(self, rid: str, kv: KV) -> None:
+        """The request's KV will not come: what was kept for it is forgotten."""
+        self.md_lost.discard(rid)
+        self.forget_md_ready(rid)
 
     async def on_settled(self, message: Envelope) -> None:
         """The frontend has done what the end of a request finished here asks of it
@@ -463,6 +483,10 @@ class RelayInstance(DecodeInstance):
         await super().finished(request)
         self.handoffs.pop(request.rid, None)
         self.leads.pop(request.rid, None)
+        self.md_lost.discard(request.rid)
+
+    async def drop(self, request: DecodeRequest) -> None:
+        await super().drop(request)
         self.md_lost.discard(request.rid)
 
     def stats(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
-from pddemu.roles.recent import KEPT
+from pddemu.roles.recent import KEPT, Recent
 from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
@@ -608,10 +608,11 @@ def test_a_release_before_the_kv_begins_here_leaves_no_memory_held(pipeline: str
 
 def test_the_ids_kept_for_late_messages_are_bounded() -> None:
     """Releases of requests whose KV never comes here (P cancelled before sending it), and
-    `md_ready` and `md_lost` for requests the relay no longer holds, leave ids behind, kept so
-    that a late message for them is ignored: each record keeps the most recent KEPT only (a
-    serve runs without end). The latest is still kept. On the code before, each grew by one id
-    a message, for good (5000 here)."""
+    `md_ready` for requests the relay does not hold, leave ids behind, kept so that a late
+    message for them is ignored: each record keeps the most recent KEPT only (a serve runs
+    without end). The latest is still kept. `md_lost` for a request the relay does not hold
+    leaves nothing (it says so: `stream_lost`). On the code before, each grew by one id a
+    message, for good (5000 here)."""
     count = KEPT + 904
 
     class Replies:
@@ -620,7 +621,7 @@ def test_the_ids_kept_for_late_messages_are_bounded() -> None:
         async def control(self, kind: str, body: dict) -> None:
             pass
 
-    async def scenario() -> dict[str, tuple[int, bool]]:
+    async def scenario() -> tuple[dict[str, tuple[int, bool]], tuple[int, int]]:
         md = instance(MainDecodeInstance, "MD")
         rld = instance(RelayInstance, "RLD")
         for i in range(count):
@@ -633,9 +634,52 @@ def test_the_ids_kept_for_late_messages_are_bounded() -> None:
         return {
             "MD released": (len(md.released), f"r{last}" in md.released),
             "RLD released": (len(rld.released), f"r{last}" in rld.released),
-            "RLD md_ready_early": (len(rld.md_ready_early), f"m{last}" in rld.md_ready_early),
-            "RLD md_lost": (len(rld.md_lost), f"l{last}" in rld.md_lost),
-        }
+            "RLD md_ready_unknown": (len(rld.md_ready_unknown), f"m{last}" in rld.md_ready_unknown),
+        }, (len(rld.md_lost), len(rld.md_ready_early))
 
-    kept = asyncio.run(scenario())
+    kept, live = asyncio.run(scenario())
     assert kept == dict.fromkeys(kept, (KEPT, True)), kept
+    assert live == (0, 0)
+
+
+def test_what_the_relay_keeps_for_a_live_request_outlasts_any_number_of_others() -> None:
+    """A held request whose MD was lost, and one waiting for memory here whose MD was ready
+    first, keep their entries however many other requests' messages come meanwhile, and lose
+    them when they end. On the code before, both records kept the latest KEPT ids only: the
+    first request's entry went, and its hand_over handed it to its lost MD; the second's, and
+    its handoff never opened."""
+
+    class Replies:
+        peer = "FE0"
+
+        async def control(self, kind: str, body: dict) -> None:
+            pass
+
+    async def scenario() -> tuple[tuple[bool, bool], tuple[int, int]]:
+        rld = instance(RelayInstance, "RLD")
+        held = prompt_request(rld, "held")
+        rld.requests["held"] = held
+        rld.admitting.add("waiting")  # its KV transfer begun, waiting for memory
+        await rld.on_md_lost(Envelope("md_lost", {"rid": "held"}, [], Replies()))
+        await rld.on_md_ready(Envelope("md_ready", {"rid": "waiting"}, [], None))
+        for i in range(KEPT + 1):
+            await rld.on_md_ready(Envelope("md_ready", {"rid": f"m{i}"}, [], None))
+            await rld.on_md_lost(Envelope("md_lost", {"rid": f"l{i}"}, [], Replies()))
+        kept = ("held" in rld.md_lost, "waiting" in rld.md_ready_early)
+        await rld.drop(held)
+        rld.admitting.discard("waiting")
+        rld.transfer_cut("waiting", held.kv)
+        return kept, (len(rld.md_lost), len(rld.md_ready_early))
+
+    assert asyncio.run(scenario()) == ((True, True), (0, 0))
+
+
+def test_a_copy_of_a_record_keeps_its_bound_and_entries() -> None:
+    """On the code before, `Recent.copy` (OrderedDict's) made a copy with the default bound
+    (KEPT), not the record's."""
+    record: Recent[int] = Recent(2)
+    record["a"], record["b"] = 1, 2
+    copy = record.copy()
+    assert (copy.kept, list(copy.items())) == (2, [("a", 1), ("b", 2)])
+    copy["c"] = 3
+    assert (list(copy), list(record)) == (["b", "c"], ["a", "b"])
