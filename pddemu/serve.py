@@ -49,6 +49,7 @@ from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, se
 from pddemu.metrics.timing import timing_summary
 from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
+from pddemu.runtime.timekeeping import expected_tpot
 
 # The live verdict on the frontend's /stats: how often it is judged, and at most which share of
 # the wall time gathering the instances' stats for it may take.
@@ -89,14 +90,24 @@ async def serve(
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
-        summary = served_summary(await deployment.stats(), deployment.config.scale.max_lag)
+        summary = served_summary(
+            await deployment.stats(), deployment.config.scale.max_lag, decode_step(deployment)
+        )
         summary["missing_stats"] = dict(deployment.missing_stats)
         print(json.dumps(summary), flush=True)
     finally:
         await deployment.stop()
 
 
-def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, Any]:
+def decode_step(deployment: Deployment) -> float:
+    """The modelled decode step that bounds the lag while no request has a TPOT, as emulate
+    takes it (`expected_tpot`; serve has no workload: the typical context)."""
+    return expected_tpot(deployment.config, deployment.system)
+
+
+def served_summary(
+    stats: dict[str, dict[str, Any]], max_lag: float, decode_step_s: float | None
+) -> dict[str, Any]:
     """serve's last line: what its door wrote, how many chunks it wrote later than their
     tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`: what a client measures
     and the records do not show), and whether the records are the modelled system's
@@ -107,17 +118,20 @@ def served_summary(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str
     return {
         "stopped": True,
         "door": router.get("door"),
-        **lag_verdict(stats, max_lag),
+        **lag_verdict(stats, max_lag, decode_step_s),
         "errors": router.get("errors", []),
     }
 
 
-def lag_verdict(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, Any]:
+def lag_verdict(
+    stats: dict[str, dict[str, Any]], max_lag: float, decode_step_s: float | None
+) -> dict[str, Any]:
     """Whether the records so far are the modelled system's, from every instance's stats.
 
     In real time nothing holds the clock for the host, so what the host did late is in the
     records. It is judged by emulate's rule (`pddemu.metrics.timing`: each exact kind's mean lag
-    within `max_lag` x the TPOT p50 of the requests served): `valid`, `invalid_reason`, `lag`.
+    within `max_lag` x the TPOT p50 of the requests served, or, while none has a TPOT, x the
+    modelled decode step `decode_step_s`): `valid`, `invalid_reason`, `lag`.
     `late_requests` counts the requests whose steps ran later than that bound, summed over the
     steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it (any
     request that was in a step, failed ones too, so `count` may exceed the `of` completed; None
@@ -126,7 +140,9 @@ def lag_verdict(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, A
     forgot, whose requests are counted from what the other instances kept of them."""
     router = _router(stats) or {}
     door = router.get("door") or {}
-    timing = timing_summary(stats, {}, None, {}, door.get("tpot_p50_s"), max_lag)
+    timing = timing_summary(
+        stats, {}, None, {}, door.get("tpot_p50_s"), max_lag, decode_step_s=decode_step_s
+    )
     bound = timing["lag"]["bound_s"]
     carried: dict[str, float] = {}
     for report in stats.values():
@@ -138,7 +154,7 @@ def lag_verdict(stats: dict[str, dict[str, Any]], max_lag: float) -> dict[str, A
         "invalid_reason": timing["invalid_reason"],
         "lag": {
             key: timing["lag"][key]
-            for key in ("bound_s", "max_lag", "mean_by_kind", "by_participant")
+            for key in ("bound_s", "bound_from", "max_lag", "mean_by_kind", "by_participant")
         },
         "late_requests": {
             "count": None if bound is None else sum(1 for lag in carried.values() if lag > bound),
@@ -159,13 +175,14 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
     VERDICT_SHARE of the wall time (they grow with the requests served), so the watch never
     takes more than that share of the host from the system it watches."""
     max_lag = deployment.config.scale.max_lag
+    step = decode_step(deployment)
     period = VERDICT_PERIOD_S
     async with aiohttp.ClientSession(headers=deployment.headers) as session:
         while True:
             await asyncio.sleep(period)
             started = time.monotonic()
             try:
-                await post_verdict(deployment, session, started - time_zero, max_lag)
+                await post_verdict(deployment, session, started - time_zero, max_lag, step)
             except Exception as error:  # one bad round must not end the watch: say so, go on
                 print(
                     f"pddemu serve: verdict not updated: {type(error).__name__}: {error}",
@@ -176,7 +193,11 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
 
 
 async def post_verdict(
-    deployment: Deployment, session: aiohttp.ClientSession, as_of_s: float, max_lag: float
+    deployment: Deployment,
+    session: aiohttp.ClientSession,
+    as_of_s: float,
+    max_lag: float,
+    decode_step_s: float,
 ) -> None:
     """One round of the watch: the verdict from every instance's stats, with the instances
     whose stats could not be read (`missing_stats`: name -> why), to the frontend."""
@@ -186,7 +207,7 @@ async def post_verdict(
         return  # the frontend's own stats are unreadable: it keeps the last verdict
     verdict = {
         "as_of_s": as_of_s,
-        **lag_verdict(stats, max_lag),
+        **lag_verdict(stats, max_lag, decode_step_s),
         "missing_stats": dict(deployment.missing_stats),
     }
     try:

@@ -14,11 +14,13 @@ import pytest
 from aiohttp import web
 
 from pddemu import serve
+from pddemu.config import load_config
 from pddemu.roles.__main__ import NICE, niceness
 from pddemu.roles.base import Instance
 from pddemu.roles.carried_lag import CarriedLag
 from pddemu.roles.frontend import Frontend
 from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.timekeeping import expected_tpot
 from pddemu.serve import lag_verdict, served_summary
 
 
@@ -49,6 +51,9 @@ def test_a_late_step_is_carried_by_each_of_its_requests_and_an_on_time_one_by_no
     assert instance.steps == 2
 
 
+STEP_S = expected_tpot(load_config(), "pdd")  # serve's bound while no request has a TPOT
+
+
 def _stats(step_lags: list[float], carried: dict[str, float]) -> dict[str, dict[str, Any]]:
     door = {"chunks_written": 10, "late_writes": 0, "completed": 3, "tpot_p50_s": 0.010}
     return {
@@ -59,7 +64,7 @@ def _stats(step_lags: list[float], carried: dict[str, float]) -> dict[str, dict[
 
 
 def test_serve_judges_its_lag_by_emulates_rule_and_counts_the_late_requests() -> None:
-    late = served_summary(_stats([0.05, 0.0], {"r1": 0.05, "r2~1": 0.0002}), max_lag=0.05)
+    late = served_summary(_stats([0.05, 0.0], {"r1": 0.05, "r2~1": 0.0002}), 0.05, STEP_S)
     assert late["lag"]["bound_s"] == 0.05 * 0.010
     # the mean over every instance's steps (P's two and MD's one), as emulate takes it
     assert late["valid"] is False and "mean step lag 16.67 ms" in late["invalid_reason"]
@@ -70,9 +75,22 @@ def test_serve_judges_its_lag_by_emulates_rule_and_counts_the_late_requests() ->
         "max_carried_s": 0.05,
         "dropped_legs": 0,
     }
-    on_time = served_summary(_stats([0.0002, 0.0], {"r1": 0.0002}), max_lag=0.05)
+    on_time = served_summary(_stats([0.0002, 0.0], {"r1": 0.0002}), 0.05, STEP_S)
     assert on_time["valid"] is True and on_time["invalid_reason"] is None
     assert on_time["late_requests"]["count"] == 0
+
+
+def test_serve_judges_a_run_without_a_tpot_against_the_modelled_decode_step() -> None:
+    """No request served has a TPOT yet (none completed, or single-token ones): serve judges
+    the lag against the modelled decode step, as emulate does (`timing_summary`'s
+    decode_step_s). On the code before, it was 'no TPOT to bound the lag by': invalid."""
+    stats = _stats([0.0002, 0.0], {"r1": 0.0002})
+    stats["FE0"]["door"] = {**stats["FE0"]["door"], "tpot_p50_s": None}
+    verdict = served_summary(stats, 0.05, STEP_S)
+    assert (verdict["valid"], verdict["invalid_reason"]) == (True, None)
+    assert verdict["lag"]["bound_s"] == pytest.approx(0.05 * STEP_S)
+    assert verdict["lag"]["bound_from"] == "decode_step"
+    assert verdict["late_requests"]["count"] == 0
 
 
 def test_an_instance_keeps_the_carried_lag_of_its_most_recent_legs_only() -> None:
@@ -94,7 +112,8 @@ class _Serving:
     route on a real HTTP server."""
 
     def __init__(self, stats: dict[str, dict[str, Any]], port: int, failures: int = 0) -> None:
-        self.config = SimpleNamespace(scale=SimpleNamespace(max_lag=0.05))
+        self.config = load_config()  # max_lag 0.05
+        self.system = "pdd"
         self.headers: dict[str, str] = {}
         self._stats = stats
         self._port = port
@@ -164,5 +183,5 @@ def test_the_frontends_stats_carry_serves_verdict_so_far(
     # the judgement of serve's last line, by the same code, dated, with what it could not read
     assert verdict.pop("as_of_s") > 0
     assert verdict.pop("missing_stats") == {"RLD0": "stats unreadable: TimeoutError: "}
-    assert verdict == json.loads(json.dumps(lag_verdict(stats, 0.05)))
+    assert verdict == json.loads(json.dumps(lag_verdict(stats, 0.05, STEP_S)))
     assert verdict["valid"] is False and verdict["late_requests"]["count"] == 1
