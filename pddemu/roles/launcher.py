@@ -3,8 +3,10 @@
 An instance started by `python -m pddemu.roles` spends seconds of CPU importing torch and the
 roles before it can answer; a deployment's six instances starting at once on two cores paid
 that six times over, and it was most of a short run's wall time. The launcher
-(`python -m pddemu.roles.launcher`, one per deployment) imports it all once and forks each
-instance from itself on request, single-threaded (nothing of torch runs in it before a fork).
+(`python -m pddemu.roles.launcher`: `pddemu emulate` and `pddemu validate` start one before
+their own imports, for all their deployments; any other deployment starts its own) imports it
+all once and forks each instance from itself on request, single-threaded (nothing of torch
+runs in it before a fork).
 
 Each instance is forked twice, the middle process exiting at once, so that it becomes a child
 of the orchestrator (a child subreaper, PR_SET_CHILD_SUBREAPER): the deployment waits for it,
@@ -42,8 +44,8 @@ PR_SET_CHILD_SUBREAPER = 36
 # a process's command line is the memory its arguments were given in, never longer.
 TITLE_ROOM = 4096
 INSTANCE_THREADS_ENV = "PDDEMU_INSTANCE_THREADS"  # the OMP_NUM_THREADS the instances get
-REPARENT_TIMEOUT_S = 10.0
-NOT_ADOPTED_EXIT = 1  # the exit status of a forked instance that never became this process's  # wall seconds a forked instance waits to become the orchestrator's
+REPARENT_TIMEOUT_S = 10.0  # wall seconds a forked instance waits to become the orchestrator's
+NOT_ADOPTED_EXIT = 1  # the exit status of a forked instance that never became its child
 
 
 class LaunchError(RuntimeError):
