@@ -138,7 +138,11 @@ async def replay(
                         )
                     )
                     tasks.append(task)
-                    await asyncio.wait({admitted, task}, timeout=INSTANT_HOLD_CAP_S)
+                    await asyncio.wait(
+                        {admitted, task},
+                        timeout=INSTANT_HOLD_CAP_S,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                 progress.show()
             result.not_sent = 0
             while not all(task.done() for task in tasks):

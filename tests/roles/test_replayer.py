@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
+from netem.clock import SharedClock
 from pddemu.metrics.records import RequestRecord
 from pddemu.replay import replay
 from pddemu.runtime.clock import ModelledClock
@@ -128,3 +129,44 @@ def test_an_arrival_the_frontend_took_late_is_counted_as_send_lag() -> None:
         return clock.lags["send"]
 
     assert asyncio.run(scenario()) == [pytest.approx(0.3)]
+
+
+async def generate_slowly(request: web.Request) -> web.StreamResponse:
+    """A frontend that has the request at once (its answer begins) and ends it 0.5 s later."""
+    rid = (await request.json())["rid"]
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await asyncio.sleep(0.5)
+    await reply.write(json.dumps({"record": good_record(rid), "output_ids": [7]}).encode() + b"\n")
+    await reply.write_eof()
+    return reply
+
+
+def test_the_arrivals_hold_ends_when_the_frontend_has_the_request(tmp_path) -> None:
+    """Time stands at each arrival until the frontend's answer has begun, not until the
+    request is over: before, the hold waited for both, and so always for its cap (0.25 s of
+    wall time an arrival)."""
+
+    async def scenario() -> dict:
+        app = web.Application()
+        app.router.add_post("/generate", generate_slowly)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        page = tmp_path / "clock"
+        SharedClock.create(page, rate=1.0)
+        clock = ModelledClock.attach(page, "replay-pdd/instant")
+        try:
+            workload = [Request("r1", 0.05), Request("r2", 0.1)]
+            result = await replay(f"http://127.0.0.1:{port}", workload, clock, "pdd", 0.0)
+            assert [r.state for r in result.records] == ["completed", "completed"]
+            return clock.hold_counts()
+        finally:
+            clock.close()
+            await runner.cleanup()
+
+    holds = asyncio.run(scenario())
+    assert holds["posted"] == 2
+    assert holds["frozen_wall_s"] < 0.2, holds  # two arrivals; 0.5 s at their caps before
