@@ -294,14 +294,18 @@ def take_threads(asked: str) -> None:
 
 def set_command_line(argv: Sequence[str]) -> None:
     """Write `argv` over this process's command line (/proc/self/cmdline), within the room
-    its arguments were given in; too long, it is cut."""
-    with open("/proc/self/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
-    text = b"".join(arg.encode() + b"\0" for arg in argv)[: end - start - 1]
-    with open("/proc/self/mem", "r+b", buffering=0) as memory:
-        memory.seek(start)
-        memory.write(text.ljust(end - start, b"\0"))
+    its arguments were given in; too long, it is cut. A host that does not let a process
+    write its own memory keeps the launcher's (said on stderr): only `ps` is the poorer."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        text = b"".join(arg.encode() + b"\0" for arg in argv)[: end - start - 1]
+        with open("/proc/self/mem", "r+b", buffering=0) as memory:
+            memory.seek(start)
+            memory.write(text.ljust(end - start, b"\0"))
+    except OSError as error:
+        print(f"pddemu: the command line {' '.join(argv)} was not set: {error}", file=sys.stderr)
 
 
 def main() -> None:

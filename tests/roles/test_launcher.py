@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pddemu.config import config_to_json, load_config
+from pddemu.roles import launcher as launcher_module
 from pddemu.roles.launcher import Launcher
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.auth import RunSecret
@@ -180,3 +181,19 @@ def test_an_instance_ends_at_once_with_its_log_written(tmp_path: Path) -> None:
     assert done.returncode == 3
     assert "the last line" in log.read_text()
     assert "finalized" not in done.stdout
+
+
+def test_a_command_line_that_cannot_be_written_is_said_and_kept(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host that does not let a process write its own memory: the instance runs on under the
+    launcher's command line (the write raised before, and ended the instance)."""
+    before = Path("/proc/self/cmdline").read_bytes()
+
+    def refused(path: str, *args: object, **kwargs: object) -> object:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(launcher_module, "open", refused, raising=False)
+    launcher_module.set_command_line(["python", "-m", "pddemu.roles", "FE0.json"])
+    assert "FE0.json was not set: [Errno 13] Permission denied" in capsys.readouterr().err
+    assert Path("/proc/self/cmdline").read_bytes() == before
