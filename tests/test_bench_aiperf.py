@@ -1,5 +1,6 @@
 """AIPerf runs with a temporary directory of its own, removed after, also on failure (each
-AIPerf run leaves an empty `aiperf_mmap_<id>` directory, and ZeroMQ's, in its TMPDIR)."""
+AIPerf run leaves an empty `aiperf_mmap_<id>` directory, and ZeroMQ's, in its TMPDIR); the
+difference of the TTFT p50s is divided into parts that sum to it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pddemu.bench.aiperf import run_aiperf
+from pddemu.bench.aiperf import p50_steps_ms, run_aiperf
 
 # What AIPerf does with its temporary directory: makes its scratch directory there, leaves it.
 LEAVES_SCRATCH = (
@@ -61,3 +62,23 @@ def test_a_timeout_kills_the_children_it_started_too(tmp_path: Path) -> None:
     pid = int(pid_file.read_text())  # two Python start-ups fit in 5 s on a loaded host
     stat = Path(f"/proc/{pid}/stat")
     assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+def test_the_p50_difference_is_divided_into_parts_that_sum_to_it() -> None:
+    """Five requests (record, in the frontend, after the door, before the door), seconds: each
+    part's median is 1 ms, but the request at the median's rank waited 6 ms before the door,
+    so the p50s are 7 ms apart, and the steps say where the 7 ms went."""
+    ms = 1e-3
+    parts = [
+        (100 * ms, 1 * ms, 1 * ms, 1 * ms),
+        (110 * ms, 1 * ms, 1 * ms, 1 * ms),
+        (120 * ms, 1 * ms, 1 * ms, 6 * ms),  # the median's rank
+        (130 * ms, 1 * ms, 1 * ms, 1 * ms),
+        (140 * ms, 1 * ms, 1 * ms, 1 * ms),
+    ]
+    steps = p50_steps_ms(parts)
+    assert steps == pytest.approx(
+        {"in_the_frontend": 1.0, "after_the_door": 1.0, "before_the_door": 6.0}
+    )
+    client = sorted(sum(request) for request in parts)[2] * 1e3
+    assert sum(steps.values()) == pytest.approx(client - 120.0)
