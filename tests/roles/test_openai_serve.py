@@ -5,6 +5,7 @@ OpenAI-style errors."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,12 +23,26 @@ from tests.conftest import require_namespaces
 from tests.roles.client_timing import outside_the_emulator_s, where_the_difference_goes
 
 
+def user_namespaces() -> dict[int, str]:
+    """Every process on the host: pid -> its user namespace."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found[int(entry)] = os.readlink(f"/proc/{entry}/ns/user")
+            except OSError:  # ended meanwhile
+                pass
+    return found
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A rootless serve (as root, --rootless: the path a non-root user takes): the emulated
     network lives in a private namespace, and the host port, made before entering it, serves
-    the host's clients. tests/roles/test_aiperf_serve.py and test_serve_schedule.py serve as
-    root."""
+    the host's clients. Its namespaces are never on the host: on its exit, no process is left
+    in its private user namespace (the namespaces made inside go with the last of them). That
+    a serve as root removes the namespaces it made is tests/roles/test_aiperf_serve.py's and
+    test_serve_schedule.py's."""
     require_namespaces()
     run_dir = tmp_path_factory.mktemp("serve")
     process = subprocess.Popen(
@@ -41,14 +56,19 @@ def server(tmp_path_factory):
     assert line, process.stderr.read()
     ready = json.loads(line)
     run = ready["netns"].rsplit("-", 1)[0]  # this run's namespaces: <run>-a, <run>-b, ...
+    private = os.readlink(f"/proc/{process.pid}/ns/user")
     try:
         assert not [n for n in list_namespaces() if n.startswith(run + "-")], "on the host"
+        assert private != os.readlink("/proc/self/ns/user"), "serve has no user namespace"
+        inside = [pid for pid, ns in user_namespaces().items() if ns == private]
+        assert len(inside) > 1, "no instance in serve's user namespace"
         yield ready
     finally:
         process.send_signal(signal.SIGINT)
         exit_code = process.wait(30)
     assert exit_code == 0
-    assert not [n for n in list_namespaces() if n.startswith(run + "-")], "serve left some"
+    left = [pid for pid, ns in user_namespaces().items() if ns == private]
+    assert not left, f"processes left in serve's user namespace: {left}"
 
 
 def test_streamed_ttft_contains_the_emulator_record(server) -> None:
