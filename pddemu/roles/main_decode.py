@@ -18,7 +18,7 @@ for every output too): it pins exactly what it counts.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,9 +75,17 @@ class MainDecodeInstance(DecodeInstance):
             self.store.match(prompt) if self.config.policy.drc else (0, None, [])
         )
         self.matches[rid] = Pinned(prompt, length, node, handles)
-        await message.channel.control("matched", {"rid": rid, "hit": length, "instance": self.name})
-        if not self.exact(message.channel.peer):  # the shaper held the present for the match
-            self.clock.let_routing_go()
+        answer = {"rid": rid, "hit": length, "instance": self.name}
+        if self.exact(message.channel.peer):
+            await message.channel.control("matched", answer)
+        else:  # the shaper held the present for the match: let go once the answer is written
+            # (the wait for the send buffer can wait on acknowledgements the hold keeps still),
+            # or when writing it failed or was cancelled
+            let_go = _once(self.clock.let_routing_go)
+            try:
+                await message.channel.control("matched", answer, handed=let_go)
+            finally:
+                let_go()
         # The request's KV comes a round trip and a prefill after this at the earliest: by then
         # this instance's own connection to the frontend (its tokens and reports) is open, as a
         # deployment's long-lived one is. Opened on first use, its handshake held the run's
@@ -427,3 +435,16 @@ class MainDecodeInstance(DecodeInstance):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "drc_tokens": self.store.size_tokens}
+
+
+def _once(action: Callable[[], None]) -> Callable[[], None]:
+    """`action`, done at the first call only: a hold let go twice could let go the next one."""
+    done = False
+
+    def act() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+
+    return act

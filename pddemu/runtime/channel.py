@@ -150,10 +150,16 @@ class Channel:
         await channel.send(Control(HELLO, secret.hello(me, peer, purpose)))
         return channel
 
-    async def send(self, control: Control | Message, *attachments: Message) -> int:
+    async def send(
+        self,
+        control: Control | Message,
+        *attachments: Message,
+        handed: Callable[[], None] | None = None,
+    ) -> int:
         """Send a message with its attachments. All frames are handed to the transport before
         the first wait, so a sender cancelled while waiting never leaves half a group on a
-        shared connection. A message of the routing exchange (`ROUTING_KINDS`) has its last
+        shared connection; `handed` is called then, before the wait for the send buffer, which
+        may wait for acknowledgements across the WAN. A message of the routing exchange (`ROUTING_KINDS`) has its last
         byte sent marked `netem.clock.ROUTING_DSCP`: where it crosses the WAN, the shaper holds
         modelled time at that segment's release until its reader lets go
         (`ModelledClock.let_routing_go`). What the socket cannot take at once (a send buffer
@@ -184,13 +190,21 @@ class Channel:
                     self.writer.write(last)
                 finally:
                     mark_socket(sock, self.purpose)
+            if handed is not None:
+                handed()
             await self.writer.drain()
         sent = frame_size(buffers)
         self.bytes_sent += sent
         return sent
 
-    async def control(self, kind: str, body: dict[str, Any], *attachments: Message) -> int:
-        return await self.send(Control(kind, body), *attachments)
+    async def control(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        *attachments: Message,
+        handed: Callable[[], None] | None = None,
+    ) -> int:
+        return await self.send(Control(kind, body), *attachments, handed=handed)
 
     async def receive(self) -> Envelope | Message:
         """The next control message with its attachments, or a bare data frame."""

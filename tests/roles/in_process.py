@@ -78,8 +78,10 @@ class WireEnd:
         self.closed = False
         self._reply = reply
 
-    async def control(self, kind: str, body: dict) -> None:
+    async def control(self, kind: str, body: dict, handed: Any = None) -> None:
         await self._reply(self.peer, kind, body)
+        if handed is not None:
+            handed()
 
 
 def wire(instances: dict[str, Any], one_way_s: dict[tuple[str, str], float]) -> None:

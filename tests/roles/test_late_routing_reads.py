@@ -93,8 +93,10 @@ class FrontendEnd:
         self.clock = clock
         self.sent: list[tuple[str, float]] = []
 
-    async def control(self, kind: str, body: dict) -> None:
+    async def control(self, kind: str, body: dict, handed: Any = None) -> None:
         self.sent.append((kind, self.clock.now()))
+        if handed is not None:
+            handed()
 
 
 def test_a_late_read_of_the_match_does_not_move_mds_answer(tmp_path: Path) -> None:
@@ -117,6 +119,64 @@ def test_a_late_read_of_the_match_does_not_move_mds_answer(tmp_path: Path) -> No
         arrived = asyncio.run(run())
         assert frontend.sent == [("matched", arrived)]  # as of the match's arrival
         assert shaper.anchor().hold == math.inf  # and the shaper's hold let go
+    finally:
+        md.clock.close()
+        shaper.close()
+
+
+class StalledFrontendEnd(FrontendEnd):
+    """An answer written, then a wait for the send buffer that does not end (acknowledgements
+    across a WAN the hold keeps still), or a connection reset as it is written (`fails`)."""
+
+    def __init__(self, clock: Any, fails: bool) -> None:
+        super().__init__(clock)
+        self.fails = fails
+        self.drained = asyncio.Event()
+
+    async def control(self, kind: str, body: dict, handed: Any = None) -> None:
+        if self.fails:
+            raise ConnectionResetError("the frontend reset the connection")
+        self.sent.append((kind, self.clock.now()))
+        if handed is not None:
+            handed()
+        await self.drained.wait()
+
+
+def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(tmp_path: Path) -> None:
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0, ceiling=1.0)
+    shaper = SharedClock(page)
+    slot = shaper.claim(ROUTING_SLOT)
+    md = instance(MainDecodeInstance, "MD", clock=str(page))
+    md.transit = {"FE0": (WAN_ONE_WAY_S, False)}
+    stalled = StalledFrontendEnd(md.clock, fails=False)
+    reset = StalledFrontendEnd(md.clock, fails=True)
+
+    async def match(frontend: StalledFrontendEnd, rid: str) -> asyncio.Future[None]:
+        shaper.hold(slot, md.clock.now())  # the match released: the shaper holds
+        ids = [TokenIds.from_ints(rid, 0, [1, 2, 3])]
+        answer = md.on_match(Envelope("match", {"rid": rid}, ids, frontend))
+        answering = asyncio.ensure_future(answer)
+        await asyncio.sleep(0.01)
+        return answering
+
+    async def run() -> tuple[float, float]:
+        answering = await match(stalled, "r")
+        assert not answering.done()  # still waiting for the send buffer
+        while_draining = shaper.anchor().hold
+        stalled.drained.set()
+        await answering
+        failed = await match(reset, "q")
+        try:
+            await failed
+        except ConnectionResetError:
+            pass
+        return while_draining, shaper.anchor().hold
+
+    try:
+        while_draining, after_a_reset = asyncio.run(run())
+        assert stalled.sent and while_draining == math.inf  # let go once written
+        assert after_a_reset == math.inf  # and when writing it failed
     finally:
         md.clock.close()
         shaper.close()
