@@ -6,7 +6,8 @@ the target the page publishes, in any one kind (handler, send: messages handled 
 sent late; each is judged on its own mean, so frequent messages on time cannot hide late
 requests, once the window holds `min_samples` of it or its total alone is that many
 targets: one sample of a rare kind a little late is noise, not a trend), or genuine work held
-the clock still for more than a sliver of the wall time, the clock slows down at once
+the clock still for more of the wall time than a slow-down could win back (`FROZEN_OK`),
+the clock slows down at once
 (multiplicative decrease, harder when far behind); when the last half second had enough
 samples and they averaged well within the target, it speeds up gently (multiplicative
 increase); with too few samples to tell (an idle system, or a clock so slow it hears few
@@ -42,6 +43,12 @@ AUTO_CEILING = 64.0  # the fastest "auto" may run: a bound, far beyond what a la
 AUTO_START = 2.0  # where a run begins, at most: low, so a loaded host is not late at first
 TIMELINE_STEP_S = 5.0  # modelled seconds between kept timeline points at a steady rate
 TIMELINE_CHANGE = 0.1  # a rate this much away from the last kept point is kept too
+# A hold stands the clock still while genuine work finishes, so results stay exact however long
+# it holds; it costs speed only: a run advances rate x (1 - frozen share) modelled seconds per
+# wall second. Slowing by the policy's `decrease` (0.8) can raise that only where holds stood
+# the clock still for more than 1 - 0.8 of the wall time, even if it ended them all; below that
+# share a slow-down costs more than the holds it saves (`scale.frozen_share`, its default).
+FROZEN_OK = 0.2
 
 
 @dataclass(frozen=True)
@@ -65,11 +72,11 @@ class DilationPolicy:
     # run to run, x0.26-0.48, for one A/B to show it: docs/validation.md).
     calm_share: float = 0.85
     decrease: float = 0.8  # factor on trouble
-    hard_decrease: float = 0.5  # factor when four times over the target, or mostly frozen
+    hard_decrease: float = 0.5  # factor when four times over the target, or frozen over half
     increase: float = 1.015  # factor per calm period (x1.35 per wall second)
     recover: float = 1.05  # factor per quiet period below the start (x2.7 per wall second)
     cooldown_periods: int = 4  # after a decrease, periods before the next one
-    frozen_ok: float = 0.01  # share of wall time holds may stand the clock still
+    frozen_ok: float = FROZEN_OK  # share of wall time holds may stand the clock still
 
     @property
     def growth_per_s(self) -> float:
@@ -77,7 +84,9 @@ class DilationPolicy:
         return math.log(max(self.increase, self.recover)) / self.period_s
 
     @classmethod
-    def for_time_scale(cls, time_scale: float | None, frozen_share: float = 0.01) -> DilationPolicy:
+    def for_time_scale(
+        cls, time_scale: float | None, frozen_share: float = FROZEN_OK
+    ) -> DilationPolicy:
         """`time_scale` is the fastest rate allowed; None is "auto". Either starts low (a
         loaded host is not late at first, which a short run's lag would show) and speeds up
         from there. `frozen_share`: `scale.frozen_share`."""
@@ -166,7 +175,8 @@ class Dilation:
         if self._cooldown:
             self._cooldown -= 1
         elif mean > target or stood > policy.frozen_ok:
-            hard = mean > 4 * target or stood > 10 * policy.frozen_ok
+            # Halving pays for holds only where they stood the clock still over half the time.
+            hard = mean > 4 * target or stood > max(policy.frozen_ok, 1 - policy.hard_decrease)
             rate = max(policy.floor, rate * (policy.hard_decrease if hard else policy.decrease))
             self.decreases += 1
             cause = self._culprit(worst_kind if mean > target else None)

@@ -265,7 +265,7 @@ def test_each_slow_down_names_its_kind_and_participant_in_the_timeline(tmp_path:
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.decrease)  # nothing new: no cause
     shared.hold(p, shared.now() + 0.01)
-    wall.advance(0.05)  # the hold stands the clock still for most of the period
+    wall.advance(0.1)  # the hold stands the clock still for most of the window's 0.15 s
     shared.release(p)
     assert dilation.step() == pytest.approx(8.0 * policy.decrease * policy.hard_decrease)
     assert dilation.slowed_by == {"lag send replayer": 1, "hold P0": 1}
@@ -349,6 +349,39 @@ def test_holds_that_stand_the_clock_still_slow_it_down(tmp_path: Path) -> None:
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * 0.5)  # cooling down: no second cut at once
     assert dilation.slowed_by == {"hold P0": 1}
+
+
+def test_holds_slow_the_clock_only_where_a_slow_down_could_win_their_time_back(
+    tmp_path: Path,
+) -> None:
+    """A hold keeps results exact and costs speed only: rate x (1 - frozen share) modelled
+    seconds per wall second. Slowing by 0.8 can raise that only where holds stood more than
+    20 % of the window's wall time, so the default policy lets shorter holds be: a step's
+    10 ms hold in half a second (2 %; the 1 % of before cut the rate for it) and holds of 15 %
+    leave the rate alone, 30 % slows it by 0.8, 60 % halves it."""
+    policy = DilationPolicy.for_time_scale(None)  # the default policy, start 2
+    dilation, shared, wall = _dilation(tmp_path, policy, "RLD0")
+    rld = 0
+
+    def window_with_a_hold(share: float) -> float:
+        """A window of quiet periods (a slowed rate recovers in them), the last with a hold
+        that stands the clock still for `share` of the window's wall time."""
+        running_s = policy.window_periods * policy.period_s
+        for _ in range(policy.window_periods - 1):
+            wall.advance(policy.period_s)
+            dilation.step()
+        shared.hold(rld, shared.now())
+        wall.advance(share * running_s / (1 - share))
+        shared.release(rld)
+        wall.advance(policy.period_s)
+        return dilation.step()
+
+    assert window_with_a_hold(0.02) == AUTO_START
+    assert window_with_a_hold(0.15) == AUTO_START
+    assert dilation.slowed_by == {}
+    assert window_with_a_hold(0.3) == pytest.approx(AUTO_START * policy.decrease)
+    assert window_with_a_hold(0.6) == pytest.approx(AUTO_START * policy.hard_decrease)
+    assert dilation.slowed_by == {"hold RLD0": 2}
 
 
 def test_auto_has_a_ceiling_and_every_run_starts_low() -> None:
