@@ -88,7 +88,9 @@ _SLOT_HOLD = struct.Struct("=dd")  # offset 40 in a slot: hold at, wall seconds 
 _SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stopped the clock
 _SLOT_LAG = struct.Struct("=Qd")  # offset 72 + 16 x kind: count, sum
 _SLOT_LAG_MAX = struct.Struct("=d")  # offset 104: the largest of any kind
-SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT = 40, 56, 72, 104
+# Offset 112: how many readers a hold shared by several messages stands for (`hold_for_one_more`)
+_SLOT_READERS = struct.Struct("=Q")
+SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT, SLOT_READERS_AT = 40, 56, 72, 104, 112
 # The name suffix of a slot whose holds stand time still by design, at the present, for an
 # exchange the modelled system does in no time (the rate's controller ignores their frozen time).
 INSTANT = "/instant"
@@ -98,10 +100,15 @@ INSTANT = "/instant"
 # of a segment so marked that carries data and ends a write (PSH), in its slot ROUTING_SLOT,
 # until the message's reader lets go (once it has acted on it, or holds the present itself) or
 # ROUTING_HOLD_CAP_S of wall time has passed: so what the reader does on the message is as of
-# its arrival, however late it reads it.
+# its arrival, however late it reads it. Messages in flight together share the slot's hold,
+# counted: it stands until each reader has let go or each message's cap has passed.
 ROUTING_DSCP = 20
 ROUTING_SLOT = "shaper routing" + INSTANT
 ROUTING_HOLD_CAP_S = 0.25
+# A reader's date of its message (the kernel's receive time, moved to modelled time) may fall
+# this far before the instant the hold at its release stands at (the clocks' offset's error):
+# a message dated earlier still came before that hold, which then stands for another.
+ARRIVAL_SLACK_S = 1e-4
 
 
 class ClockError(RuntimeError):
@@ -540,20 +547,63 @@ class SharedClock:
         """Hold modelled time at `at` (or at the present, if `at` has passed) until `release`;
         returns where it holds. A slot holds one time at most: a new hold replaces its last."""
         with self._locked():
-            self._release(index)
-            anchor = self.anchor()
-            wall = self.monotonic()
-            at = max(at, anchor.at(wall))
+            return self._hold(index, at)
+
+    def _hold(self, index: int, at: float) -> float:
+        self._release(index)
+        anchor = self.anchor()
+        wall = self.monotonic()
+        at = max(at, anchor.at(wall))
+        where = _slot_at(index)
+        _, frozen = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
+        _SLOT_HOLD.pack_into(self._page, where + SLOT_HOLD_AT, at, frozen)
+        posted, binding = _SLOT_HOLDS.unpack_from(self._page, where + SLOT_HOLDS_AT)
+        _SLOT_HOLDS.pack_into(self._page, where + SLOT_HOLDS_AT, posted + 1, binding)
+        earliest = self._earliest_hold()
+        if earliest != anchor.hold:
+            self._write_anchor(wall, anchor.at(wall), anchor.rate, earliest)
+            self._mark_binding(self.anchor(), wall)
+        return at
+
+    def hold_for_one_more(self, index: int, at: float) -> float:
+        """Hold modelled time at `at` (or the present) for one more reader: where the slot
+        holds already, for readers of other messages still to let go (`let_go_one`), that hold
+        stands for this one too (time stood still there since). Returns where it holds."""
+        with self._locked():
             where = _slot_at(index)
-            _, frozen = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
-            _SLOT_HOLD.pack_into(self._page, where + SLOT_HOLD_AT, at, frozen)
+            (readers,) = _SLOT_READERS.unpack_from(self._page, where + SLOT_READERS_AT)
+            _SLOT_READERS.pack_into(self._page, where + SLOT_READERS_AT, readers + 1)
+            held, _ = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
+            if held == math.inf:
+                return self._hold(index, at)
             posted, binding = _SLOT_HOLDS.unpack_from(self._page, where + SLOT_HOLDS_AT)
             _SLOT_HOLDS.pack_into(self._page, where + SLOT_HOLDS_AT, posted + 1, binding)
-            earliest = self._earliest_hold()
-            if earliest != anchor.hold:
-                self._write_anchor(wall, anchor.at(wall), anchor.rate, earliest)
-                self._mark_binding(self.anchor(), wall)
-            return at
+            return held
+
+    def readers_held_for(self, index: int) -> int:
+        """How many readers the slot's hold stands for (`hold_for_one_more`)."""
+        return _SLOT_READERS.unpack_from(self._page, _slot_at(index) + SLOT_READERS_AT)[0]
+
+    def let_go_one(self, index: int, arrived: float = math.inf, readers: int | None = None) -> bool:
+        """One reader fewer for the slot's hold (`hold_for_one_more`), released when none is
+        left. Nothing is let go (False) if it stands for no reader; if it stands at an instant
+        after `arrived` (modelled; ARRIVAL_SLACK_S spared), when the reader's message had
+        already come, so it is another's; or, given `readers`, if it stands for another number
+        of them (one let go meanwhile: the caller counted on that number)."""
+        with self._locked():
+            where = _slot_at(index)
+            (count,) = _SLOT_READERS.unpack_from(self._page, where + SLOT_READERS_AT)
+            held, _ = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
+            if (
+                count == 0
+                or held > arrived + ARRIVAL_SLACK_S
+                or (readers is not None and count != readers)
+            ):
+                return False
+            _SLOT_READERS.pack_into(self._page, where + SLOT_READERS_AT, count - 1)
+            if count == 1:
+                self._release(index)
+            return True
 
     def release(self, index: int) -> float:
         """Release the slot's hold; returns the wall seconds it stood the clock still."""

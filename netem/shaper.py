@@ -39,6 +39,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +97,10 @@ class Shaper:
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
         self.clock = SharedClock(config["clock"]) if config.get("clock") else None
         # The routing exchange's messages (netem.clock.ROUTING_DSCP): the slot this shaper
-        # holds time in at their release, and the wall time its last hold was posted.
+        # holds time in at their release, and the wall times of the holds posted there that
+        # no reader has let go of yet, oldest first (each to end at its cap).
         self.routing_slot = self.clock.claim(ROUTING_SLOT) if self.clock is not None else None
-        self.routing_held_since: float | None = None
+        self.routing_held_since: deque[float] = deque()
         self.routing_holds = 0
         self.now = now or (self.clock.now if self.clock is not None else time.monotonic)
         self.release_lag = ReleaseLag()
@@ -167,8 +169,8 @@ class Shaper:
                     if next_time == math.inf
                     else self._clock_timeout(anchor, next_time - early)
                 )
-            if self.routing_held_since is not None:  # its cap is kept by this loop
-                cap_left = self.routing_held_since + ROUTING_HOLD_CAP_S - monotonic()
+            if self.routing_held_since:  # their caps are kept by this loop
+                cap_left = self.routing_held_since[0] + ROUTING_HOLD_CAP_S - monotonic()
                 timeout = max(0.0, cap_left if timeout is None else min(timeout, cap_left))
             if self._watched is None:  # the fds change only when a control client comes or goes
                 self._watched = [*self.by_fd, self.control.fileno(), *self.clients]
@@ -177,7 +179,7 @@ class Shaper:
             except InterruptedError:
                 continue
             self.turn(readable, self.now(), early)
-            self._cap_routing_hold(monotonic())
+            self._cap_routing_holds(monotonic())
 
     def turn(self, readable: Iterable[int], now: float, early: float) -> None:
         """One turn of the loop at time `now` (see the module's docstring): `readable` are the
@@ -234,25 +236,35 @@ class Shaper:
 
     def _hold_for_routing(self, packet: bytes, now: float) -> None:
         """Hold modelled time at a routing message's release (before it is written: its reader
-        cannot have it before the hold stands) until the reader lets go (`ModelledClock.
-        let_routing_go`) or the cap passes. Only the segment that ends the marked write: the
-        message's earlier segments left before it (one connection's segments stay in order),
-        and a bare ACK so marked has no reader to let go."""
+        cannot have it before the hold stands) until its reader lets go (`ModelledClock.
+        let_routing_go`) or the cap passes: a hold for one more reader, so the first of several
+        messages in flight to be read lets go of its own only. Only the segment that ends the
+        marked write: the message's earlier segments left before it (one connection's segments
+        stay in order), and a bare ACK so marked has no reader to let go."""
         if not ends_a_tcp_write(packet):
             return
         assert self.clock is not None and self.routing_slot is not None
-        self.clock.hold(self.routing_slot, now)
-        self.routing_held_since = time.monotonic()
+        self.clock.hold_for_one_more(self.routing_slot, now)
+        self.routing_held_since.append(time.monotonic())
         self.routing_holds += 1
 
-    def _cap_routing_hold(self, wall: float) -> None:
-        """Let go of a routing message's hold its reader has not let go of within the cap (the
-        reader lost, or the segment not the message's end): time stood still no longer."""
-        if self.routing_held_since is None or wall - self.routing_held_since < ROUTING_HOLD_CAP_S:
+    def _cap_routing_holds(self, wall: float) -> None:
+        """Let go of each routing message's hold its reader has not let go of within the cap
+        (the reader lost, or the segment not the message's end): time stood still no longer.
+        The readers' let-gos are taken as the oldest holds' (a hold's reader is not known), so
+        the holds left are the youngest, and the last of them ends at the latest one's cap."""
+        if not self.routing_held_since:
             return
         assert self.clock is not None and self.routing_slot is not None
-        self.clock.release(self.routing_slot)
-        self.routing_held_since = None
+        held = self.routing_held_since
+        while held:
+            readers = self.clock.readers_held_for(self.routing_slot)
+            while len(held) > readers:
+                held.popleft()
+            if not held or wall - held[0] < ROUTING_HOLD_CAP_S:
+                return
+            if self.clock.let_go_one(self.routing_slot, readers=readers):
+                held.popleft()
 
     # -- schedules ------------------------------------------------------------------------
 

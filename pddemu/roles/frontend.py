@@ -996,7 +996,7 @@ class Frontend(Instance):
         wan = message.channel is not None and not self.exact(message.channel.peer)
         hold = self.clock.hold_instant() if wan else None
         if wan:
-            self.clock.let_routing_go()
+            self.clock.let_routing_go(message.received)
         flight = self._reply(message, "matched")
         if flight is None or hold is None:
             if hold is not None:

@@ -81,7 +81,7 @@ class MainDecodeInstance(DecodeInstance):
         else:  # the shaper held the present for the match: let go once the answer is written
             # (the wait for the send buffer can wait on acknowledgements the hold keeps still),
             # or when writing it failed or was cancelled
-            let_go = _once(self.clock.let_routing_go)
+            let_go = _once(lambda: self.clock.let_routing_go(message.received))
             try:
                 await message.channel.control("matched", answer, handed=let_go)
             finally:
@@ -437,7 +437,7 @@ class MainDecodeInstance(DecodeInstance):
         return {**super().stats(), "drc_tokens": self.store.size_tokens}
 
 
-def _once(action: Callable[[], None]) -> Callable[[], None]:
+def _once(action: Callable[[], object]) -> Callable[[], None]:
     """`action`, done at the first call only: a hold let go twice could let go the next one."""
     done = False
 

@@ -1,8 +1,9 @@
 """The shaper holds modelled time at a routing message's release (the TCP segment that ends a
 write marked with `netem.clock.ROUTING_DSCP`: data, PSH) until its reader lets go, or the cap
 passes; a bare ACK so marked, a marked write's earlier segment (no PSH), or data of another
-class leaves without a hold. On a clock page at rate 1, through datagram sockets standing for
-the TUN ends."""
+class leaves without a hold. Messages released together each keep the clock still until their
+own reader lets go (or their own cap passes), and a reader whose message came before the hold
+lets none go. On a clock page at rate 1, through datagram sockets standing for the TUN ends."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from netem.clock import ROUTING_DSCP, ROUTING_SLOT, SharedClock
 from netem.packet import ends_a_tcp_write
 from netem.shaper import Shaper
 from netem.spec import LinkSpec
+from pddemu.runtime.clock import ModelledClock
 from tests.netem.test_delivery_record import FakeLink, drain
 
 DELAY_S = 0.005
@@ -58,19 +60,30 @@ def shaper_on(page: Path, tmp_path: Path) -> tuple[Shaper, FakeLink]:
 def released_hold(shaper: Shaper, link: FakeLink, packet: bytes) -> tuple[float, float, bytes]:
     """Send `packet` a to b and run the shaper until it leaves: the clock's earliest hold just
     after, the time of the turn that released it, and what b received."""
+    hold, released, (received,) = released_together(shaper, link, [packet])
+    return hold, released, received
+
+
+def released_together(
+    shaper: Shaper, link: FakeLink, packets: list[bytes]
+) -> tuple[float, float, list[bytes]]:
+    """Send `packets` a to b at once and run the shaper until they have left (in one turn:
+    they are due together): as `released_hold`, with what b received of each."""
     assert shaper.clock is not None
-    link.far["a"].send(packet)
+    for packet in packets:
+        link.far["a"].send(packet)
     source = shaper.routes[0].source_fd
     shaper.turn([source], shaper.now(), early=0.0)
     assert shaper.routes[0].direction.next_exit() >= shaper.now() + DELAY_S * 0.9  # delayed
     deadline = time.monotonic() + 5.0
     while True:
-        assert time.monotonic() < deadline, "the packet never left"
+        assert time.monotonic() < deadline, "the packets never left"
         time.sleep(0.001)
         now = shaper.now()
         shaper.turn([], now, early=0.0)
         if shaper.routes[0].direction.next_exit() == math.inf:
-            return shaper.clock.anchor().hold, now, link.far["b"].recv(65536)
+            received = [link.far["b"].recv(65536) for _ in packets]
+            return shaper.clock.anchor().hold, now, received
 
 
 def test_a_routing_message_stands_the_clock_still_from_its_release_until_let_go(
@@ -89,7 +102,7 @@ def test_a_routing_message_stands_the_clock_still_from_its_release_until_let_go(
         assert reader.now() == hold  # time stood still meanwhile
         slot = reader.slot_named(ROUTING_SLOT)
         assert slot is not None
-        reader.release(slot)  # the reader has it (ModelledClock.let_routing_go)
+        assert reader.let_go_one(slot, hold)  # the reader has it (ModelledClock.let_routing_go)
         time.sleep(0.01)
         assert reader.now() > hold
         assert shaper.routing_holds == 1
@@ -132,15 +145,102 @@ def test_a_routing_message_nobody_lets_go_stands_the_clock_still_no_longer_than_
     try:
         hold, _, _ = released_hold(shaper, link, segment(ROUTING_DSCP, b"x"))
         assert hold < math.inf
-        shaper._cap_routing_hold(time.monotonic())  # within the cap: still held
+        shaper._cap_routing_holds(time.monotonic())  # within the cap: still held
         assert shaper.clock is not None and shaper.clock.anchor().hold == hold
         time.sleep(0.03)
-        shaper._cap_routing_hold(time.monotonic())
+        shaper._cap_routing_holds(time.monotonic())
         assert shaper.clock.anchor().hold == math.inf
         drain(link.far["b"])
     finally:
         shaper.control.close()
         link.close()
+
+
+def test_each_of_two_routing_messages_in_flight_stands_the_clock_still_until_its_reader_lets_go(
+    tmp_path: Path,
+) -> None:
+    """Two routing messages released together (due in one turn of the shaper: MD's answers to
+    two requests, say): the first reader to let go ends its own message's hold, not the
+    other's, which stands until its reader lets go too (before: one hold for both, ended by
+    either)."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    first_reader = ModelledClock(SharedClock(page), None)
+    second_reader = ModelledClock(SharedClock(page), None)
+    try:
+        answers = [segment(ROUTING_DSCP, b'{"rid": "a"}'), segment(ROUTING_DSCP, b'{"rid": "b"}')]
+        hold, _, received = released_together(shaper, link, answers)
+        assert received == answers and shaper.routing_holds == 2
+        assert first_reader.let_routing_go(hold)
+        time.sleep(0.02)
+        assert first_reader.now() == hold  # still held: the second message is not read yet
+        assert second_reader.let_routing_go(hold)
+        time.sleep(0.01)
+        assert second_reader.now() > hold
+        assert not first_reader.let_routing_go(hold)  # no hold is left to let go
+    finally:
+        shaper.control.close()
+        link.close()
+        first_reader.close()
+        second_reader.close()
+
+
+def test_a_message_that_came_before_the_hold_lets_none_go(tmp_path: Path) -> None:
+    """A routing message whose last byte left unmarked (its send buffer full, a
+    retransmission) posted no hold: read while another's stands, it came before that hold's
+    instant, and its reader's let-go leaves the hold standing for the message it is for."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    reader = ModelledClock(SharedClock(page), None)
+    try:
+        unmarked_arrival = reader.now()
+        time.sleep(0.01)
+        hold, _, _ = released_hold(shaper, link, segment(ROUTING_DSCP, b'{"rid": "b"}'))
+        assert hold > unmarked_arrival
+        assert not reader.let_routing_go(unmarked_arrival)
+        time.sleep(0.01)
+        assert reader.now() == hold  # still held for the marked message's reader
+        assert reader.let_routing_go(hold)
+        time.sleep(0.01)
+        assert reader.now() > hold
+    finally:
+        shaper.control.close()
+        link.close()
+        reader.close()
+
+
+def test_each_routing_hold_ends_at_its_own_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A let-go and the cap do not both count against one message: of two holds posted
+    0.03 s apart, the first let go by its reader, the second outlasts the first's cap and
+    ends at its own."""
+    monkeypatch.setattr(shaper_module, "ROUTING_HOLD_CAP_S", 0.05)
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    reader = ModelledClock(SharedClock(page), None)
+    try:
+        shaper._hold_for_routing(segment(ROUTING_DSCP, b"a"), shaper.now())
+        assert shaper.clock is not None
+        hold = shaper.clock.anchor().hold
+        time.sleep(0.03)
+        shaper._hold_for_routing(segment(ROUTING_DSCP, b"b"), shaper.now())
+        assert reader.let_routing_go(hold)  # the first message's reader
+        time.sleep(0.03)  # past the first hold's cap, within the second's
+        shaper._cap_routing_holds(time.monotonic())
+        assert reader.now() == hold
+        time.sleep(0.03)
+        shaper._cap_routing_holds(time.monotonic())
+        time.sleep(0.005)
+        assert reader.now() > hold
+        assert shaper.clock is not None and shaper.clock.anchor().hold == math.inf
+    finally:
+        shaper.control.close()
+        link.close()
+        reader.close()
 
 
 def test_a_write_ends_with_data_beyond_the_headers_and_psh() -> None:

@@ -47,7 +47,8 @@ def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(tmp_path
 
     async def answer_across_the_wan(rid: str) -> None:
         await fe.clock.sleep_until(fe.clock.now() + 2 * WAN_ONE_WAY_S)
-        arrived.append(shaper.hold(slot, fe.clock.now()))  # released: the shaper holds
+        # released: the shaper holds
+        arrived.append(shaper.hold_for_one_more(slot, fe.clock.now()))
         time.sleep(LATE_S)  # the frontend's loop is busy elsewhere: it reads the answer late
         body = {"rid": rid, "hit": 0, "instance": "MD0"}
         await fe.on_matched(Envelope("matched", body, [], WireEnd("MD0", None)))
@@ -109,7 +110,8 @@ def test_a_late_read_of_the_match_does_not_move_mds_answer(tmp_path: Path) -> No
     frontend = FrontendEnd(md.clock)
 
     async def run() -> float:
-        arrived = shaper.hold(slot, md.clock.now())  # the match released: the shaper holds
+        # the match released: the shaper holds
+        arrived = shaper.hold_for_one_more(slot, md.clock.now())
         time.sleep(LATE_S)  # MD's loop is busy elsewhere: it reads the match late
         ids = [TokenIds.from_ints("r", 0, [1, 2, 3])]
         await md.on_match(Envelope("match", {"rid": "r"}, ids, frontend))
@@ -153,7 +155,7 @@ def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(tmp_pat
     reset = StalledFrontendEnd(md.clock, fails=True)
 
     async def match(frontend: StalledFrontendEnd, rid: str) -> asyncio.Future[None]:
-        shaper.hold(slot, md.clock.now())  # the match released: the shaper holds
+        shaper.hold_for_one_more(slot, md.clock.now())  # the match released: the shaper holds
         ids = [TokenIds.from_ints(rid, 0, [1, 2, 3])]
         answer = md.on_match(Envelope("match", {"rid": rid}, ids, frontend))
         answering = asyncio.ensure_future(answer)
