@@ -48,7 +48,15 @@ DESIGN_KEYS = {
 
 
 def role_processes(out: Path) -> list[int]:
-    """Instance processes of the run writing to `out` (their spec files live there)."""
+    """Instance processes of the run writing to `out` (their spec files live there), found by
+    the command line each writes over the launcher's: where that write was refused (the .err
+    files say so), none would be found and no leftover seen, so that fails instead."""
+    unnamed = [
+        str(err.relative_to(out))
+        for err in sorted((out / "logs").rglob("*.err"))
+        if "was not set" in err.read_text(errors="replace")
+    ]
+    assert not unnamed, f"processes kept the launcher's command line, leftovers unseen: {unnamed}"
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -59,6 +67,20 @@ def role_processes(out: Path) -> list[int]:
             if b"pddemu.roles" in cmdline and str(out).encode() in cmdline:
                 found.append(int(entry.name))
     return found
+
+
+def test_instances_that_kept_the_launchers_command_line_are_not_taken_for_none(
+    tmp_path: Path,
+) -> None:
+    """A host refusing the command line's rewrite: `role_processes` cannot find the instances,
+    and says so rather than answering none (which no leftover check could fail on)."""
+    logs = tmp_path / "logs" / "pdd"
+    logs.mkdir(parents=True)
+    (logs / "P0.err").write_text(
+        "pddemu: the command line python -m pddemu.roles P0.json was not set: [Errno 13]\n"
+    )
+    with pytest.raises(AssertionError, match="kept the launcher's command line"):
+        role_processes(tmp_path)
 
 
 def run_namespaces(out: Path) -> set[str]:
