@@ -158,18 +158,22 @@ class Deployment:
             self.launcher = Launcher(logs / "launcher.err", pass_fds=door)
         for name, spec in self.specs.items():
             (specs_dir / f"{name}.json").write_text(spec.to_json())
-            self._launch(name)
+            await self._launch(name)
         await self.wait_healthy(set(self.specs))
 
-    def _launch(self, name: str) -> None:
+    async def _launch(self, name: str) -> None:
         if self.launcher is None:
             raise DeploymentError(f"{self.system}: {name} launched before the deployment started")
         path = self.run_dir / "specs" / self.system / f"{name}.json"
         err = Path(self.specs[name].log_path).with_suffix(".err")
         door = self.specs[name].extra.get("host_door_fd")
         try:
-            process = self.launcher.launch(
-                path, err, self.secret.line(), keep_fds=() if door is None else (door,)
+            process = await self.launcher.launch(
+                path,
+                err,
+                self.secret.line(),
+                keep_fds=() if door is None else (door,),
+                timeout_s=START_TIMEOUT_S,
             )
         except LaunchError as error:
             raise DeploymentError(f"{self.system}: {error}") from error
@@ -298,7 +302,7 @@ class Deployment:
             self.processes[name].wait()
         self._unwatch(name)
         self._expected_exit.discard(name)
-        self._launch(name)
+        await self._launch(name)
         self._record(name, "restarted", at_s)
         await self.wait_healthy({name})
 

@@ -16,13 +16,15 @@ orchestrator's child). Its command line reads `python -m pddemu.roles SPEC.json`
 instance's started by itself, so `ps` tells the instances apart.
 
 The launcher reads one request a line on its standard input (JSON: the spec's path, the
-instance's stderr file, the run's secret, the descriptors it keeps) and answers the forked
+instance's stderr file, the run's secret, the descriptors it keeps, the orchestrator's
+environment as of the launch) and answers the forked
 instance's pid, or an error, a line on its standard output. It exits when its input closes,
 or is killed by its orchestrator when no longer needed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import io
 import json
@@ -43,9 +45,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # Room the launcher's command line keeps for an instance's (`python -m pddemu.roles SPEC`):
 # a process's command line is the memory its arguments were given in, never longer.
 TITLE_ROOM = 4096
-INSTANCE_THREADS_ENV = "PDDEMU_INSTANCE_THREADS"  # the OMP_NUM_THREADS the instances get
 REPARENT_TIMEOUT_S = 10.0  # wall seconds a forked instance waits to become the orchestrator's
 NOT_ADOPTED_EXIT = 1  # the exit status of a forked instance that never became its child
+LAUNCH_TIMEOUT_S = 120.0  # wall seconds for an answer, the first after torch's import
 
 
 class LaunchError(RuntimeError):
@@ -121,6 +123,7 @@ class Launcher:
         process's stderr)."""
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.log_path = log_path
+        self._asking = threading.Lock()  # a request's answer is the next line read
         log = None if log_path is None else open(log_path, "a")  # noqa: SIM115 - closed below
         try:
             self.process = subprocess.Popen(
@@ -134,25 +137,34 @@ class Launcher:
             if log is not None:
                 log.close()
 
-    def launch(
-        self, spec_path: Path, stderr_path: Path, secret_line: bytes, keep_fds: Sequence[int] = ()
+    async def launch(
+        self,
+        spec_path: Path,
+        stderr_path: Path,
+        secret_line: bytes,
+        keep_fds: Sequence[int] = (),
+        timeout_s: float = LAUNCH_TIMEOUT_S,
     ) -> InstanceProcess:
         """Fork the instance `spec_path` describes; its stderr appends to `stderr_path`.
-        Waits for the launcher's answer (its first waits for its imports)."""
-        stdin, stdout = self.process.stdin, self.process.stdout
-        assert stdin is not None and stdout is not None
+        The launcher's answer (its first waits for its imports) is waited for off the event
+        loop, which runs on meanwhile (a fault replayed mid-run restarts an instance); a
+        launcher that does not answer within `timeout_s` is stuck: it is ended, and said so."""
         request = {
             "spec": str(spec_path),
             "stderr": str(stderr_path),
             "secret": secret_line.decode(),
             "keep_fds": list(keep_fds),
+            "environ": dict(os.environ),  # as of the launch: a started instance's
         }
+        asking = asyncio.get_running_loop().run_in_executor(None, self._ask, request)
         try:
-            stdin.write(json.dumps(request).encode() + b"\n")
-            stdin.flush()
-        except BrokenPipeError:
-            pass  # the launcher is gone: its answer below is empty
-        answer = stdout.readline()
+            answer = await asyncio.wait_for(asking, timeout_s)
+        except TimeoutError:
+            self.process.kill()  # its pipe closes: the read waiting for it ends
+            raise LaunchError(
+                f"the instance launcher did not answer within {timeout_s:.0f} s"
+                f" to start {spec_path.stem}{self._error_tail()}"
+            ) from None
         if not answer:
             raise LaunchError(f"the instance launcher has exited{self._error_tail()}")
         reply = json.loads(answer)
@@ -161,6 +173,18 @@ class Launcher:
                 f"the instance launcher could not start {spec_path.stem}: " + reply["error"]
             )
         return InstanceProcess(int(reply["pid"]))
+
+    def _ask(self, request: dict[str, Any]) -> bytes:
+        """One request and its answer line (empty: the launcher is gone), one at a time."""
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        with self._asking:
+            try:
+                stdin.write(json.dumps(request).encode() + b"\n")
+                stdin.flush()
+            except BrokenPipeError:
+                pass  # the launcher is gone: its answer below is empty
+            return stdout.readline()
 
     def _error_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -217,7 +241,12 @@ def fork_instance(request: dict[str, Any], orchestrator: int) -> int:
     if threads != 1 or threading.active_count() != 1:
         raise LaunchError(f"the launcher runs {threads} threads: a fork would copy their locks")
     read_end, write_end = os.pipe()
-    middle = os.fork()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
     if middle == 0:
         os.close(read_end)
         try:
@@ -246,10 +275,16 @@ def become_instance(request: dict[str, Any], orchestrator: int, middle: int) -> 
             time.sleep(0.0005)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != orchestrator:  # the orchestrator has gone, or reaps no orphans
+            with open(request["stderr"], "a") as err:
+                err.write(
+                    f"pddemu: the forked instance was not adopted by its orchestrator"
+                    f" (pid {orchestrator}) within {REPARENT_TIMEOUT_S:.0f} s: it has gone,"
+                    " or does not reap orphans (PR_SET_CHILD_SUBREAPER)\n"
+                )
             os._exit(NOT_ADOPTED_EXIT)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         take_descriptors(Path(request["stderr"]), request["keep_fds"])
-        take_threads(os.environ.pop(INSTANCE_THREADS_ENV, "1"))
+        take_environment(request["environ"])
         spec_path = request["spec"]
         set_command_line([sys.executable, "-m", "pddemu.roles", spec_path])
         from pddemu.roles.__main__ import exit_at_once, serve_instance
@@ -282,10 +317,14 @@ def take_descriptors(stderr_path: Path, keep: Sequence[int]) -> None:
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
-def take_threads(asked: str) -> None:
-    """The intra-op threads the instance was asked for (OMP_NUM_THREADS as its orchestrator
-    had it), now that it is forked."""
-    os.environ["OMP_NUM_THREADS"] = asked
+def take_environment(environ: dict[str, str]) -> None:
+    """The orchestrator's environment at the launch (a started instance's would be: the
+    launcher's is of when it started, before a deployment's own settings, `PDDEMU_STALL`
+    among them), and the intra-op threads it asks for (OMP_NUM_THREADS; unset: one, as
+    `python -m pddemu.roles` runs)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    asked = os.environ.setdefault("OMP_NUM_THREADS", "1")
     if asked != "1":
         import torch
 
@@ -321,7 +360,6 @@ def main() -> None:
 if __name__ == "__main__":
     # torch starts OpenMP's threads as it loads unless told to run one; a fork copies no
     # thread. So the launcher loads it with one, and each instance takes the intra-op threads
-    # asked for (`python -m pddemu.roles`'s default: one) once forked.
-    os.environ[INSTANCE_THREADS_ENV] = os.environ.get("OMP_NUM_THREADS", "1")
+    # asked for once forked (`take_environment`).
     os.environ["OMP_NUM_THREADS"] = "1"
     main()

@@ -5,6 +5,7 @@ stops ends at once, its files flushed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -91,7 +92,7 @@ def test_a_forked_instance_is_this_process_child_named_as_one_started_and_stops_
 ) -> None:
     spec_path, url = frontend_spec(tmp_path)
     secret = RunSecret.new()
-    process = launcher.launch(spec_path, tmp_path / "FE0.err", secret.line())
+    process = asyncio.run(launcher.launch(spec_path, tmp_path / "FE0.err", secret.line()))
     try:
         wait_healthy(url, process.pid)
         assert parent_of(process.pid) == os.getpid()
@@ -114,7 +115,8 @@ def test_a_forked_instance_is_this_process_child_named_as_one_started_and_stops_
 def test_an_instance_that_cannot_start_exits_with_the_reason_in_its_stderr(
     launcher: Launcher, tmp_path: Path
 ) -> None:
-    process = launcher.launch(tmp_path / "absent.json", tmp_path / "P0.err", RunSecret.new().line())
+    absent = launcher.launch(tmp_path / "absent.json", tmp_path / "P0.err", RunSecret.new().line())
+    process = asyncio.run(absent)
     assert process.wait(30) == 1
     assert "absent.json" in (tmp_path / "P0.err").read_text()
 
@@ -129,15 +131,15 @@ def test_forked_instances_die_with_the_process_that_launched_them(tmp_path: Path
             "-c",
             textwrap.dedent(
                 f"""
-                import json, sys, time
+                import asyncio, json, sys, time
                 from pathlib import Path
                 from pddemu.roles.launcher import Launcher
                 from pddemu.runtime.auth import RunSecret
                 launcher = Launcher(Path({str(tmp_path / "launcher.err")!r}))
-                process = launcher.launch(
+                process = asyncio.run(launcher.launch(
                     Path({str(spec_path)!r}), Path({str(tmp_path / "FE0.err")!r}),
                     RunSecret.new().line(),
-                )
+                ))
                 print(json.dumps([launcher.process.pid, process.pid]), flush=True)
                 time.sleep(600)
                 """
@@ -197,3 +199,97 @@ def test_a_command_line_that_cannot_be_written_is_said_and_kept(
     launcher_module.set_command_line(["python", "-m", "pddemu.roles", "FE0.json"])
     assert "FE0.json was not set: [Errno 13] Permission denied" in capsys.readouterr().err
     assert Path("/proc/self/cmdline").read_bytes() == before
+
+
+def test_a_launcher_that_does_not_answer_is_said_stuck_and_the_loop_runs_on(
+    tmp_path: Path,
+) -> None:
+    """A stopped launcher never answers: the launch ends in a clear error within its timeout,
+    the event loop having run on meanwhile, and the launcher is ended."""
+    stuck = Launcher(tmp_path / "launcher.err")
+    try:
+        stuck.process.send_signal(signal.SIGSTOP)
+        ticks = 0
+
+        async def launch_while_ticking() -> str:
+            nonlocal ticks
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticking = asyncio.ensure_future(tick())
+            try:
+                spec, err = tmp_path / "P0.json", tmp_path / "P0.err"
+                await stuck.launch(spec, err, b"x\n", timeout_s=0.5)
+            except launcher_module.LaunchError as error:
+                return str(error)
+            finally:
+                ticking.cancel()
+            return "launched"
+
+        began = time.monotonic()
+        error = asyncio.run(asyncio.wait_for(launch_while_ticking(), 10))
+        assert "did not answer" in error and "P0" in error, error
+        assert time.monotonic() - began < 5
+        assert ticks >= 10  # the loop ran while the launcher was waited for
+        assert stuck.process.wait(5) is not None  # the stuck launcher was ended
+    finally:
+        stuck.close()
+
+
+def test_an_instance_started_after_a_setting_changed_has_the_setting(
+    launcher: Launcher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher started before the deployment's settings: an instance still gets the
+    orchestrator's environment as of its launch. Here a malformed PDDEMU_STALL (set after the
+    launcher started) reaches the frontend, which ends on it, saying so."""
+    monkeypatch.setenv("PDDEMU_STALL", "FE0")
+    spec_path, _ = frontend_spec(tmp_path)
+    err = tmp_path / "FE0.err"
+    process = asyncio.run(launcher.launch(spec_path, err, RunSecret.new().line()))
+    try:
+        assert process.wait(START_TIMEOUT_S) == 1
+        assert "stalls_of" in err.read_text()
+    finally:
+        process.kill()
+        process.wait(30)
+
+
+def test_an_instance_not_adopted_says_why_in_its_stderr(tmp_path: Path) -> None:
+    """An instance whose orchestrator never became its parent exits without its descriptors:
+    its .err file says why."""
+    err = tmp_path / "P0.err"
+    request = {"spec": str(tmp_path / "P0.json"), "stderr": str(err), "keep_fds": []}
+    script = (
+        "from pddemu.roles.launcher import become_instance\n"
+        f"become_instance({request!r}, orchestrator=1, middle=-1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert done.returncode == launcher_module.NOT_ADOPTED_EXIT
+    assert "not adopted by its orchestrator (pid 1)" in err.read_text()
+
+
+def test_a_failed_fork_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """In a process of one thread, as the launcher is: os.fork raising leaves the pipe closed."""
+    script = textwrap.dedent(
+        """
+        import os
+        from pddemu.roles import launcher
+
+        def refused():
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+        os.fork = refused
+        before = sorted(os.listdir("/proc/self/fd"))
+        try:
+            launcher.fork_instance({}, os.getppid())
+        except BlockingIOError:
+            pass
+        print(before == sorted(os.listdir("/proc/self/fd")))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr
