@@ -1,53 +1,113 @@
-"""Time dilation under a CPU hog: beside a process that takes a core, the shared clock slows
-down, holds stand it still for genuine work, and the run's validity follows the lag it
-measured."""
+"""Time dilation under a CPU hog: the same short replay, beside a companion process that
+sleeps and then beside hogs, two for every core the run may use, dilates the clock more
+with the hogs, and gives the same results (token streams, TTFT within the lag
+bound): only the wall time a run takes changes. A run's own load dilates the clock too, so
+the hog is judged against the idle companion's run, not against a fixed rate."""
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
 import uvloop
 
-from pddemu.config import config_from_json, config_to_json
-from pddemu.emulate import run_system
+from pddemu.config import Config, config_from_json, config_to_json
+from pddemu.deployment import Deployment
+from pddemu.emulate import SystemRun, run_system
 from pddemu.emulated_network import network_for, scale_model
-from pddemu.runtime.dilation import AUTO_START
 from tests.conftest import require_namespaces
-from tests.roles.harness import make_request, random_tokens, scenario_config
+from tests.roles.harness import Request, make_request, random_tokens, scenario_config
 from tests.run_logs import record_run
 
 HOG = "while True: pass"
+IDLE = "import time; time.sleep(3600)"
+DILATED_MORE = 1.5  # the hogged replay's mean wall seconds per modelled second, at least this
+# many times the idle companion's
 
 
-def test_a_cpu_hog_dilates_the_clock_and_the_run_judges_its_lag(tmp_path: Path) -> None:
-    require_namespaces()
+def _config() -> Config:
     data = config_to_json(scenario_config())
-    # auto, the real bound, the default share of frozen time
+    # auto, the real bound, the default share of frozen time; a WAN without jitter, so the
+    # two runs' packets are delayed alike
     data["scale"] = {**data["scale"], "time_scale": None, "max_lag": 0.05, "frozen_share": 0.01}
-    config = config_from_json(data)
+    data["wan"] = {**data["wan"], "jitter_s": 0.0}
+    return config_from_json(data)
+
+
+def _requests() -> list[Request]:
     rng = random.Random(7)
-    requests = [
-        make_request(f"h{i}", 0.5 * i, 8192, 97, f"h{i}", random_tokens(rng, 512)) for i in range(6)
+    return [
+        make_request(f"h{i}", 0.5 * i, 8192, 97, f"h{i}", random_tokens(rng, 512)) for i in range(4)
     ]
-    hogs = [subprocess.Popen([sys.executable, "-c", HOG])]  # a core of two taken
-    try:
-        name = "t" + uuid.uuid4().hex[:10]
-        record_run(tmp_path)  # a failure shows its role logs (tests/run_logs.py)
-        with network_for(config, scale_model(config), name=name) as network:
-            run = uvloop.run(run_system("pdd", config, network, requests, tmp_path))
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-    timing = run.timing
-    assert all(r.state == "completed" for r in run.records)
-    dilation = timing["dilation"]
-    # slowed down from where a run starts (AUTO_START modelled s a wall second) at least once
-    assert dilation["max"] > 1.2 / AUTO_START, dilation
+
+
+def _replay_beside(
+    code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SystemRun, list[subprocess.Popen]]:
+    """One pdd replay with two processes running `code` per core the run may use, from when
+    the instances are up until the replay is over (the deployment's stats read): the clock
+    runs, and is judged, in that time only."""
+    config = _config()
+    companions: list[subprocess.Popen] = []
+    start, stats = Deployment.start, Deployment.stats
+
+    async def start_then_companions(self: Deployment) -> None:
+        await start(self)
+        for _ in range(2 * len(os.sched_getaffinity(0))):
+            companions.append(subprocess.Popen([sys.executable, "-c", code]))
+
+    async def stop_companions_then_stats(self: Deployment, *args: Any) -> dict:
+        _stop(companions)
+        return await stats(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Deployment, "start", start_then_companions)
+        patch.setattr(Deployment, "stats", stop_companions_then_stats)
+        try:
+            record_run(tmp_path)  # a failure shows its role logs (tests/run_logs.py)
+            name = "t" + uuid.uuid4().hex[:10]
+            with network_for(config, scale_model(config), name=name) as network:
+                run = uvloop.run(run_system("pdd", config, network, _requests(), tmp_path))
+        finally:
+            _stop(companions)
+    return run, companions
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_a_cpu_hog_dilates_the_clock_and_leaves_the_results_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_namespaces()
+    idle, sleepers = _replay_beside(IDLE, tmp_path / "idle", monkeypatch)
+    hogged, hogs = _replay_beside(HOG, tmp_path / "hogged", monkeypatch)
+    assert sleepers and len(hogs) == len(sleepers)  # the companions ran
+    for run in (idle, hogged):
+        assert all(r.state == "completed" for r in run.records), run.records
+    # the hog, and not the run's own load, slowed the clock down
+    slow, fast = hogged.timing["dilation"], idle.timing["dilation"]
+    assert slow["mean"] > DILATED_MORE * fast["mean"], (slow, fast)
+    assert slow["max"] > fast["max"], (slow, fast)
+    # ... and left the results alone: the same tokens, each first one at the same modelled
+    # time within the lag bound (but the first request's, which opens the connections)
+    assert hogged.outputs == idle.outputs
+    bound = hogged.timing["lag"]["bound_s"]
+    ttft = {r.request_id: r.ttft_s for r in idle.records}
+    late = {
+        r.request_id: r.ttft_s - ttft[r.request_id] for r in hogged.records if r.request_id != "h0"
+    }
+    assert all(abs(by) <= bound for by in late.values()), (late, bound)
+    timing = hogged.timing
     # holds stood the clock still for genuine work, and the run says whether its lag kept
     # within the bound, naming the worst kind when it did not (a step handed from one instance
     # to another, or a message, can still be late on a loaded host: that is what it reports)
@@ -58,7 +118,6 @@ def test_a_cpu_hog_dilates_the_clock_and_the_run_judges_its_lag(tmp_path: Path) 
     assert cpu["roles_s"] > 0 and cpu["frontend_s"] > 0 and cpu["cores"] >= 1
     assert cpu["total_s"] >= cpu["roles_s"] + cpu["frontend_s"]
     assert cpu["ceiling_speedup"] >= 0
-    bound = timing["lag"]["bound_s"]
     means = timing["lag"]["mean_by_kind"]
     worst = max(means, key=means.get)
     if timing["valid"]:
