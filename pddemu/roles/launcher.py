@@ -158,7 +158,10 @@ class Launcher:
         }
         asking = asyncio.get_running_loop().run_in_executor(None, self._ask, request)
         try:
-            answer = await asyncio.wait_for(asking, timeout_s)
+            answer = await asyncio.wait_for(asyncio.shield(asking), timeout_s)
+        except asyncio.CancelledError:
+            asking.add_done_callback(_end_unclaimed)  # forked for no one: no leftover
+            raise
         except TimeoutError:
             self.process.kill()  # its pipe closes: the read waiting for it ends
             raise LaunchError(
@@ -210,6 +213,18 @@ class Launcher:
                     pipe.close()
                 except BrokenPipeError:
                     pass
+
+
+def _end_unclaimed(asking: asyncio.Future[bytes]) -> None:
+    """The instance a cancelled launch forked (the launcher's answer came after): killed and
+    reaped, as the deployment that asked for it would have."""
+    if asking.cancelled() or asking.exception() is not None:
+        return
+    answer = json.loads(asking.result() or b"{}")
+    if "pid" in answer:
+        unclaimed = InstanceProcess(int(answer["pid"]))
+        unclaimed.kill()
+        unclaimed.wait()
 
 
 # -- the launcher process ------------------------------------------------------------------

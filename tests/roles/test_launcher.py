@@ -293,3 +293,48 @@ def test_a_failed_fork_leaves_no_descriptor_open(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_an_instance_forked_for_a_cancelled_launch_is_ended(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A deployment's start cancelled (Ctrl-C) while the launcher forks: the instance it
+    forked for no one (a child of this process) is killed once the answer comes. A launch
+    asked after it is answered after it."""
+    spec_path, _ = frontend_spec(tmp_path)
+
+    def live_children() -> set[int]:
+        return {
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit()
+            and state_of(int(entry.name)) not in (None, "Z")
+            and parent_of_or_none(int(entry.name)) == os.getpid()
+        }
+
+    before = live_children()
+
+    async def cancel_a_launch() -> set[int]:
+        secret = RunSecret.new().line()
+        launching = asyncio.ensure_future(launcher.launch(spec_path, tmp_path / "FE0.err", secret))
+        await asyncio.sleep(0)  # asked
+        launching.cancel()
+        after = await launcher.launch(tmp_path / "absent.json", tmp_path / "P0.err", secret)
+        assert after.wait(30) == 1
+        deadline = time.monotonic() + 10
+        while live_children() - before and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return live_children() - before
+
+    left = asyncio.run(cancel_a_launch())
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert left == set()
+
+
+def parent_of_or_none(pid: int) -> int | None:
+    try:
+        return parent_of(pid)
+    except (OSError, IndexError, ValueError):
+        return None
