@@ -466,6 +466,7 @@ class SharedClock:
                         self._page, at, encoded, pid or os.getpid(), math.inf, 0.0, 0, 0,
                         *(0, 0.0) * LAG_COUNTERS, 0.0,
                     )  # fmt: skip
+                    _SLOT_READERS.pack_into(self._page, at + SLOT_READERS_AT, 0)  # past _SLOT
                     return index
         raise ClockError(f"clock page {self.path}: all {MAX_SLOTS} slots are taken")
 

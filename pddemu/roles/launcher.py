@@ -164,6 +164,7 @@ class Launcher:
             raise
         except TimeoutError:
             self.process.kill()  # its pipe closes: the read waiting for it ends
+            asking.add_done_callback(_end_unclaimed)  # an answer sent just before: no leftover
             raise LaunchError(
                 f"the instance launcher did not answer within {timeout_s:.0f} s"
                 f" to start {spec_path.stem}{self._error_tail()}"

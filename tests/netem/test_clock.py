@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from netem import clock as clock_module
 from netem.clock import MAX_SLOTS, ClockError, SharedClock
 
 
@@ -347,3 +348,18 @@ def test_a_past_wall_time_is_found_in_a_few_readings_of_a_full_ring(
         read = 0
         clock.modelled_at(at)
         assert read == 1
+
+
+def test_a_claimed_slot_holds_for_no_reader_whatever_its_bytes_held(
+    page: Path, wall: FakeWall
+) -> None:
+    """The readers count lies past the slot's packed fields: a claim zeroes it too, so a slot
+    whose page was not zeroed there (a freed slot's bytes left over) starts at no reader."""
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall)
+    index = clock.claim("shaper routing/instant")
+    clock.free(index)
+    at = clock_module._slot_at(index) + clock_module.SLOT_READERS_AT
+    clock_module._SLOT_READERS.pack_into(clock._page, at, 7)  # left over, as a crash could leave
+    again = clock.claim("shaper routing/instant")
+    assert again == index
+    assert clock.readers_held_for(again) == 0

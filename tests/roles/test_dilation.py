@@ -33,7 +33,8 @@ DILATED_MORE = 1.5  # the hogged replay's mean wall seconds per modelled second,
 
 def _config() -> Config:
     data = config_to_json(scenario_config())
-    # auto, the real bound, the default share of frozen time; a WAN without jitter, so the
+    # auto, the real bound, the share of frozen time the test was written against (the
+    # default is 0.2: holds slow the clock less); a WAN without jitter, so the
     # two runs' packets are delayed alike
     data["scale"] = {**data["scale"], "time_scale": None, "max_lag": 0.05, "frozen_share": 0.01}
     data["wan"] = {**data["wan"], "jitter_s": 0.0}
@@ -98,15 +99,19 @@ def test_a_cpu_hog_dilates_the_clock_and_leaves_the_results_alone(
     slow, fast = hogged.timing["dilation"], idle.timing["dilation"]
     assert slow["mean"] > DILATED_MORE * fast["mean"], (slow, fast)
     assert slow["max"] > fast["max"], (slow, fast)
-    # ... and left the results alone: the same tokens, each first one at the same modelled
-    # time within the lag bound (but the first request's, which opens the connections)
+    # ... and left the results alone: the same tokens, and where both runs say their lag kept
+    # within the bound, each first token at the same modelled time within it (but the first
+    # request's, which opens the connections); a run over the bound says so (below)
     assert hogged.outputs == idle.outputs
     bound = hogged.timing["lag"]["bound_s"]
-    ttft = {r.request_id: r.ttft_s for r in idle.records}
-    late = {
-        r.request_id: r.ttft_s - ttft[r.request_id] for r in hogged.records if r.request_id != "h0"
-    }
-    assert all(abs(by) <= bound for by in late.values()), (late, bound)
+    if idle.timing["valid"] and hogged.timing["valid"]:
+        ttft = {r.request_id: r.ttft_s for r in idle.records}
+        late = {
+            r.request_id: r.ttft_s - ttft[r.request_id]
+            for r in hogged.records
+            if r.request_id != "h0"
+        }
+        assert all(abs(by) <= bound for by in late.values()), (late, bound)
     timing = hogged.timing
     # holds stood the clock still for genuine work, and the run says whether its lag kept
     # within the bound, naming the worst kind when it did not (a step handed from one instance
