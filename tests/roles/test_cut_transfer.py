@@ -5,6 +5,7 @@ On the sending side, every transfer that could not finish is counted and reporte
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,12 @@ class Connection:
     def __init__(self) -> None:
         self.replies: list[tuple[str, dict]] = []
 
-    async def control(self, kind: str, body: dict) -> None:
+    async def control(
+        self, kind: str, body: dict, handed: Callable[[], None] | None = None
+    ) -> None:
         self.replies.append((kind, body))
+        if handed is not None:  # written at once
+            handed()
 
 
 def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -337,8 +338,11 @@ class Answers:
 
     peer = "FE0"
 
-    async def control(self, kind: str, body: dict) -> None:
-        pass
+    async def control(
+        self, kind: str, body: dict, handed: Callable[[], None] | None = None
+    ) -> None:
+        if handed is not None:  # written at once: MD's hold on the routing exchange goes
+            handed()
 
 
 def test_a_request_dropped_by_a_failed_step_unpins_its_prompt_in_the_drc() -> None:

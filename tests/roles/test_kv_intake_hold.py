@@ -191,7 +191,7 @@ def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match() -> Non
         server = await asyncio.start_server(frontend, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         md.spec.peers["FE0"] = Address("FE0", "FE", "127.0.0.1", port, port + 1)
-        asked = SimpleNamespace(peer="FE0", control=lambda *_: asyncio.sleep(0))
+        asked = SimpleNamespace(peer="FE0", control=lambda *_, **__: asyncio.sleep(0))
         ids = [TokenIds.from_ints("r1", 0, PROMPT)]
         await md.on_match(Envelope("match", {"rid": "r1"}, ids, asked))
         for _ in range(100):
