@@ -34,7 +34,7 @@ DILATED_MORE = 1.5  # the hogged replay's mean wall seconds per modelled second,
 def _config() -> Config:
     data = config_to_json(scenario_config())
     # auto, the real bound, the share of frozen time the test was written against (the
-    # default is 0.2: holds slow the clock less); a WAN without jitter, so the
+    # default); a WAN without jitter, so the
     # two runs' packets are delayed alike
     data["scale"] = {**data["scale"], "time_scale": None, "max_lag": 0.05, "frozen_share": 0.01}
     data["wan"] = {**data["wan"], "jitter_s": 0.0}

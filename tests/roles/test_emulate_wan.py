@@ -57,8 +57,7 @@ def test_an_outage_mid_replay_ends_every_request_and_leaves_nothing(
     # modelled seconds from the replay's start: the WAN is down from 1 s to 4 s, while the
     # first requests' KV is crossing it. Holds slow the clock past 1 % of frozen time: a clock
     # that holds let run fast meets TCP's wall-time timeouts across the outage (a lost SYN's
-    # 1 s) as tens of modelled seconds of step lag (mean 16.9 s in one CI run at share 0.5;
-    # the default's 0.2 not measured here)
+    # 1 s) as tens of modelled seconds of step lag (mean 16.9 s in one CI run at share 0.5)
     schedule.write_text("1 link=down\n4 link=up\n")
     out = tmp_path / "run"
     record_run(out)  # a failure shows its role logs (tests/run_logs.py)
