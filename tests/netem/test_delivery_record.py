@@ -45,6 +45,18 @@ class FakeLink:
             sock.close()
 
 
+def one_link_config(spec: LinkSpec, tmp_path: Path, **extra: object) -> dict:
+    """The shaper's config for one WAN link between FakeLink's ends "a" and "b", `spec` both ways."""
+    end = {"ifname": "", "netns": "n"}
+    both = spec.to_dict()
+    link = {"name": "wan", "a": {**end, "ifname": "a"}, "b": {**end, "ifname": "b"}}
+    return {
+        "links": [{**link, "a2b": both, "b2a": both}],
+        "control": str(tmp_path / "control.sock"),
+        **extra,
+    }
+
+
 def drain(sock: socket.socket) -> None:
     while True:
         try:
@@ -58,22 +70,8 @@ def test_a_replayed_trace_is_due_exactly_and_stalls_are_named(tmp_path: Path) ->
     trace = synthetic_trace(1000)
     schedule = parse_schedule(mahimahi.schedule_text(trace, trace, bin_ms))
     rates = mahimahi.binned_rates(trace, bin_ms, 1000)
-    spec = LinkSpec(rate_bps=1e6, limit_bytes=1_000_000, qdisc="fifo").to_dict()
-    end = {"ifname": "", "netns": "n"}
-    config = {
-        "links": [
-            {
-                "name": "wan",
-                "a": {**end, "ifname": "a"},
-                "b": {**end, "ifname": "b"},
-                "a2b": spec,
-                "b2a": spec,
-            }
-        ],
-        "control": str(tmp_path / "control.sock"),
-        "schedule": schedule.to_dict(),
-        "record_interval_s": 0.1,
-    }
+    spec = LinkSpec(rate_bps=1e6, limit_bytes=1_000_000, qdisc="fifo")
+    config = one_link_config(spec, tmp_path, schedule=schedule.to_dict(), record_interval_s=0.1)
     link = FakeLink()
     clock = [100.0]  # the schedule starts here (the shaper's time when it is made)
     shaper = Shaper(config, link.open_end, now=lambda: clock[0])
@@ -134,14 +132,7 @@ def test_a_stall_while_the_shaper_writes_shows_as_lateness(
     """The shaper loses the CPU for 20 ms inside the write of a packet it sends 0.5 ms after
     the packet was due (a hypervisor's steal): the receiving kernel dates the packet 20.5 ms
     late, so the record names that lateness (timed before the write, it named 0.5 ms)."""
-    spec = LinkSpec(rate_bps=1e6, qdisc="fifo").to_dict()
-    end = {"ifname": "", "netns": "n"}
-    config = {
-        "links": [{"name": "wan", "a": {**end, "ifname": "a"}, "b": {**end, "ifname": "b"}}],
-        "control": str(tmp_path / "control.sock"),
-        "record_interval_s": 0.1,
-    }
-    config["links"][0] |= {"a2b": spec, "b2a": spec}
+    config = one_link_config(LinkSpec(rate_bps=1e6, qdisc="fifo"), tmp_path, record_interval_s=0.1)
     link = FakeLink()
     clock = [100.0]
     writes = []

@@ -21,7 +21,7 @@ from netem.packet import ends_a_tcp_write
 from netem.shaper import Shaper
 from netem.spec import LinkSpec
 from pddemu.runtime.clock import ModelledClock
-from tests.netem.test_delivery_record import FakeLink, drain
+from tests.netem.test_delivery_record import FakeLink, drain, one_link_config
 
 DELAY_S = 0.005
 
@@ -38,21 +38,7 @@ def segment(dscp: int, data: bytes, flags: int = PSH_ACK) -> bytes:
 
 
 def shaper_on(page: Path, tmp_path: Path) -> tuple[Shaper, FakeLink]:
-    spec = LinkSpec(delay_s=DELAY_S).to_dict()
-    end = {"ifname": "", "netns": "n"}
-    config = {
-        "links": [
-            {
-                "name": "wan",
-                "a": {**end, "ifname": "a"},
-                "b": {**end, "ifname": "b"},
-                "a2b": spec,
-                "b2a": spec,
-            }
-        ],
-        "control": str(tmp_path / "control.sock"),
-        "clock": str(page),
-    }
+    config = one_link_config(LinkSpec(delay_s=DELAY_S), tmp_path, clock=str(page))
     link = FakeLink()
     return Shaper(config, link.open_end), link
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from netem.clock import ROUTING_SLOT, SharedClock
 from pddemu.config import load_config
@@ -28,11 +31,35 @@ WAN_ONE_WAY_S = 0.02  # modelled: the answer's arrival, this long after the matc
 LATE_S = 0.05  # wall seconds the frontend's loop is blocked before it reads the answer
 
 
-def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(tmp_path: Path) -> None:
-    page = tmp_path / "clock"
-    SharedClock.create(page, rate=1.0, ceiling=1.0)
-    shaper = SharedClock(page)
-    slot = shaper.claim(ROUTING_SLOT)
+@pytest.fixture
+def page(tmp_path: Path) -> Path:
+    """A shared clock page at rate 1."""
+    path = tmp_path / "clock"
+    SharedClock.create(path, rate=1.0, ceiling=1.0)
+    return path
+
+
+@pytest.fixture
+def shaper(page: Path) -> Iterator[tuple[SharedClock, int]]:
+    """The shaper's view of the page and its ROUTING_SLOT, where it holds at a release."""
+    clock = SharedClock(page)
+    yield clock, clock.claim(ROUTING_SLOT)
+    clock.close()
+
+
+@pytest.fixture
+def md(page: Path) -> Iterator[MainDecodeInstance]:
+    """MD on the page, the frontend a WAN crossing away."""
+    decode = instance(MainDecodeInstance, "MD", clock=str(page))
+    decode.transit = {"FE0": (WAN_ONE_WAY_S, False)}
+    yield decode
+    decode.clock.close()
+
+
+def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(
+    page: Path, shaper: tuple[SharedClock, int]
+) -> None:
+    shaper, slot = shaper
     config = load_config()
     fe = instance(Frontend, "FE", config, clock=str(page))
     fe.p_names, fe.decode_names, fe.rld_names = ["P0"], ["MD0"], ["RLD0"]
@@ -82,7 +109,6 @@ def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(tmp_path
         assert shaper.anchor().hold == math.inf  # the shaper's hold let go, and the frontend's
     finally:
         fe.clock.close()
-        shaper.close()
 
 
 class FrontendEnd:
@@ -100,13 +126,10 @@ class FrontendEnd:
             handed()
 
 
-def test_a_late_read_of_the_match_does_not_move_mds_answer(tmp_path: Path) -> None:
-    page = tmp_path / "clock"
-    SharedClock.create(page, rate=1.0, ceiling=1.0)
-    shaper = SharedClock(page)
-    slot = shaper.claim(ROUTING_SLOT)
-    md = instance(MainDecodeInstance, "MD", clock=str(page))
-    md.transit = {"FE0": (WAN_ONE_WAY_S, False)}
+def test_a_late_read_of_the_match_does_not_move_mds_answer(
+    md: MainDecodeInstance, shaper: tuple[SharedClock, int]
+) -> None:
+    shaper, slot = shaper
     frontend = FrontendEnd(md.clock)
 
     async def run() -> float:
@@ -117,13 +140,9 @@ def test_a_late_read_of_the_match_does_not_move_mds_answer(tmp_path: Path) -> No
         await md.on_match(Envelope("match", {"rid": "r"}, ids, frontend))
         return arrived
 
-    try:
-        arrived = asyncio.run(run())
-        assert frontend.sent == [("matched", arrived)]  # as of the match's arrival
-        assert shaper.anchor().hold == math.inf  # and the shaper's hold let go
-    finally:
-        md.clock.close()
-        shaper.close()
+    arrived = asyncio.run(run())
+    assert frontend.sent == [("matched", arrived)]  # as of the match's arrival
+    assert shaper.anchor().hold == math.inf  # and the shaper's hold let go
 
 
 class StalledFrontendEnd(FrontendEnd):
@@ -144,13 +163,10 @@ class StalledFrontendEnd(FrontendEnd):
         await self.drained.wait()
 
 
-def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(tmp_path: Path) -> None:
-    page = tmp_path / "clock"
-    SharedClock.create(page, rate=1.0, ceiling=1.0)
-    shaper = SharedClock(page)
-    slot = shaper.claim(ROUTING_SLOT)
-    md = instance(MainDecodeInstance, "MD", clock=str(page))
-    md.transit = {"FE0": (WAN_ONE_WAY_S, False)}
+def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(
+    md: MainDecodeInstance, shaper: tuple[SharedClock, int]
+) -> None:
+    shaper, slot = shaper
     stalled = StalledFrontendEnd(md.clock, fails=False)
     reset = StalledFrontendEnd(md.clock, fails=True)
 
@@ -175,10 +191,6 @@ def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(tmp_pat
             pass
         return while_draining, shaper.anchor().hold
 
-    try:
-        while_draining, after_a_reset = asyncio.run(run())
-        assert stalled.sent and while_draining == math.inf  # let go once written
-        assert after_a_reset == math.inf  # and when writing it failed
-    finally:
-        md.clock.close()
-        shaper.close()
+    while_draining, after_a_reset = asyncio.run(run())
+    assert stalled.sent and while_draining == math.inf  # let go once written
+    assert after_a_reset == math.inf  # and when writing it failed
