@@ -71,6 +71,8 @@ class Instance:
         self.refused = {"control": 0, "data": 0}  # requests and connections without the secret
         self.broken_channels = 0  # connections that ended mid-frame or with a bad frame
         self.config: Config = config_from_json(spec.config)
+        # before the clock's slot is claimed: a malformed setting leaves none behind
+        self.stalls = stalls_of(os.environ.get(STALL_ENV, ""), self.name)
         self.clock = (
             ModelledClock.attach(spec.clock, self.name)
             if spec.clock
@@ -92,7 +94,6 @@ class Instance:
         # Each request's share of the step lag: the lateness of the steps it was in, summed
         # (leg ids, requests with none left out): what its recorded times can carry of it.
         self.carried_lag_s = CarriedLag()  # the most recent legs' only: serve runs without end
-        self.stalls = stalls_of(os.environ.get(STALL_ENV, ""), self.name)
         self.resumed_at = -math.inf  # modelled time the last pause fault ended (SIGCONT)
         self.dates_past_history = 0  # kernel dates older than the clock's anchor history
         self.steps = 0
@@ -650,12 +651,22 @@ def least_transit(delay_s: float, jitter_s: float, dist: str) -> float:
 
 def stalls_of(spec: str, name: str) -> dict[str, tuple[float, bool]]:
     """The forced lateness STALL_ENV gives instance `name`: message kind -> (seconds, whether
-    they are modelled seconds rather than wall seconds)."""
+    they are modelled seconds rather than wall seconds). Every part is checked, whichever
+    instance it names: a malformed one is refused with a ValueError that names it."""
     stalls = {}
     for part in filter(None, spec.split(";")):
-        who, kinds, seconds = part.split(":")
-        if who == name:
-            modelled = seconds.endswith("m")
-            stall = (float(seconds.removesuffix("m")), modelled)
-            stalls.update(dict.fromkeys(kinds.split(","), stall))
+        fields = part.split(":")
+        seconds = fields[-1].removesuffix("m")
+        try:
+            stall = (float(seconds), fields[-1].endswith("m"))
+        except ValueError:
+            stall = (math.nan, False)
+        kinds = fields[1].split(",") if len(fields) == 3 else []
+        if not (fields[0] and kinds and all(kinds) and math.isfinite(stall[0]) and stall[0] >= 0):
+            raise ValueError(
+                f"{STALL_ENV}: {part!r} is not INSTANCE:KIND[,KIND...]:SECONDS[m]"
+                " (seconds a number >= 0; parts separated by ';')"
+            )
+        if fields[0] == name:
+            stalls.update(dict.fromkeys(kinds, stall))
     return stalls

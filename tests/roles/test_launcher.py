@@ -252,7 +252,7 @@ def test_an_instance_started_after_a_setting_changed_has_the_setting(
     process = asyncio.run(launcher.launch(spec_path, err, RunSecret.new().line()))
     try:
         assert process.wait(START_TIMEOUT_S) == 1
-        assert "stalls_of" in err.read_text()
+        assert "PDDEMU_STALL: 'FE0' is not" in err.read_text()
     finally:
         process.kill()
         process.wait(30)
