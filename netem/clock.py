@@ -572,11 +572,12 @@ class SharedClock:
         stands for this one too (time stood still there since). Returns where it holds."""
         with self._locked():
             where = _slot_at(index)
-            (readers,) = _SLOT_READERS.unpack_from(self._page, where + SLOT_READERS_AT)
-            _SLOT_READERS.pack_into(self._page, where + SLOT_READERS_AT, readers + 1)
             held, _ = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
-            if held == math.inf:
+            (readers,) = _SLOT_READERS.unpack_from(self._page, where + SLOT_READERS_AT)
+            if held == math.inf:  # a new hold, for this reader alone
+                _SLOT_READERS.pack_into(self._page, where + SLOT_READERS_AT, 1)
                 return self._hold(index, at)
+            _SLOT_READERS.pack_into(self._page, where + SLOT_READERS_AT, readers + 1)
             posted, binding = _SLOT_HOLDS.unpack_from(self._page, where + SLOT_HOLDS_AT)
             _SLOT_HOLDS.pack_into(self._page, where + SLOT_HOLDS_AT, posted + 1, binding)
             return held
@@ -616,6 +617,8 @@ class SharedClock:
         at, frozen = _SLOT_HOLD.unpack_from(self._page, where + SLOT_HOLD_AT)
         if at == math.inf:
             return 0.0
+        # the readers it stood for (`hold_for_one_more`) go with it, however it is released
+        _SLOT_READERS.pack_into(self._page, where + SLOT_READERS_AT, 0)
         anchor = self.anchor()
         wall = self.monotonic()
         self._mark_binding(anchor, wall)

@@ -363,3 +363,23 @@ def test_a_claimed_slot_holds_for_no_reader_whatever_its_bytes_held(
     again = clock.claim("shaper routing/instant")
     assert again == index
     assert clock.readers_held_for(again) == 0
+
+
+def test_readers_go_with_their_hold_however_it_is_released(page: Path, wall: FakeWall) -> None:
+    """A routing hold standing for two readers is released by `stop_participant` (its owner
+    paused): the readers go with it, so the next message's hold is let go by its own reader.
+    On the code before, the count stayed at 2: the next hold stood for 3 readers, and its
+    reader's let-go left time standing."""
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall)
+    slot = clock.claim("shaper routing/instant", pid=4242)
+    for _ in range(2):
+        clock.hold_for_one_more(slot, clock.now())
+    assert clock.stop_participant(4242, lambda: None) == ["shaper routing/instant"]
+    assert clock.readers_held_for(slot) == 0
+    wall.advance(1.0)
+    held = clock.hold_for_one_more(slot, clock.now())
+    wall.advance(1.0)
+    assert clock.now() == held  # time stands at the new hold
+    assert clock.let_go_one(slot, held)
+    wall.advance(1.0)
+    assert clock.now() == pytest.approx(held + 1.0)
