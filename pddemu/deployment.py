@@ -42,6 +42,8 @@ from pddemu.runtime.clock import ModelledClock, PauseError, pause_process
 
 BASE_PORT = 7100
 HOST_OF_ROLE = {"FE": "a", "P": "a", "RLD": "a2", "D": "a2", "MD": "b"}
+# wall seconds the launched instances have to answer /health (a launch is bounded by the
+# launcher: pddemu.roles.launcher.LAUNCH_TIMEOUT_S)
 START_TIMEOUT_S = 120.0
 HEALTH_POLL_S = 0.05  # wall seconds between asking the instances not yet up whether they are
 STATS_TIMEOUT_S = 30.0
@@ -173,7 +175,6 @@ class Deployment:
                 err,
                 self.secret.line(),
                 keep_fds=() if door is None else (door,),
-                timeout_s=START_TIMEOUT_S,
             )
         except LaunchError as error:
             raise DeploymentError(f"{self.system}: {error}") from error
