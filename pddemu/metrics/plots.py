@@ -441,9 +441,17 @@ def wan_use_figure(wan: WanUse, bins: int = 100) -> Figure:
         top.axhline(100, color="grey", lw=0.8, ls=":")
     else:
         top.set_ylabel("KV rate (Gbit/s)")
-    top.set_title(f"WAN use: KV sent P->MD, {bins} bins of {width:.2f} s")
+    top.set_title(f"WAN use: KV sent P->MD, {bins} bins of {width:.2f} s", loc="left")
     top.grid(True, alpha=0.3)
-    top.legend(loc="center right", fontsize="small")
+    # above the axes, right of the title: inside, it hides part of a trace wherever it stands
+    top.legend(
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=len(wan.transfers),
+        fontsize="small",
+        frameon=False,
+        borderaxespad=0.2,
+    )
     if unplaced:  # the figure says what it could not draw
         bottom.legend(loc="best", fontsize="small")
     bottom.set_ylabel("transfers in flight")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.image import imread
+from matplotlib.text import Text
 from metrics_samples import baseline_records, completed, sample_records
 
 from pddemu.metrics import MetricsError
@@ -246,3 +247,24 @@ def test_transfers_in_flight_never_go_below_zero_and_backward_ones_are_counted()
     assert [text.get_text() for text in legend.get_texts()] == [
         "pdd: 1 transfer(s) dated to end before they start, not counted"
     ]
+
+
+def test_the_wan_legend_hides_no_trace_and_not_the_title() -> None:
+    """Two systems whose utilisation fills the axes at every height somewhere (as the
+    reference run's does): the legend stands outside the axes, clear of the title."""
+    transfers = {
+        system: [
+            WanTransfer(float(i), float(i) + 1.0, (i % 10 + 1) * 100, [(float(i) + 1.0, 1000)])
+            for i in range(0, 40, 2)
+        ]
+        for system in ("pdd", "naive")
+    }
+    figure = wan_use_figure(WanUse(transfers, {"pdd": 0.0, "naive": 0.0}, 8e3, 1.0))
+    figure.tight_layout()
+    renderer = figure.canvas.get_renderer()
+    top = figure.axes[0]
+    legend = top.get_legend().get_window_extent(renderer)
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["pdd", "naive"]
+    assert not legend.overlaps(top.get_window_extent(renderer))
+    (title,) = [t for t in top.findobj(Text) if t.get_text().startswith("WAN use")]
+    assert not legend.overlaps(title.get_window_extent(renderer))
