@@ -47,10 +47,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-MAGIC = b"NMCLOCK2"
-SLOTS_END = 8192
+MAGIC = b"NMCLOCK3"
+SLOTS_END = 16384
 HEADER_BYTES = 256
-SLOT_BYTES = 128
+SLOT_BYTES = 160
 MAX_SLOTS = (SLOTS_END - HEADER_BYTES) // SLOT_BYTES
 # After the slots, the anchors' history: a ring of the last HISTORY_ANCHORS anchors written
 # (each write's wall, modelled, rate, hold), so a past wall time can be told in modelled time
@@ -78,19 +78,25 @@ SEQ_AT, ANCHOR_AT, LAG_TARGET_AT, FROZEN_AT, BINDING_AT, CEILING_AT = 8, 16, 48,
 PROMISE_AT = 80
 
 # A slot: name, pid, the hold (under the lock), then its owner's counters.
-# Lag is counted apart in LAG_COUNTERS kinds (numbered by the participants, the same in every
-# process of a run: pddemu.runtime.clock.CONTROLLED_KINDS): the controller keeps each kind's
-# mean within its target, as a run's validity judges each kind's mean, so a frequent kind on
-# time cannot hide a rare one late.
-LAG_COUNTERS = 2
-_SLOT = struct.Struct("=32sQdd QQ QdQd d")
+# Lag is counted apart by kind, one counter for each of LAG_COUNTED_KINDS (its index is the
+# kind's number, the same in every process of a run): the controller keeps each kind's mean
+# within its target, as a run's validity judges each kind's mean, so a frequent kind on time
+# cannot hide a rare one late. A message handled late, a request sent late, a step whose work
+# began after its end, a packet leaving the shaper late.
+LAG_COUNTED_KINDS = ("handler", "send", "step", "release")
+LAG_COUNTERS = len(LAG_COUNTED_KINDS)
+_SLOT = struct.Struct("=32sQdd QQ " + "Qd" * LAG_COUNTERS + " d")
 _SLOT_HOLD = struct.Struct("=dd")  # offset 40 in a slot: hold at, wall seconds it froze time
 _SLOT_HOLDS = struct.Struct("=QQ")  # offset 56: holds posted, holds that stopped the clock
 _SLOT_LAG = struct.Struct("=Qd")  # offset 72 + 16 x kind: count, sum
-_SLOT_LAG_MAX = struct.Struct("=d")  # offset 104: the largest of any kind
-# Offset 112: how many readers a hold shared by several messages stands for (`hold_for_one_more`)
+_SLOT_LAG_MAX = struct.Struct("=d")  # after the kinds: the largest of any kind
+# Then how many readers a hold shared by several messages stands for (`hold_for_one_more`)
 _SLOT_READERS = struct.Struct("=Q")
-SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT, SLOT_LAG_MAX_AT, SLOT_READERS_AT = 40, 56, 72, 104, 112
+SLOT_HOLD_AT, SLOT_HOLDS_AT, SLOT_LAG_AT = 40, 56, 72
+SLOT_LAG_MAX_AT = SLOT_LAG_AT + _SLOT_LAG.size * LAG_COUNTERS
+SLOT_READERS_AT = SLOT_LAG_MAX_AT + _SLOT_LAG_MAX.size
+if SLOT_READERS_AT + _SLOT_READERS.size > SLOT_BYTES:
+    raise ImportError("a clock slot's counters do not fit in SLOT_BYTES")
 # The name suffix of a slot whose holds stand time still by design, at the present, for an
 # exchange the modelled system does in no time (the rate's controller ignores their frozen time).
 INSTANT = "/instant"
@@ -658,15 +664,21 @@ class SharedClock:
     def count_lag(self, index: int, lag: float, kind: int = 0) -> None:
         """Add one lag sample of `kind` (modelled seconds, 0 when on time) to the slot's
         counters."""
+        self.count_lags(index, kind, 1, lag, lag)
+
+    def count_lags(self, index: int, kind: int, count: int, total: float, worst: float) -> None:
+        """Add `count` lag samples of `kind` at once, summing to `total` (modelled seconds),
+        the largest `worst`: what a participant counting many at a time (the shaper, a batch
+        of packets) writes in one go."""
         if not 0 <= kind < LAG_COUNTERS:
             raise ClockError(f"no lag kind {kind}: the page counts {LAG_COUNTERS}")
         slot = _slot_at(index)
         where = slot + SLOT_LAG_AT + kind * _SLOT_LAG.size
-        count, total = _SLOT_LAG.unpack_from(self._page, where)
-        _SLOT_LAG.pack_into(self._page, where, count + 1, total + lag)
-        (worst,) = _SLOT_LAG_MAX.unpack_from(self._page, slot + SLOT_LAG_MAX_AT)
-        if lag > worst:
-            _SLOT_LAG_MAX.pack_into(self._page, slot + SLOT_LAG_MAX_AT, lag)
+        counted, summed = _SLOT_LAG.unpack_from(self._page, where)
+        _SLOT_LAG.pack_into(self._page, where, counted + count, summed + total)
+        (largest,) = _SLOT_LAG_MAX.unpack_from(self._page, slot + SLOT_LAG_MAX_AT)
+        if worst > largest:
+            _SLOT_LAG_MAX.pack_into(self._page, slot + SLOT_LAG_MAX_AT, worst)
 
 
 def _history_at(entry: int) -> int:

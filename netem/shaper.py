@@ -45,7 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from netem.clock import ROUTING_DSCP, ROUTING_HOLD_CAP_S, ROUTING_SLOT, Anchor, SharedClock
+from netem.clock import (
+    LAG_COUNTED_KINDS,
+    ROUTING_DSCP,
+    ROUTING_HOLD_CAP_S,
+    ROUTING_SLOT,
+    Anchor,
+    SharedClock,
+)
 from netem.delivery import DeliveryRecord
 from netem.direction import Direction
 from netem.packet import ends_a_tcp_write
@@ -65,6 +72,8 @@ CONTROL_REPLY_TIMEOUT_S = 1.0
 EARLY_S = 0.00015
 MAX_PACKET = 65536
 MAX_WALL_WAIT_S = 0.002  # while the clock is held, look again this often
+LAG_SLOT = "shaper"  # the clock page's slot the shaper counts its release lag in
+RELEASE_KIND = LAG_COUNTED_KINDS.index("release")
 LAG_BUCKETS_S = (0.0, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -101,6 +110,8 @@ class Shaper:
         # no reader has let go of yet, oldest first (each to end at its cap).
         self.routing_slot = self.clock.claim(ROUTING_SLOT) if self.clock is not None else None
         self.routing_held_since: deque[float] = deque()
+        # and the slot it counts its packets' release lag in, for the rate's controller
+        self.lag_slot = self.clock.claim(LAG_SLOT) if self.clock is not None else None
         self.routing_holds = 0
         self.now = now or (self.clock.now if self.clock is not None else time.monotonic)
         self.release_lag = ReleaseLag()
@@ -227,7 +238,9 @@ class Shaper:
                     write(sink_fd, packet)
                 except OSError:
                     route.write_errors += 1
-            self.release_lag.count_released(released, now)
+            total, worst = self.release_lag.count_released(released, now)
+            if self.clock is not None and self.lag_slot is not None:  # the controller's too
+                self.clock.count_lags(self.lag_slot, RELEASE_KIND, len(released), total, worst)
             if route.record is not None:
                 # timed after the writes: the receiving kernel dates each packet inside its
                 # write, so a stall since `now` (reading, queueing, writing) moves those dates
@@ -424,19 +437,25 @@ class ReleaseLag:
         self.max_s = max(self.max_s, lag)
         self.counts[bisect.bisect_left(LAG_BUCKETS_S, lag)] += 1
 
-    def count_released(self, released: list[tuple[bytes, float]], now: float) -> None:
+    def count_released(
+        self, released: list[tuple[bytes, float]], now: float
+    ) -> tuple[float, float]:
         """Each (packet, exit time) of `released`, all written out at `now` (as `count` for
-        the lag of each)."""
+        the lag of each); returns their lag's sum and largest."""
         counts = self.counts
+        total = worst = 0.0
         for _, exit_time in released:
             lag = now - exit_time
             if lag <= 0:
                 counts[0] += 1
                 continue
-            self.total_s += lag
-            if lag > self.max_s:
-                self.max_s = lag
+            total += lag
+            if lag > worst:
+                worst = lag
             counts[bisect.bisect_left(LAG_BUCKETS_S, lag)] += 1
+        self.total_s += total
+        self.max_s = max(self.max_s, worst)
+        return total, worst
 
     def to_dict(self) -> dict[str, Any]:
         return {

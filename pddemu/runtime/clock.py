@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from netem.clock import INSTANT, LAG_COUNTERS, ROUTING_SLOT, Anchor, SharedClock
+from netem.clock import INSTANT, LAG_COUNTED_KINDS, ROUTING_SLOT, Anchor, SharedClock
 from pddemu.metrics.reservoir import Reservoir
 
 T = TypeVar("T")
@@ -47,12 +47,13 @@ PRECISE_WALL_S = 0.002  # a precise sleep blocks for at most this much of its en
 # on a path without modelled time (within a host, the unshaped intra-DC path), a request's
 # arrival, a packet's exit from the shaper.
 LAG_KINDS = ("step", "handler", "send", "release")
-# Of those, the events the controller watches: a message handled or a request sent late. (A
-# step's lag is the holds' business: a step that would end before its work stands the clock
-# still instead, which the controller watches as frozen time.)
-CONTROLLED_KINDS = ("handler", "send")
-if len(CONTROLLED_KINDS) != LAG_COUNTERS:  # the page counts each of them apart
-    raise ImportError("the clock page's lag counters do not match CONTROLLED_KINDS")
+# Of those, what the controller watches, each kind on its own mean (the clock page counts them
+# apart): all of them, since validity judges each. A step's lag grows with the rate like a
+# message's (a wake-up's wall latency times the rate) and holds do not cover it (a step whose
+# work begins after its end holds the present, not its end).
+CONTROLLED_KINDS = LAG_COUNTED_KINDS
+if set(CONTROLLED_KINDS) != set(LAG_KINDS):
+    raise ImportError("the clock page's lag counters do not match LAG_KINDS")
 # Lag that provably reaches no result, reported, never judged: the frontend reading a report
 # that carries its own times (a transfer's end, the KV's arrival, a handoff's start), and its
 # lateness in reading tokens and heartbeats (tokens are dated by their send or the kernel's

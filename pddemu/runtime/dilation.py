@@ -2,16 +2,17 @@
 
 It runs beside the replayer and reads every participant's slot of the clock page (netem.clock)
 twenty times a second. When the participants' lag of the last half second averaged more than
-the target the page publishes, in any one kind (handler, send: messages handled late, requests
-sent late; each is judged on its own mean, so frequent messages on time cannot hide late
-requests, once the window holds `min_samples` of it or its total alone is that many
-targets: one sample of a rare kind a little late is noise, not a trend), or genuine work held
-the clock still for more of the wall time than a slow-down could win back (`FROZEN_OK`),
-the clock slows down at once
-(multiplicative decrease, harder when far behind); when the last half second had enough
-samples and they averaged well within the target, it speeds up gently (multiplicative
-increase); with too few samples to tell (an idle system, or a clock so slow it hears few
-messages) it goes back towards the rate it started at, no further. Never beyond the
+the target the page publishes, in any one kind (handler, send, step, release: messages handled
+late, requests sent late, steps whose work began after their end, packets the shaper let out
+late; each is judged on its own mean, as validity judges it, so frequent messages on time
+cannot hide late requests, once the window holds `min_samples` of it or its total alone is
+that many targets: one sample of a rare kind a little late is noise, not a trend), or
+genuine work held the clock still for more of the wall time than a slow-down could win back
+(`FROZEN_OK`), the clock slows down at once (multiplicative decrease, harder when far
+behind); when the last half second had enough samples and they averaged well within the
+target, it speeds up gently (multiplicative increase); with too few samples to tell (an idle
+system, or a clock so slow it hears few messages) it goes back towards the rate it started
+at, no further. Never beyond the
 ceiling: `scale.time_scale`, or, for `time_scale = "auto"`, `AUTO_CEILING`. Results stay the
 modelled system's because everything (compute, network, arrivals) reads the same clock; only
 the wall time a run takes changes.

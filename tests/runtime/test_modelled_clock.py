@@ -15,6 +15,7 @@ from netem.clock import ClockError, SharedClock
 from pddemu.runtime.clock import CONTROLLED_KINDS, PRECISE_WALL_S, SHORT_NAP_S, ModelledClock
 from pddemu.runtime.dilation import AUTO_CEILING, AUTO_START, Dilation, DilationPolicy
 from tests.netem.test_clock import FakeWall
+from tests.netem.test_routing_hold import DELAY_S, shaper_on
 
 
 def test_sleep_until_follows_a_speed_up_while_sleeping(tmp_path: Path) -> None:
@@ -276,6 +277,60 @@ def test_each_slow_down_names_its_kind_and_participant_in_the_timeline(tmp_path:
         (pytest.approx(1 / (8.0 * policy.decrease)), "lag send replayer"),
         (pytest.approx(1 / (8.0 * policy.decrease * policy.hard_decrease)), "hold P0"),
     ]
+
+
+def test_late_steps_slow_the_clock_while_holds_stand_within_their_share(tmp_path: Path) -> None:
+    """A step whose work began after its end lags (a late wake-up times the rate) and holds do
+    not cover it: at a frozen share of 0.2, where the holds alone leave the rate be, the
+    controller slows down for step lag over the target, as for late messages (before, the page
+    did not count steps, and such a run was judged not valid on its step lag)."""
+    policy = DilationPolicy.for_time_scale(None, frozen_share=0.2)
+    policy = DilationPolicy(ceiling=policy.ceiling, start=8.0, frozen_ok=0.2, cooldown_periods=0)
+    dilation, shared, wall = _dilation(tmp_path, policy)  # the target: 1 ms
+    rld = ModelledClock(shared, shared.claim("RLD0"), "RLD0")
+    for _ in range(20):
+        rld.count_lag("step", 0.0002)  # steps on time (or nearly), with holds of 10 %
+    shared.hold(rld.slot, shared.now())
+    wall.advance(0.005)
+    shared.release(rld.slot)
+    wall.advance(0.045)
+    assert dilation.step() == pytest.approx(8.0 * policy.increase)
+    for _ in range(40):
+        rld.count_lag("step", 0.003)  # the window's mean is now over the target
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.increase * policy.decrease)
+    assert dilation.slowed_by == {"lag step RLD0": 1}
+
+
+def test_packets_the_shaper_releases_late_slow_the_clock(tmp_path: Path) -> None:
+    """The shaper counts each packet's release lag on the clock page too (its "shaper" slot),
+    in the batch it writes out, so the controller keeps that kind's mean within its target."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    controller = SharedClock(page)
+    controller.set_lag_target(0.005)  # a lag of 10 ms is twice the target: a plain decrease
+    policy = DilationPolicy(ceiling=1.0, start=1.0, cooldown_periods=0)
+    dilation = Dilation(controller, policy)
+    try:
+        for index in range(policy.min_samples):
+            link.far["a"].send(f"packet {index}".encode())
+        source = shaper.routes[0].source_fd
+        shaper.turn([source], shaper.now(), early=0.0)
+        time.sleep(DELAY_S + 0.01)  # the shaper's turn comes 10 ms late
+        shaper.turn([], shaper.now(), early=0.0)
+        assert shaper.routes[0].direction.next_exit() == math.inf
+        (report,) = [r for r in controller.slots() if r.name == "shaper"]
+        count, total = report.lag_by_kind[CONTROLLED_KINDS.index("release")]
+        assert count == policy.min_samples
+        assert total == pytest.approx(shaper.release_lag.total_s)
+        assert total >= policy.min_samples * 0.009
+        assert dilation.step() == pytest.approx(policy.decrease, rel=0.01)
+        assert dilation.slowed_by == {"lag release shaper": 1}
+    finally:
+        shaper.control.close()
+        link.close()
+        controller.close()
 
 
 def test_one_sample_of_a_rare_kind_a_little_late_does_not_cut_the_rate(tmp_path: Path) -> None:
