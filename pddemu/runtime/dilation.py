@@ -10,7 +10,8 @@ that many targets: one sample of a rare kind a little late is noise, not a trend
 genuine work held the clock still for more of the wall time than a slow-down could win back
 (`FROZEN_OK`), the clock slows down at once (multiplicative decrease, harder when far
 behind); when the last half second had enough samples and they averaged well within the
-target, it speeds up gently (multiplicative increase); with too few samples to tell (an idle
+target, it speeds up gently (multiplicative increase), unless a kind's mean over the run so
+far, which validity judges, is over the target (`_run_over`); with too few samples to tell (an idle
 system, or a clock so slow it hears few messages) it goes back towards the rate it started
 at, no further. Never beyond the
 ceiling: `scale.time_scale`, or, for `time_scale = "auto"`, `AUTO_CEILING`. Results stay the
@@ -113,6 +114,9 @@ class Dilation:
         default_factory=deque
     )  # per period: lag samples and sums by kind, frozen wall seconds, wall seconds
     _by_slot: deque[dict[str, tuple[tuple[float, ...], float]]] = field(default_factory=deque)
+    # each kind's lag since the controller began (samples, sum): the run's mean, which judges it
+    _run_counts: list[int] = field(default_factory=lambda: [0] * LAG_COUNTERS)
+    _run_sums: list[float] = field(default_factory=lambda: [0.0] * LAG_COUNTERS)
 
     def __post_init__(self) -> None:
         if self.clock.rate > self.policy.ceiling:
@@ -153,6 +157,9 @@ class Dilation:
             if report.name.endswith(INSTANT):
                 instant += stood_here
         stood_wall = max(0.0, frozen - self._frozen - instant)
+        for kind in range(LAG_COUNTERS):
+            self._run_counts[kind] += counts[kind]
+            self._run_sums[kind] += sums[kind]
         self._window.append((tuple(counts), tuple(sums), stood_wall, wall - self._wall))
         self._by_slot.append(by_slot)
         while len(self._window) > self.policy.window_periods:
@@ -188,7 +195,8 @@ class Dilation:
             self._window.clear()  # what comes next is the new rate's
             self._by_slot.clear()
         elif samples >= policy.calm_samples and mean <= policy.calm_share * target:
-            rate = min(policy.ceiling, rate * policy.increase)
+            if not self._run_over(target):  # else no faster until the run's mean is within
+                rate = min(policy.ceiling, rate * policy.increase)
         elif samples < policy.calm_samples and stood <= policy.frozen_ok and rate < policy.start:
             # Too few samples to tell (a slow clock hears few messages): back towards the
             # start, or a clock slowed by a loaded moment would stay slow for good.
@@ -196,6 +204,17 @@ class Dilation:
         rate = self.clock.set_rate(rate)  # set each period: the promise grows from here
         self._note(rate, cause)
         return rate
+
+    def _run_over(self, target: float) -> bool:
+        """Whether any kind's mean since the controller began is over `target`. Lag that comes
+        in rare bursts (a step begun several ms late among thousands on time) leaves most
+        windows calm, and a rate that rises in each of them makes the next burst larger: the
+        run's mean, which validity judges, would end over its bound though every window that
+        saw a burst was answered with a slow-down."""
+        return any(
+            count >= self.policy.min_samples and total > target * count
+            for count, total in zip(self._run_counts, self._run_sums, strict=True)
+        )
 
     def _culprit(self, kind: int | None) -> str:
         """Who contributed most to the window's lag of `kind`, or (None) to its frozen time."""

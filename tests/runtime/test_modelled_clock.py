@@ -302,6 +302,31 @@ def test_late_steps_slow_the_clock_while_holds_stand_within_their_share(tmp_path
     assert dilation.slowed_by == {"lag step RLD0": 1}
 
 
+def test_no_speed_up_while_the_runs_mean_of_a_kind_is_over_the_target(tmp_path: Path) -> None:
+    """Steps late in rare bursts: the window that saw the burst slows the clock, and the calm
+    windows after it would speed it up again, run mean over the target or not (naive's step
+    lag ended 0.68 ms over its 0.48 ms bound so, at frozen share 0.2). While the run's mean of
+    a kind is over the target the rate stays; once on-time samples bring it back, it rises."""
+    policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0)
+    dilation, shared, wall = _dilation(tmp_path, policy)  # the target: 1 ms
+    md = ModelledClock(shared, shared.claim("MD0"), "MD0")
+    for _ in range(10):
+        md.count_lag("step", 0.0)
+    md.count_lag("step", 0.05)  # a burst: the run's mean is 4.5 ms
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.hard_decrease)
+    rate = 8.0 * policy.hard_decrease
+    for calm_periods in range(1, 5):
+        for _ in range(10):
+            md.count_lag("step", 0.0)  # calm: each window's mean is 0 after the burst's
+        wall.advance(0.05)
+        run_mean = 0.05 / (11 + 10 * calm_periods)
+        expected = rate if run_mean > 0.001 else rate * policy.increase
+        assert dilation.step() == pytest.approx(expected), run_mean
+    assert expected == pytest.approx(rate * policy.increase)  # 0.05 s over 51 samples: within
+    assert dilation.slowed_by == {"lag step MD0": 1}
+
+
 def test_packets_the_shaper_releases_late_slow_the_clock(tmp_path: Path) -> None:
     """The shaper counts each packet's release lag on the clock page too (its "shaper" slot),
     in the batch it writes out, so the controller keeps that kind's mean within its target."""
