@@ -49,9 +49,9 @@ TIMELINE_CHANGE = 0.1  # a rate this much away from the last kept point is kept 
 # it holds; it costs speed only: a run advances rate x (1 - frozen share) modelled seconds per
 # wall second. Slowing by the policy's `decrease` (0.8) can raise that only where holds stood
 # the clock still for more than 1 - 0.8 of the wall time, even if it ended them all; below that
-# share a slow-down costs more than the holds it saves. Not the configured default
-# (`scale.frozen_share` 0.01): step and release lag, judged but not controlled, grow without
-# the holds' slow-downs (docs/validation.md, 'Out of the bound').
+# share a slow-down costs more than the holds it saves. The configured default
+# (`scale.frozen_share`) is higher, 0.35, measured: holds are left to stand where the lag the
+# controller watches (every judged kind) allows the rate (docs/validation.md, 'Out of the bound').
 FROZEN_OK = 0.2
 
 

@@ -284,8 +284,7 @@ def test_late_steps_slow_the_clock_while_holds_stand_within_their_share(tmp_path
     not cover it: at a frozen share of 0.2, where the holds alone leave the rate be, the
     controller slows down for step lag over the target, as for late messages (before, the page
     did not count steps, and such a run was judged not valid on its step lag)."""
-    policy = DilationPolicy.for_time_scale(None, frozen_share=0.2)
-    policy = DilationPolicy(ceiling=policy.ceiling, start=8.0, frozen_ok=0.2, cooldown_periods=0)
+    policy = DilationPolicy(ceiling=AUTO_CEILING, start=8.0, frozen_ok=0.2, cooldown_periods=0)
     dilation, shared, wall = _dilation(tmp_path, policy)  # the target: 1 ms
     rld = ModelledClock(shared, shared.claim("RLD0"), "RLD0")
     for _ in range(20):
