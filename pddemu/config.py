@@ -157,8 +157,8 @@ class ScaleConfig(Section):
         "controller slows it. A hold keeps results exact and costs only speed; the controller "
         "keeps every judged kind of lag (step and release too) within its target on its own, "
         "so holds need not slow the clock to keep validity: `make emulate` (100 requests) took "
-        "225 s at 0.35, 264 s at 0.2 and 0.01 (docs/validation.md, 'Out of the bound'), every "
-        "system valid. TCP's wall-time timers run on while the clock stands, so a long hold "
+        "225 s at 0.35, 264 s at 0.2 and 336 s at 0.01 (docs/validation.md, 'Out of the "
+        "bound'), every system valid. TCP's wall-time timers run on while the clock stands, so a long hold "
         "can fire a retransmission timeout spuriously",
     )
 
