@@ -39,6 +39,7 @@ from pddemu.roles.launcher import InstanceProcess, Launcher, LaunchError
 from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.clock import ModelledClock, PauseError, pause_process
+from pddemu.runtime.liveness import UP
 
 BASE_PORT = 7100
 HOST_OF_ROLE = {"FE": "a", "P": "a", "RLD": "a2", "D": "a2", "MD": "b"}
@@ -48,6 +49,15 @@ START_TIMEOUT_S = 120.0
 HEALTH_POLL_S = 0.05  # wall seconds between asking the instances not yet up whether they are
 STATS_TIMEOUT_S = 30.0
 ERROR_TAIL_CHARS = 2000
+
+
+def heard(view: dict[str, Any]) -> set[str]:
+    """The instances a router's liveness view (its `/liveness`) has heard from and holds up."""
+    return {
+        name
+        for name, seen in view["instances"].items()
+        if seen["heard_at_s"] is not None and seen["state"] == UP
+    }
 
 
 class DeploymentError(RuntimeError):
@@ -162,6 +172,7 @@ class Deployment:
             (specs_dir / f"{name}.json").write_text(spec.to_json())
             await self._launch(name)
         await self.wait_healthy(set(self.specs))
+        await self.wait_heard()
 
     async def _launch(self, name: str) -> None:
         if self.launcher is None:
@@ -219,20 +230,54 @@ class Deployment:
             while pending:
                 for name in sorted(pending):
                     self.check_alive(name)
-                    try:
-                        async with session.get(
-                            self.url(name, "/health"), timeout=aiohttp.ClientTimeout(total=2)
-                        ) as reply:
-                            if reply.status == 200:
-                                pending.discard(name)
-                    except (aiohttp.ClientError, TimeoutError):
-                        pass
+                    if await self._answers(session, name, "/health") is not None:
+                        pending.discard(name)
                 if time.monotonic() > deadline:
                     raise DeploymentError(
                         f"{self.system}: instances not healthy after {START_TIMEOUT_S:.0f} s: {sorted(pending)}"
                     )
                 if pending:
                     await asyncio.sleep(HEALTH_POLL_S)
+
+    async def wait_heard(self) -> None:
+        """Until every router has heard from every instance it watches. A router does not
+        judge an instance it has not heard from yet (`pddemu.runtime.liveness`): a fault on
+        one before then would go unseen by it (paused, it would stay routable for good), and a
+        fault may come the moment the deployment has started."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        routers = [name for name, spec in self.specs.items() if spec.me.role == "FE"]
+        waiting = {router: "its /liveness does not answer" for router in routers}  # and why
+        async with aiohttp.ClientSession(headers=self.headers) as session:
+            while waiting:
+                for router in sorted(waiting):
+                    self.check_alive(router)
+                    view = await self._answers(session, router, "/liveness")
+                    if view is None:
+                        continue
+                    unheard = sorted(set(view["instances"]) - heard(view))
+                    if unheard:
+                        waiting[router] = f"{', '.join(unheard)} not heard from"
+                    else:
+                        del waiting[router]
+                if time.monotonic() > deadline:
+                    raise DeploymentError(
+                        f"{self.system}: routers not ready after {START_TIMEOUT_S:.0f} s: "
+                        + "; ".join(f"{router}: {why}" for router, why in waiting.items())
+                    )
+                if waiting:
+                    await asyncio.sleep(HEALTH_POLL_S)
+
+    async def _answers(
+        self, session: aiohttp.ClientSession, name: str, path: str
+    ) -> dict[str, Any] | None:
+        """The instance's JSON answer at `path`, or None if it does not answer (yet)."""
+        try:
+            async with session.get(
+                self.url(name, path), timeout=aiohttp.ClientTimeout(total=2)
+            ) as reply:
+                return await reply.json() if reply.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
 
     def check_alive(self, name: str) -> None:
         process = self.processes[name]

@@ -259,6 +259,7 @@ class Instance:
                         channel = channels.get(router)
                         if channel is None or channel.closed:
                             channel = channels[router] = await self.open(router, "heartbeat")
+                            log.info("%s: heartbeats to %s from %.3f s", self.name, router, due)
                         await channel.send(Control("heartbeat", {"at": self.clock.now()}))
                     except OSError:  # the router is unreachable: the next heartbeat tries again
                         lost = channels.pop(router, None)

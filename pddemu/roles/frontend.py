@@ -53,7 +53,7 @@ from pddemu.metrics.records import RequestRecord
 from pddemu.policy.output_length import OutputLengthPredictor, OutputPrediction, PromptFeatures
 from pddemu.policy.routing import RouteInputs, choose_pipeline
 from pddemu.policy.wan import WanEstimator
-from pddemu.roles.base import Instance
+from pddemu.roles.base import Instance, log
 from pddemu.roles.client_gone import client_gone_abandons
 from pddemu.roles.openai_api import OpenAIFrontDoor
 from pddemu.roles.sizing import cost_model
@@ -223,6 +223,14 @@ class Frontend(Instance):
 
     def liveness_changed(self, change: Change) -> None:
         self.liveness_changes.append(change)
+        log.info(
+            "%s: %s %s at %.3f s: %s",
+            self.name,
+            change.instance,
+            change.state,
+            change.at_s,
+            change.reason,
+        )
         if change.state == DOWN:
             self.spawn(self.fail_over(change.instance), f"failover from {change.instance}")
 
@@ -462,7 +470,13 @@ class Frontend(Instance):
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.http_generate)
         app.router.add_post("/admin/verdict", self._admin_verdict)
+        app.router.add_get("/liveness", self._liveness)
         self.door.add_routes(app)
+
+    async def _liveness(self, _request: web.Request) -> web.Response:
+        """Who is alive as this router sees it (`Liveness.view`): what the deployment waits on
+        before it counts an instance started, lighter to ask for often than `/stats`."""
+        return web.json_response(self.liveness.view(self.clock.now()))
 
     async def _admin_verdict(self, request: web.Request) -> web.Response:
         """`pddemu serve`'s judgement of the lag so far (`pddemu.serve.keep_verdict_live`),
@@ -1208,6 +1222,7 @@ class Frontend(Instance):
             "inexact_dates": self.inexact_dates,
             "wan_correction": self.wan.correction,
             "liveness": [asdict(change) for change in self.liveness_changes],
+            "liveness_view": self.liveness.view(self.clock.now()),
             "failovers": self.failover_log,
             "door": self.door.stats(),
             "verdict": self.verdict,  # pddemu serve's lag verdict so far (None elsewhere)

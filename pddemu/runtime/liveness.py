@@ -20,6 +20,7 @@ not by a threshold tuned to this host.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 UP, SUSPECT, DOWN = "up", "suspect", "down"
 
@@ -42,6 +43,9 @@ class Liveness:
     last: dict[str, float] = field(default_factory=dict)  # modelled time last heard from
     state: dict[str, str] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)  # down because its connection ended, not silent
+    # checks run, those woken late (judging nobody), and instances left unjudged by a check
+    # because every other instance was silent too
+    checks: dict[str, int] = field(default_factory=lambda: {"run": 0, "late": 0, "all_silent": 0})
 
     def __post_init__(self) -> None:
         if not 0 < self.suspect_after_s <= self.down_after_s:
@@ -71,7 +75,9 @@ class Liveness:
 
     def check(self, now: float, on_time: bool) -> list[Change]:
         """Judge silences at `now`; `on_time` says the check itself was not late."""
+        self.checks["run"] += 1
         if not on_time:
+            self.checks["late"] += 1
             return []
         changes = []
         for name in self.names:
@@ -84,6 +90,7 @@ class Liveness:
                 if o != name and o in self.last and self.state[o] != DOWN
             ]
             if others and max(others) < now - self.suspect_after_s:
+                self.checks["all_silent"] += 1
                 continue
             if silent > self.down_after_s:
                 self.state[name] = DOWN
@@ -92,6 +99,18 @@ class Liveness:
                 self.state[name] = SUSPECT
                 changes.append(Change(name, SUSPECT, now, f"silent for {silent:.2f} s"))
         return changes
+
+    def view(self, now: float) -> dict[str, Any]:
+        """The router's view at `now`: each instance's state and the modelled time it was last
+        heard from (None: never, so not judged), and how many checks judged nobody and why."""
+        return {
+            "now_s": now,
+            "instances": {
+                name: {"state": self.state[name], "heard_at_s": self.last.get(name)}
+                for name in self.names
+            },
+            "checks": dict(self.checks),
+        }
 
     def routable(self, name: str) -> bool:
         return self.state.get(name) == UP

@@ -4,6 +4,7 @@ restart, each an event; an unplanned death noticed with its status; stats that s
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
@@ -13,7 +14,8 @@ import aiohttp
 import pytest
 import uvloop
 
-from pddemu.deployment import Deployment, DeploymentError
+from netem.clock import SharedClock
+from pddemu.deployment import Deployment, DeploymentError, heard
 from tests.conftest import require_namespaces
 from tests.roles.harness import Emulation, scenario_config
 
@@ -30,8 +32,24 @@ async def until(condition, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def router_view(deployment: Deployment) -> dict:
+    """FE0's liveness view (`Liveness.view`)."""
+    async with aiohttp.ClientSession(headers=deployment.headers) as session:
+        async with session.get(deployment.url("FE0", "/liveness")) as reply:
+            return await reply.json()
+
+
+def clock_state(deployment: Deployment) -> str:
+    """The run's clock as the deployment reads it: now, rate and the holds standing."""
+    source = deployment.clock.source
+    slots = source.slots() if isinstance(source, SharedClock) else []
+    holds = [(slot.name, slot.pid, slot.hold_at) for slot in slots if slot.hold_at < math.inf]
+    return f"now {deployment.clock.now():.3f} s, rate {deployment.clock.rate:g}, holds {holds}"
+
+
 async def until_seen(deployment: Deployment, instance: str, state: str) -> None:
-    """Until the router's liveness record holds `instance` in `state`."""
+    """Until the router's liveness record holds `instance` in `state`; failing, what the
+    router saw and the clock's state say why."""
     deadline = time.monotonic() + 30.0
     async with aiohttp.ClientSession(headers=deployment.headers) as session:
         while True:
@@ -40,7 +58,10 @@ async def until_seen(deployment: Deployment, instance: str, state: str) -> None:
             if any(c["instance"] == instance and c["state"] == state for c in changes):
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"the router never saw {instance} {state}")
+                raise AssertionError(
+                    f"the router never saw {instance} {state}: its changes {changes}, its view "
+                    f"{await router_view(deployment)}; the clock: {clock_state(deployment)}"
+                )
             await asyncio.sleep(0.05)
 
 
@@ -60,6 +81,10 @@ def test_kill_pause_resume_restart_and_an_unplanned_death(tmp_path: Path) -> Non
             )
             try:
                 await deployment.start()
+                # started: the router has heard from every instance, or it would not judge the
+                # one paused next (still starting, as it sees it) and never see it suspect
+                view = await router_view(deployment)
+                assert heard(view) == {"P0", "MD0", "MD1"}, view
                 deployment.pause("MD0")
                 await until(
                     lambda: process_state(deployment.processes["MD0"].pid) == "T", "stopped"

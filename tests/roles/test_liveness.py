@@ -78,3 +78,15 @@ def test_gone_is_a_closed_connection_not_a_silence_and_ends_when_heard() -> None
     assert live.gone == {"MD1"}
     live.heard("MD1", 4.0)  # restarted
     assert live.gone == set() and live.routable("MD1")
+
+
+def test_the_view_says_who_was_never_heard_and_why_checks_judged_nobody() -> None:
+    live = view()
+    beat(live, ["P0", "MD1"], 0.0, 1.0)  # MD0 never heard: not judged, as the view shows
+    live.check(1.0, on_time=False)
+    live.check(3.0, on_time=True)  # everyone silent: the host stalled
+    seen = live.view(3.0)
+    assert seen["now_s"] == 3.0
+    assert seen["instances"]["MD0"] == {"state": UP, "heard_at_s": None}
+    assert seen["instances"]["P0"] == {"state": UP, "heard_at_s": pytest.approx(1.0)}
+    assert seen["checks"] == {"run": 2, "late": 1, "all_silent": 2}
