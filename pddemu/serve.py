@@ -14,7 +14,8 @@ in real time: a schedule's modelled second is a wall second). Only the OpenAI ro
 (/v1/models, /v1/completions, /v1/chat/completions) and /health are served on the host. Runs
 until SIGINT or SIGTERM, then prints one last JSON line (`"stopped": true`, with `door`: the
 streamed chunks written and how many were late, later than their tokens' modelled times by more
-than `late_after_s`; `valid`, `invalid_reason` and `lag`: the emulator's lag judged as
+than `late_after_s`; the records' TTFT p50 and p90, modelled (`ttft_p50_s`) and as served
+(`served_ttft_p50_s`: the door's, streamed requests); `valid`, `invalid_reason` and `lag`: the emulator's lag judged as
 `pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with

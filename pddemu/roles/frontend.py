@@ -126,6 +126,9 @@ class Flight:
     arrival_hold: InstantHold | None = None  # the present held from its arrival to its routing
     answer_hold: InstantHold | None = None  # the present held from reading the decode side's answer
     end_held_by: str = ""  # the relay holding the present at its end until it is settled
+    # how long after its recorded time the first token's instance sent it (modelled seconds):
+    # its step's genuine work outlasting the modelled length, where nothing holds the clock
+    first_token_sent_late_s: float | None = None
 
     def abandon(self, reason: str) -> None:
         """Give the request up: it fails with `reason`, and what it holds is released."""
@@ -1151,6 +1154,8 @@ class Frontend(Instance):
             self.inexact_dates += 1
         shift = self.arrival(message) - float(body["sent"])
         times = body["times"]
+        if first == 0 and times and flight.first_token_sent_late_s is None:
+            flight.first_token_sent_late_s = max(0.0, float(body["sent"]) - float(times[0]))
         if times and first == flight.delivered and not flight.pending:
             # the next positions, nothing held: the group goes to the user's stream whole
             self.deliver(flight, [float(time) + shift for time in times], body["role"], times[0])

@@ -3,9 +3,10 @@
 can then drive the emulated system; each response's last chunk carries the emulator's record of
 the request (`pddemu`), which clients ignore (its WAN bytes leave out a transfer still in flight
 when the stream ends; `pddemu emulate` waits for those). A streamed response's record also says
-when the door received the request and began writing its first chunk (`door`, in seconds of
+when the door received the request and wrote its first chunk (`door`, in seconds of
 CLOCK_MONOTONIC, the clock every process of the host shares and benchmark clients time with):
-a client's TTFT contains that interval, which contains the emulator's TTFT, request by request.
+a client's TTFT contains that interval (`door.ttft_s`, the TTFT the request was served), which
+contains the emulator's TTFT, request by request.
 With `stream_options.include_usage` a last chunk carries the token counts, as benchmark clients
 expect. A request the emulator fails ends as an OpenAI error: status 500 when whole; when
 streamed, an `error` event and a cut connection (`_fail_stream`). A completion's prompt may be
@@ -17,7 +18,10 @@ until then if it is ready earlier, written at once if not. A chunk written more 
 `LATE_WRITE_S` after its token's time is a late write: the host could not keep the modelled time
 (the record keeps the modelled time; the client sees the delay). Late writes are counted in the
 request's `door` record and in the door's totals (the frontend's stats, `pddemu serve`'s last
-line).
+line). For the first token the record says by how much (`first_token_late_s`) and how much of it
+its instance sent the token late (`first_token_sent_late_s`: in real time a step whose genuine
+work outlasts its modelled length dates its tokens at its modelled end and sends them when done),
+so the served TTFT is the modelled one plus what the record names.
 
 Decoding is greedy (the model's weights are random, sampling parameters would change nothing
 worth measuring); `temperature`, `top_p` and the like are accepted and ignored. Prompts are
@@ -87,6 +91,7 @@ class OpenAIFrontDoor:
         # theirs: the scale of the lag bound serve judges by (a bounded sample: serve has no end)
         self.tpots_s = Reservoir(seed="door:tpot")
         self.ttfts_s = Reservoir(seed="door:ttft")  # the records' TTFTs, beside a client's
+        self.served_ttfts_s = Reservoir(seed="door:served_ttft")  # streamed ones, as served
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -118,7 +123,9 @@ class OpenAIFrontDoor:
     def stats(self) -> dict[str, Any]:
         tpot = percentile(self.tpots_s, 50) if self.tpots_s else None
         ttft = {
-            f"ttft_p{q}_s": percentile(self.ttfts_s, q) if self.ttfts_s else None for q in (50, 90)
+            f"{name}_p{q}_s": percentile(values, q) if values else None
+            for name, values in (("ttft", self.ttfts_s), ("served_ttft", self.served_ttfts_s))
+            for q in (50, 90)
         }
         return {**self.timing.as_dict(), "completed": self.completed, "tpot_p50_s": tpot, **ttft}
 
@@ -326,23 +333,32 @@ class OpenAIFrontDoor:
         )
         await response.prepare(request)
         decoder = self.tokenizer.stream_decoder()
-        first = True
-        door = {"received_s": received, "first_chunk_s": None, "late_writes": 0, "max_late_s": 0.0}
+        door: dict[str, Any] = {
+            "received_s": received,
+            "first_chunk_s": None,
+            "ttft_s": None,
+            "first_token_late_s": None,
+            "first_token_sent_late_s": None,
+            "late_writes": 0,
+            "max_late_s": 0.0,
+        }
         sent = 0
         while (item := await flight.stream.get()) is not None:
-            chunk = self._chunk(rid, chat, decoder.push([item["id"]]), None, first)
+            chunk = self._chunk(rid, chat, decoder.push([item["id"]]), None, sent == 0)
+            event = _event(chunk, include_usage)
             late = await self.frontend.clock.sleep_until(item["time"])  # held until its time
+            if sent == 0:
+                self._first_written(door, flight, item["time"])
+            await response.write(event)
             self.timing.wrote(door, late)
-            if first:
-                door["first_chunk_s"] = time.monotonic()
-            first = False
             sent += 1
-            await _send_event(response, chunk, include_usage)
         record = {**flight.record.to_dict(), "door": door}
         if flight.record.state != "completed":
             await _fail_stream(request, response, flight.record.failure_reason, record)
             return response
         self._completed(flight.record)
+        if door["ttft_s"] is not None:
+            self.served_ttfts_s.append(door["ttft_s"])
         last = self._chunk(rid, chat, decoder.finish(), "length")
         await _send_event(response, {**last, "pddemu": record}, include_usage)
         if include_usage:
@@ -351,6 +367,20 @@ class OpenAIFrontDoor:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def _first_written(self, door: dict[str, Any], flight: Any, token_time: float) -> None:
+        """The request's first chunk, encoded, is about to be handed to the kernel: no client
+        can read it sooner (a stamp after the write can be later than a client's read, which
+        may run on the other core meanwhile). Its record then says what the client was served beside what was modelled: the door's
+        TTFT (`ttft_s`, wall seconds from the door's receipt), and how much later than the
+        record's first-token time the chunk went out (`first_token_late_s`, modelled seconds),
+        of which its instance sent the token late (`first_token_sent_late_s`: a step's genuine
+        work outlasting its modelled length where nothing holds the clock, `pddemu serve`);
+        the rest is the frontend's, reading the token and writing its chunk."""
+        door["first_chunk_s"] = time.monotonic()
+        door["first_token_late_s"] = max(0.0, self.frontend.clock.now() - token_time)
+        door["ttft_s"] = door["first_chunk_s"] - door["received_s"]
+        door["first_token_sent_late_s"] = flight.first_token_sent_late_s
 
     async def _whole(self, flight: Any, rid: str, chat: bool) -> web.Response:
         ids = []
@@ -455,10 +485,14 @@ async def _fail_stream(
         request.transport.close()
 
 
-async def _send_event(
-    response: web.StreamResponse, data: dict[str, Any], usage_field: bool
-) -> None:
+def _event(data: dict[str, Any], usage_field: bool) -> bytes:
     """One server-sent event; with include_usage every chunk says `usage: null` until the last."""
     if usage_field:
         data = {**data, "usage": None}
-    await response.write(f"data: {json.dumps(data)}\n\n".encode())
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def _send_event(
+    response: web.StreamResponse, data: dict[str, Any], usage_field: bool
+) -> None:
+    await response.write(_event(data, usage_field))

@@ -5,10 +5,21 @@ the Makefile) so that its dependencies never touch the project's. It loads the e
 tokenizer with transformers, drives the host-side port, and its TTFT of each request must
 contain the emulator's own record of it on the host's one clock (`client_timing`: exact, not a
 tolerance that a loaded machine breaks); the tokens it counts in the text it received must equal
-what the server's usage says. AIPerf's TTFT p50 is printed beside pddemu's record of the same
-requests (the frontend serves the host port itself, so no forwarding hop lies between its door
-and AIPerf); the issue's bound on their difference (5 ms) is a benchmark's, `pddemu bench --only
-aiperf` (bench/results/aiperf.json), run under the CPU lock, not a timed assertion here.
+what the server's usage says. Each record says what its client was served beside what was
+modelled (`door`: the door's TTFT, the first token's lateness beyond its modelled time, of which
+its instance sent it late, as a step's genuine work outlasting its modelled length does in real
+time).
+
+The issue's bound, AIPerf's TTFT p50 within 5 ms of pddemu's records, is printed, not asserted:
+the records now hold everything from the door's receipt of a request to its first chunk's write,
+so what is left is before the door (AIPerf's stamp, its own write of the request, the loopback,
+the frontend's wake-up to read it) and the chunk's way back, which no record of pddemu's can date
+(the door's connection is read by aiohttp without the kernel's receive time). Measured under the
+CPU lock that part alone was 3.3 ms at the median and its p50 step 5.0 ms in one run (README,
+"AIPerf"): an assertion would pass or fail with the host's load. Asserted instead, exactly: each
+client's TTFT contains the door's, and the first token's instance sent it no later than the door
+wrote it, beyond its modelled time (that the door's TTFT is the modelled one plus that lateness
+is tests/roles/test_openai_front_door.py's).
 """
 
 from __future__ import annotations
@@ -40,7 +51,11 @@ from pddemu.config import load_config
 from pddemu.model import ByteTokenizer
 from pddemu.serve import SERVE_CONFIG
 from tests.conftest import require_namespaces
-from tests.roles.client_timing import outside_the_emulator_s, where_the_difference_goes
+from tests.roles.client_timing import (
+    ROUNDING_S,
+    outside_the_emulator_s,
+    where_the_difference_goes,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = ROOT / ".venv-aiperf"
@@ -110,8 +125,9 @@ def test_the_exported_tokenizer_loads_offline_in_transformers(tmp_path: Path) ->
 
 
 def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
-    """What AIPerf counts and times contains pddemu's records, request by request (the 5 ms
-    bound on the p50s is `pddemu bench --only aiperf`'s: a benchmark, run under the CPU lock)."""
+    """What AIPerf counts and times contains pddemu's records, request by request, and the
+    records account for the TTFT they served (the issue's 5 ms bound on the p50s is printed:
+    see the module's docstring)."""
     venv, ready = served
     artifacts = tmp_path / "aiperf"
     command = aiperf_command(venv / "bin" / "aiperf", ready, artifacts)
@@ -142,8 +158,19 @@ def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
     for rid, record in ours.items():
         sent, first = profile.client_ttft_s(rid)
         outside.append(outside_the_emulator_s(sent, first, record, time_scale))
-        assert 0 <= record["door"]["late_writes"] <= OSL  # counted, never more than written
+        door = record["door"]
+        assert 0 <= door["late_writes"] <= OSL  # counted, never more than written
+        # the instance's lateness in sending the first token is within the door's in writing it
+        assert 0 <= door["first_token_sent_late_s"] <= door["first_token_late_s"] + ROUNDING_S
+        assert door["ttft_s"] == door["first_chunk_s"] - door["received_s"]
     print(where_the_difference_goes("AIPerf", outside))
     compared = compare(profile, time_scale)
-    shown = ("aiperf_ttft_ms", "pddemu_ttft_ms", "difference_p50_steps_ms")
+    shown = (
+        "aiperf_ttft_ms",
+        "pddemu_door_ttft_ms",
+        "pddemu_ttft_ms",
+        "difference_served_ms",
+        "first_token_late_median_ms",
+        "difference_p50_steps_ms",
+    )
     print(json.dumps({k: compared[k] for k in shown}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from pddemu.config import ServeConfig
 from pddemu.model import VOCAB_SIZE, ByteTokenizer
 from pddemu.roles.frontend import Flight, Frontend
 from pddemu.workload.expansion import genuine_output_length
-from tests.roles.in_process import OUTPUT, frontend, tokens
+from tests.roles.in_process import OUTPUT, SCALE, frontend, tokens
 
 Play = Callable[[Frontend, Flight], Awaitable[None]]
 
@@ -277,3 +278,55 @@ def test_the_prompt_cap_is_the_serve_config_key() -> None:
         return reply.usage.prompt_tokens
 
     assert asyncio.run(with_front_door(answer, over_default, large)) == default + 1
+
+
+PRODUCER_LATE_S = (
+    0.020  # the first token sent this long after its modelled time (its step ran over)
+)
+
+
+async def first_token_sent_late(fe: Frontend, flight: Flight) -> None:
+    """MD's first step outlasts its modelled length: the token is dated at the step's modelled
+    end and sent PRODUCER_LATE_S after it; the others on time."""
+    rid = flight.record.request_id
+    await asyncio.sleep(0.030)  # the prefill
+    for index in range(genuine_output_length(flight.record.expected_output_tokens, SCALE)):
+        message = tokens(rid, index, "MD")
+        now = fe.clock.now()
+        first = message.body["first"]
+        if index == 0:
+            message.body.update(times=[now - PRODUCER_LATE_S], sent=now)
+        else:
+            count = len(message.body["times"])
+            message.body.update(times=[now + 1e-4 * (first + i) for i in range(count)], sent=now)
+        await fe.on_tokens(message)
+
+
+def test_the_record_says_when_the_first_token_was_served_and_why_later_than_modelled() -> None:
+    """The door's record of a streamed request holds what its client was served beside what
+    was modelled: the door's TTFT from its receipt to the first chunk handed to the kernel,
+    equal to the modelled TTFT plus how late the first chunk went out, of which its instance
+    sent the token late; a client's TTFT contains the door's."""
+
+    async def client(url: str) -> tuple[float, float, dict]:
+        body = {"model": "pddemu", "prompt": "abc", "max_tokens": OUTPUT, "stream": True}
+        events = b""
+        async with aiohttp.ClientSession() as session:
+            sent = time.monotonic()
+            async with session.post(f"{url}/completions", json=body) as reply:
+                first = None
+                async for chunk in reply.content.iter_any():
+                    first = time.monotonic() if first is None else first
+                    events += chunk
+        data = [e[6:] for e in events.decode().split("\n\n") if e.startswith("data: {")]
+        return sent, first, json.loads(data[-1])["pddemu"]
+
+    sent, first, record = asyncio.run(with_front_door(first_token_sent_late, client))
+    door = record["door"]
+    modelled_ttft = record["first_token_s"] - record["arrival_s"]
+    assert door["first_token_sent_late_s"] == pytest.approx(PRODUCER_LATE_S, abs=1e-9)
+    assert door["first_token_late_s"] >= PRODUCER_LATE_S
+    assert door["ttft_s"] == door["first_chunk_s"] - door["received_s"]
+    # the clock is read twice at each end (wall and modelled), nothing awaited in between
+    assert door["ttft_s"] == pytest.approx(modelled_ttft + door["first_token_late_s"], abs=1e-3)
+    assert sent <= door["received_s"] and door["first_chunk_s"] <= first
