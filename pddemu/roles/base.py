@@ -50,6 +50,9 @@ OPEN_ROUTES = frozenset({"/health"})  # what answers without the run's secret
 HELLO_LIMITS = Limits(
     max_frame_bytes=4096, max_tensor_bytes=1, max_control_body_bytes=2048, max_token_ids=1
 )
+# loop turns the stop cancels its background tasks in at most (`Instance.end_tasks`): one
+# for each await of a task's clean-up, which these are far from
+END_TASK_TURNS = 100
 HELLO_TIMEOUT_S = 10.0  # wall seconds a new connection has to say hello (a bound, not a measure)
 # Forced lateness, for tests that show which lag reaches a result: "FE0:p_hit,routed:0.02;..."
 # makes instance FE0 block its event loop 20 ms of wall time before handling each message of
@@ -155,7 +158,8 @@ class Instance:
                 await runner.cleanup()
                 if public is not None:
                     await public.cleanup()
-            finally:  # a failed close still ends the heartbeat thread before the clock's page
+            finally:  # a failed close still ends the tasks and threads before the clock's page
+                await self.end_tasks()
                 self._compute.shutdown(wait=True)
                 self.stop_heartbeats()
                 self.clock.close()
@@ -171,6 +175,20 @@ class Instance:
         await asyncio.gather(*self._accepting, return_exceptions=True)
         if isinstance(server, DatedServer):
             await server.wait_closed()
+
+    async def end_tasks(self) -> None:
+        """End the background tasks (`spawn`) before the clock's page is closed, so that none
+        wakes and reads it after (the loop may run a task already due after the stop). Each is
+        cancelled again every loop turn while its clean-up awaits (a flight waiting for its
+        transfers' reports, from peers being closed too): the stop waits for no one's answer,
+        and a task that swallowed END_TASK_TURNS cancellations is left as it is."""
+        for _ in range(END_TASK_TURNS):
+            pending = [task for task in self._tasks if not task.done()]
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0)
 
     async def start(self) -> None:
         """Start the role's own loops (subclasses)."""

@@ -17,6 +17,7 @@ import uvloop
 from netem.clock import SharedClock
 from pddemu.config import config_to_json, load_config
 from pddemu.roles.base import Instance
+from pddemu.roles.frontend import Frontend
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address, InstanceSpec
 from tests.process_loop import run_and_close_the_loop
@@ -143,3 +144,69 @@ def test_a_heartbeat_thread_failing_before_its_loop_runs_is_raised_not_waited_fo
     assert isinstance(outcome[0], RuntimeError), outcome
     assert "heartbeat thread failed" in str(outcome[0]) and "Too many open files" in str(outcome[0])
     assert made._heartbeat_thread is None
+
+
+def test_a_frontend_stopping_leaves_no_task_to_read_the_closed_clock(tmp_path) -> None:
+    """A frontend on a run's clock page runs its liveness checks, stops (`Instance.run`), and
+    the loop goes on a few heartbeat periods (as it may run what is already due after the
+    stop): no background task is left, none failed. On the code before, the liveness checks
+    outlived the stop and their next wake-up read the unmapped page (`liveness checks:
+    ValueError('mmap closed or invalid')`)."""
+    SharedClock.create(tmp_path / "clock").close()
+    me = Address("FE0", "FE", "127.0.0.1", 0, 0)
+    spec = InstanceSpec(me, "pdd", "", {"FE0": me}, config_to_json(load_config()), 0.0)
+    spec.clock = str(tmp_path / "clock")
+    made = Frontend(spec)
+    period = made.config.faults.heartbeat_period_s
+    previous_sigcont = signal.getsignal(signal.SIGCONT)
+
+    async def scenario() -> None:
+        running = asyncio.get_running_loop().create_task(made.run())
+        await asyncio.sleep(1.5 * period)  # the liveness checks have run
+        made.stopping.set()
+        await running
+        await asyncio.sleep(3 * period)  # a check left behind would have woken by now
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+        signal.signal(signal.SIGCONT, previous_sigcont)
+    assert not made.errors, made.errors
+    assert not made._tasks
+
+
+def test_the_stop_waits_for_no_task_whose_clean_up_waits_for_an_answer(tmp_path) -> None:
+    """A background task whose clean-up waits for what never comes (as a flight waits for its
+    transfers' reports from peers that are stopping too) is cancelled there as well: the
+    stop returns at once, the task ended, the clock's page closed after it."""
+    made = _beating_to_a_closed_port(tmp_path)
+    never = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def waits_in_its_clean_up() -> None:
+        try:
+            await never.wait()
+        finally:
+            cleaned.append("began")
+            await never.wait()  # cancelled here too
+            cleaned.append("never")
+
+    async def scenario() -> None:
+        running = asyncio.get_running_loop().create_task(made.run())
+        await asyncio.sleep(0.05)
+        task = made.spawn(waits_in_its_clean_up(), "clean-up")
+        made.stopping.set()
+        await asyncio.wait_for(running, 5.0)
+        assert task.cancelled()
+
+    previous_sigcont = signal.getsignal(signal.SIGCONT)
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+        signal.signal(signal.SIGCONT, previous_sigcont)
+    assert cleaned == ["began"]
+    assert made.clock.source._page.closed
