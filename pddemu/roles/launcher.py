@@ -9,7 +9,9 @@ all once and forks each instance from itself on request, single-threaded (nothin
 runs in it before a fork).
 
 Each instance is forked twice, the middle process exiting at once, so that it becomes a child
-of the orchestrator (a child subreaper, PR_SET_CHILD_SUBREAPER): the deployment waits for it,
+of the orchestrator (a child subreaper, PR_SET_CHILD_SUBREAPER, only while a launch waits for
+its answer: an orphan adopted at any other time, not an instance, would be left a zombie of
+it, which reaps its instances only): the deployment waits for it,
 reads its exit status and signals it as it did a process it had started itself
 (`InstanceProcess`), and it dies with the orchestrator (PR_SET_PDEATHSIG, set once it is the
 orchestrator's child). Its command line reads `python -m pddemu.roles SPEC.json`, as an
@@ -42,6 +44,7 @@ from typing import IO, Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 # Room the launcher's command line keeps for an instance's (`python -m pddemu.roles SPEC`):
 # a process's command line is the memory its arguments were given in, never longer.
 TITLE_ROOM = 4096
@@ -54,10 +57,40 @@ class LaunchError(RuntimeError):
     """The launcher could not start an instance, or is gone."""
 
 
-def _prctl(option: int, value: int) -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+def _prctl(option: int, value: int | ctypes.c_int) -> None:
+    argument = ctypes.byref(value) if isinstance(value, ctypes.c_int) else value
+    if ctypes.CDLL(None, use_errno=True).prctl(option, argument, 0, 0, 0) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"prctl({option}): {os.strerror(error)}")
+
+
+class _Adoption:
+    """This process a child subreaper while any launch waits for its answer (by then the
+    instance's middle process has exited and the instance is this process's child), and as it
+    was before the rest of the time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._launches = 0
+        self._before = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._launches == 0:
+                before = ctypes.c_int()
+                _prctl(PR_GET_CHILD_SUBREAPER, before)
+                self._before = before.value
+                _prctl(PR_SET_CHILD_SUBREAPER, 1)
+            self._launches += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._launches -= 1
+            if self._launches == 0 and not self._before:
+                _prctl(PR_SET_CHILD_SUBREAPER, 0)
+
+
+_adoption = _Adoption()
 
 
 # -- the orchestrator's side ---------------------------------------------------------------
@@ -121,7 +154,6 @@ class Launcher:
         """`pass_fds`: descriptors an instance may keep (`launch`'s `keep_fds`), handed to
         the launcher at their numbers. The launcher's errors go to `log_path` (None: this
         process's stderr)."""
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.log_path = log_path
         self._asking = threading.Lock()  # a request's answer is the next line read
         log = None if log_path is None else open(log_path, "a")  # noqa: SIM115 - closed below
@@ -182,7 +214,7 @@ class Launcher:
         """One request and its answer line (empty: the launcher is gone), one at a time."""
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
-        with self._asking:
+        with self._asking, _adoption:
             try:
                 stdin.write(json.dumps(request).encode() + b"\n")
                 stdin.flush()

@@ -338,3 +338,28 @@ def parent_of_or_none(pid: int) -> int | None:
         return parent_of(pid)
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_an_orphan_of_another_process_is_not_left_a_zombie_of_this_one(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """The orchestrator adopts orphans only while a launch waits for its instance: a process
+    orphaned afterwards (here a shell's background `sleep`, as an emulate killed by a test
+    leaves its launcher and instances) goes to an ancestor that reaps it. On the code before,
+    the orchestrator stayed a child subreaper from its first launcher on: the orphan became
+    its child, and a zombie of it once ended (it reaps its instances only)."""
+    launched = asyncio.run(
+        launcher.launch(tmp_path / "absent.json", tmp_path / "P0.err", RunSecret.new().line())
+    )
+    assert launched.wait(30) == 1  # adopted and reaped: the launch itself still works
+    shell = subprocess.run(
+        ["sh", "-c", "sleep 0.2 & echo $!"], capture_output=True, text=True, check=True
+    )
+    orphan = int(shell.stdout)
+    deadline = time.monotonic() + 10
+    while state_of(orphan) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    adopted = parent_of_or_none(orphan) == os.getpid()
+    if adopted:
+        os.waitpid(orphan, 0)  # not left behind, whatever the verdict
+    assert not adopted
