@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -158,7 +159,6 @@ def test_a_frontend_stopping_leaves_no_task_to_read_the_closed_clock(tmp_path) -
     spec.clock = str(tmp_path / "clock")
     made = Frontend(spec)
     period = made.config.faults.heartbeat_period_s
-    previous_sigcont = signal.getsignal(signal.SIGCONT)
 
     async def scenario() -> None:
         running = asyncio.get_running_loop().create_task(made.run())
@@ -167,12 +167,7 @@ def test_a_frontend_stopping_leaves_no_task_to_read_the_closed_clock(tmp_path) -
         await running
         await asyncio.sleep(3 * period)  # a check left behind would have woken by now
 
-    loop = uvloop.new_event_loop()
-    try:
-        loop.run_until_complete(scenario())
-    finally:
-        loop.close()
-        signal.signal(signal.SIGCONT, previous_sigcont)
+    _on_a_loop_of_its_own(scenario)
     assert not made.errors, made.errors
     assert not made._tasks
 
@@ -201,6 +196,14 @@ def test_the_stop_waits_for_no_task_whose_clean_up_waits_for_an_answer(tmp_path)
         await asyncio.wait_for(running, 5.0)
         assert task.cancelled()
 
+    _on_a_loop_of_its_own(scenario)
+    assert cleaned == ["began"]
+    assert made.clock.source._page.closed
+
+
+def _on_a_loop_of_its_own(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run `scenario` on a fresh loop, closed after, and give SIGCONT back the handler it had
+    (`Instance.run` sets its own)."""
     previous_sigcont = signal.getsignal(signal.SIGCONT)
     loop = uvloop.new_event_loop()
     try:
@@ -208,5 +211,3 @@ def test_the_stop_waits_for_no_task_whose_clean_up_waits_for_an_answer(tmp_path)
     finally:
         loop.close()
         signal.signal(signal.SIGCONT, previous_sigcont)
-    assert cleaned == ["began"]
-    assert made.clock.source._page.closed
