@@ -178,12 +178,11 @@ class Channel:
         # the byte leaves later, unmarked
         tail = memoryview(buffers[-1]).cast("B") if marked else None
         async with self._lock:
-            for buffer in buffers[:-1]:
-                self.writer.write(buffer)
+            # in one call: with TCP_NODELAY a write per frame would leave as a packet per frame
             if tail is None or not tail.nbytes:
-                self.writer.write(buffers[-1])
+                self.writer.writelines(buffers)
             else:
-                self.writer.write(tail[:-1])
+                self.writer.writelines([*buffers[:-1], tail[:-1]])
                 last = tail[-1:]
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
                 try:

@@ -36,12 +36,14 @@ import socket
 import struct
 import termios
 import time
+from collections.abc import Iterable
 
 SO_TIMESTAMPNS = 35  # Linux's (socket.h); Python's socket module does not name it
 SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 _TIMESPEC = struct.Struct("=qq")  # tv_sec, tv_nsec (64-bit Linux)
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 READ_BYTES = 1 << 16  # the least one recvmsg asks for: what is waiting, not one part at a time
+IOV_MAX = 1024  # the most buffers one sendmsg takes (Linux's UIO_MAXIOV)
 
 
 def dated(sock: socket.socket) -> None:
@@ -172,6 +174,25 @@ class SocketWriter:
                 return
             data = memoryview(data).cast("B")[sent:]
         self._pending.append(data if isinstance(data, bytes | memoryview) else bytes(data))
+
+    def writelines(self, buffers: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Several buffers in one system call, as a transport's `writelines`: with TCP_NODELAY
+        each `write` leaves as a segment of its own, so a message of several small frames would
+        take as many packets (and as much of a first window) as it has frames."""
+        views = [memoryview(bytes(b) if isinstance(b, bytearray) else b).cast("B") for b in buffers]
+        views = [view for view in views if view.nbytes]  # kept as a write keeps them
+        if self._closing or not views:
+            return
+        if not self._pending and (self._flush is None or self._flush.done()):
+            try:
+                sent = self._sock.sendmsg(views[:IOV_MAX])
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            while views and sent >= views[0].nbytes:
+                sent -= views.pop(0).nbytes
+            if views and sent:
+                views[0] = views[0][sent:]
+        self._pending.extend(views)
 
     async def drain(self) -> None:
         if self._closing:

@@ -308,3 +308,33 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
             break
         data += chunk
     return bytes(data)
+
+
+def test_lines_leave_in_one_call_and_what_the_socket_does_not_take_is_sent_in_order() -> None:
+    """`writelines` hands every buffer to one system call (what fits leaves at once, the peer
+    reads it before any drain) and queues the rest where the socket stopped taking it, even
+    mid-buffer, for the drain to send in order."""
+
+    async def scenario() -> tuple[bytes, bytes]:
+        right, left = await _connected()
+        left.setblocking(False)
+        writer = SocketWriter(left)
+        writer.writelines([b"at ", bytearray(b"once"), b""])
+        right.settimeout(1.0)
+        first = right.recv(64)
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        big = bytes(range(256)) * 4096
+        writer.writelines([b"head.", memoryview(big), b".tail"])
+        writer.write(b"end")
+        reading = asyncio.get_running_loop().run_in_executor(
+            None, _read_exactly, right, len(big) + 13
+        )
+        await writer.drain()
+        rest = await reading
+        writer.close()
+        right.close()
+        return first, rest
+
+    first, rest = uvloop.run(scenario())
+    assert first == b"at once"
+    assert rest == b"head." + bytes(range(256)) * 4096 + b".tailend"
