@@ -115,6 +115,22 @@ def tcp_info(sock: socket.socket) -> dict[str, Any]:
     }
 
 
+_OUT_OF_ORDER_END = _ENDS[[name for name, _ in _FIELDS].index("rcv_ooopack")]
+OUT_OF_ORDER_OFFSET = _OUT_OF_ORDER_END - 4  # tcpi_rcv_ooopack, a u32, in struct tcp_info
+
+
+def out_of_order_packets(sock: socket.socket) -> int | None:
+    """Packets the connection has received out of order (tcpi_rcv_ooopack: behind a lost one,
+    kept unreadable until it came again); None where the kernel does not count them."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _OUT_OF_ORDER_END)
+    except OSError:  # not a TCP socket
+        return None
+    if len(raw) < _OUT_OF_ORDER_END:
+        return None
+    return struct.unpack_from("=I", raw, OUT_OF_ORDER_OFFSET)[0]
+
+
 def transfer_counters(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """What one transfer on a (possibly reused) connection cost: retransmitted segments and
     retransmission timeouts between two readings, the connection's minimum RTT (us) and its

@@ -22,6 +22,13 @@ timestamps on for the whole host a moment after the first socket asks (a deferre
 on a host where no other socket had them on, the first frames come undated (`received_wall`
 None, not exact), and their reader takes them as read now.
 
+Segments that arrive behind a lost one (a drop at the WAN's queue) are kept unreadable until the
+lost one comes again, a round trip later; the reads that then return them are dated by their
+last segment's arrival, before any of them could be read. Within a second (wall) of the
+connection counting packets received out of order (TCP_INFO), what is readable when a waiting
+read wakes is dated when the loop saw the socket readable: the retransmission's arrival, to
+the loop's wake-up (`DatedReader._readable_from`).
+
 The timestamp is CLOCK_REALTIME; it is moved to CLOCK_MONOTONIC (the clock page's wall) by the
 two clocks' offset when read, and to modelled time by the anchor that held then
 (`SharedClock.modelled_at`).
@@ -32,17 +39,23 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import math
 import socket
 import struct
 import termios
 import time
 from collections.abc import Iterable
 
+from netem.tcp import out_of_order_packets
+
 SO_TIMESTAMPNS = 35  # Linux's (socket.h); Python's socket module does not name it
 SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 _TIMESPEC = struct.Struct("=qq")  # tv_sec, tv_nsec (64-bit Linux)
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 READ_BYTES = 1 << 16  # the least one recvmsg asks for: what is waiting, not one part at a time
+# how long after packets came out of order a read that waited may have been woken by the one
+# they waited for (wall seconds): a loss's recovery, a round trip or a retransmission timeout
+OUT_OF_ORDER_WINDOW_S = 1.0
 IOV_MAX = 1024  # the most buffers one sendmsg takes (Linux's UIO_MAXIOV)
 
 
@@ -70,12 +83,19 @@ class DatedReader:
         self._fd = -1  # the number registered with it: taken off by it even once closed
         self.received_wall: float | None = None
         self.exact = False
+        self._seen_readable_at = -math.inf  # when the loop last woke a read to readable data
+        self._read_bytes = 0
+        self._out_of_order = out_of_order_packets(sock)
+        self._out_of_order_at = -math.inf  # when the count was last seen to grow
+        # (when it became readable, the byte count it ends at) of data that waited out of order
+        self._held: tuple[float, int] | None = None
 
     async def readexactly(self, n: int) -> bytes:
         if n == 0:
             return b""
         if self._closed:  # what was read ahead is dropped: reading stops at the close
             raise asyncio.IncompleteReadError(b"", n)
+        waited = False
         while len(self._buffer) < n:
             if self._eof or self._closed:
                 partial = bytes(self._buffer)
@@ -87,17 +107,39 @@ class DatedReader:
                 )
             except (BlockingIOError, InterruptedError):
                 await self._readable()
+                waited = True
                 continue
             if not data:
                 self._eof = True
                 continue
             self._buffer += data
-            self._stamp = _monotonic_of(ancillary)
+            self._stamp = self._readable_from(_monotonic_of(ancillary), len(data), waited)
+            waited = False
         out = bytes(self._buffer[:n])
         del self._buffer[:n]
         self.received_wall = self._stamp
         self.exact = self._stamp is not None and not self._buffer and _unread(self._sock) == 0
         return out
+
+    def _readable_from(self, stamp: float | None, size: int, waited: bool) -> float | None:
+        """When a read's `size` bytes could first be read: the kernel's receive time of its last
+        segment, unless segments came out of order lately (behind a lost one, kept unreadable
+        until it came again, a round trip or a timeout later). Then a read that waited for the
+        socket may have been woken by the missing segment: everything readable at the wake is
+        dated no earlier than when the loop saw the socket readable (at worst the loop's
+        wake-up latency late). What a busy reader finds keeps its stamp: when the missing
+        segment came is not known then."""
+        first = self._read_bytes
+        self._read_bytes += size
+        count = out_of_order_packets(self._sock)
+        now = time.monotonic()
+        if count is not None and count != self._out_of_order:
+            self._out_of_order, self._out_of_order_at = count, now
+        if waited and now - self._out_of_order_at <= OUT_OF_ORDER_WINDOW_S:
+            self._held = (self._seen_readable_at, self._read_bytes + _unread(self._sock))
+        if stamp is not None and self._held is not None and first < self._held[1]:
+            return max(stamp, self._held[0])
+        return stamp
 
     async def _readable(self) -> None:
         """Until the socket is readable (or the reader closed). The socket stays registered
@@ -128,6 +170,7 @@ class DatedReader:
             # until the next wait, or the loop would call this on every turn meanwhile
             self._unregister()
         elif not self._waiter.done():
+            self._seen_readable_at = time.monotonic()
             self._waiter.set_result(None)
 
     def _unregister(self) -> None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import time
 
 import pytest
 import uvloop
 
+from netem.tcp import OUT_OF_ORDER_OFFSET
 from pddemu.roles.base import DatedServer
 from pddemu.runtime.channel import Channel
-from pddemu.runtime.dated_reads import DatedReader, SocketWriter
+from pddemu.runtime.dated_reads import SCM_TIMESTAMPNS, DatedReader, SocketWriter
 from pddemu.wire import Control, TokenIds, encode
 from tests.process_loop import run_and_close_the_loop
 
@@ -338,3 +340,64 @@ def test_lines_leave_in_one_call_and_what_the_socket_does_not_take_is_sent_in_or
     first, rest = uvloop.run(scenario())
     assert first == b"at once"
     assert rest == b"head." + bytes(range(256)) * 4096 + b".tailend"
+
+
+class _HeldBehindALoss(socket.socket):
+    """A socket whose reads carry the receive time of segments that arrived `early_s` before
+    they could be read, and whose TCP_INFO counts them out of order once `lost` is set: as
+    the kernel gives data that waited behind a lost segment (dated by the last one's
+    arrival, not by the retransmission that made it readable)."""
+
+    early_s = 0.5
+    lost = False
+
+    def recvmsg(self, *args):  # type: ignore[no-untyped-def, override]
+        data, _ancillary, flags, address = super().recvmsg(*args)
+        arrived = time.time() - self.early_s
+        stamp = struct.pack("=qq", int(arrived), int((arrived % 1) * 1e9))
+        return data, [(socket.SOL_SOCKET, SCM_TIMESTAMPNS, stamp)], flags, address
+
+    def getsockopt(self, level, option, *size):  # type: ignore[no-untyped-def, override]
+        raw = super().getsockopt(level, option, *size)
+        if (level, option) == (socket.IPPROTO_TCP, socket.TCP_INFO) and self.lost:
+            raw = bytearray(raw)
+            struct.pack_into("=I", raw, OUT_OF_ORDER_OFFSET, 3)
+            raw = bytes(raw)
+        return raw
+
+
+async def _read_behind_a_loss(lost: bool) -> tuple[float, float, float]:
+    """Wait to read 5 bytes, write them (`lost`: counted out of order); the write's time, the
+    read's date, the time the read returned."""
+    right, left = await _connected()
+    left.setblocking(False)
+    held = _HeldBehindALoss(left.family, left.type, left.proto, fileno=left.detach())
+    reader = DatedReader(held)
+    reading = asyncio.ensure_future(reader.readexactly(5))
+    await asyncio.sleep(0.05)  # the read waits: nothing to read
+    held.lost = lost
+    written = time.monotonic()
+    right.sendall(b"hello")
+    await reading
+    done = time.monotonic()
+    right.close()
+    reader.close()
+    held.close()
+    assert reader.received_wall is not None
+    return written, reader.received_wall, done
+
+
+def test_data_that_waited_behind_a_loss_is_dated_when_it_could_be_read() -> None:
+    """Data the connection received out of order, read after a wait, is dated when the loop
+    saw the socket readable: it could not be read at its segments' arrival. Before, the read
+    took the date of the last segment's arrival: kv_end dated up to a round trip early, MD's
+    first step placed there (its lag), to_ready short (docs/validation.md, kv-transfer)."""
+    written, dated, done = uvloop.run(_read_behind_a_loss(lost=True))
+    assert written <= dated <= done
+
+
+def test_data_received_in_order_keeps_its_kernel_date() -> None:
+    """Without packets out of order the kernel's date stands, however it compares with the
+    wait: the reader's own lateness is not the data's."""
+    written, dated, _ = uvloop.run(_read_behind_a_loss(lost=False))
+    assert dated < written - 0.4
