@@ -298,10 +298,14 @@ def fork_instance(request: dict[str, Any], orchestrator: int) -> int:
     if middle == 0:
         os.close(read_end)
         try:
+            # the middle's pid taken here, not by the instance: the middle may have exited by
+            # the time the instance runs, its parent the orchestrator already, and the instance
+            # would then wait out REPARENT_TIMEOUT_S for a reparenting that has happened
+            me = os.getpid()
             instance = os.fork()
             if instance == 0:
                 os.close(write_end)
-                become_instance(request, orchestrator, os.getppid())
+                become_instance(request, orchestrator, me)
             os.write(write_end, str(instance).encode())
         finally:
             os._exit(0)

@@ -272,6 +272,46 @@ def test_an_instance_not_adopted_says_why_in_its_stderr(tmp_path: Path) -> None:
     assert "not adopted by its orchestrator (pid 1)" in err.read_text()
 
 
+def test_an_instance_that_runs_after_its_middle_process_ended_starts_at_once(
+    tmp_path: Path,
+) -> None:
+    """The instance forked by a middle process that has already exited when the instance first
+    runs (its parent the orchestrator by then: on 2 busy cores, the order of one point in three)
+    goes on at once, not after REPARENT_TIMEOUT_S (it took the orchestrator for the middle)."""
+    err = tmp_path / "P0.err"
+    absent = tmp_path / "P0.json"  # the instance ends at its spec, once it has been adopted
+    script = textwrap.dedent(
+        f"""
+        import os, time
+        from pddemu.roles import launcher
+        from pddemu.runtime.auth import RunSecret
+
+        launcher._prctl(launcher.PR_SET_CHILD_SUBREAPER, 1)  # adopts, as the orchestrator
+        real_fork = os.fork
+
+        def child_runs_late():
+            pid = real_fork()
+            if pid == 0:
+                time.sleep(0.3)  # the new process runs after its parent: the middle has exited
+            return pid
+
+        os.fork = child_runs_late
+        request = {{"spec": {str(absent)!r}, "stderr": {str(err)!r}, "keep_fds": [],
+                   "environ": dict(os.environ), "secret": RunSecret.new().line().decode()}}
+        started = time.monotonic()
+        instance = launcher.fork_instance(request, os.getpid())
+        os.waitpid(instance, 0)
+        print(time.monotonic() - started)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(absent) in err.read_text()  # it went past the adoption to its spec
+    assert float(done.stdout) < launcher_module.REPARENT_TIMEOUT_S / 2
+
+
 def test_a_failed_fork_leaves_no_descriptor_open(tmp_path: Path) -> None:
     """In a process of one thread, as the launcher is: os.fork raising leaves the pipe closed."""
     script = textwrap.dedent(
