@@ -26,7 +26,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +168,7 @@ class Deployment:
         if self._own_launcher:
             door = () if self.host_door is None else (self.host_door.fileno(),)
             self.launcher = Launcher(logs / "launcher.err", pass_fds=door)
-        for name, spec in self.specs.items():
-            (specs_dir / f"{name}.json").write_text(spec.to_json())
+        for name in self.specs:
             await self._launch(name)
         await self.wait_healthy(set(self.specs))
         await self.wait_heard()
@@ -178,6 +177,7 @@ class Deployment:
         if self.launcher is None:
             raise DeploymentError(f"{self.system}: {name} launched before the deployment started")
         path = self.run_dir / "specs" / self.system / f"{name}.json"
+        path.write_text(self.specs[name].to_json())
         err = Path(self.specs[name].log_path).with_suffix(".err")
         door = self.specs[name].extra.get("host_door_fd")
         try:
@@ -342,12 +342,16 @@ class Deployment:
 
     async def restart(self, name: str, at_s: float | None = None) -> None:
         """Start the instance again with its spec (same addresses, empty caches), killing
-        what is left of it first, and wait until it answers."""
+        what is left of it first, and wait until it answers. It is told it was restarted: a
+        restarted router judges the instances it has not heard from (`pddemu.runtime.liveness`)
+        rather than wait here to hear them all, which a partition or a pause standing at the
+        restart would hold up for good."""
         if self.alive(name):
             self.kill(name, at_s)
             self.processes[name].wait()
         self._unwatch(name)
         self._expected_exit.discard(name)
+        self.specs[name] = replace(self.specs[name], restarted=True)
         await self._launch(name)
         self._record(name, "restarted", at_s)
         await self.wait_healthy({name})

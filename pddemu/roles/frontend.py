@@ -194,6 +194,8 @@ class Frontend(Instance):
         )
 
     async def start(self) -> None:
+        if self.spec.restarted:  # its peers run already: their silence counts from now
+            self.liveness.unheard_since = self.clock.now()
         self.spawn(self.watch_liveness(), "liveness checks")
 
     # -- who is alive -----------------------------------------------------------------------

@@ -27,6 +27,9 @@ class InstanceSpec:
     clock: str = ""  # the run's clock page (netem.clock), which every participant reads
     log_path: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # started again into a running deployment (`Deployment.restart`): its peers were all running
+    # before it, so a router judges one it has not heard from (`pddemu.runtime.liveness`)
+    restarted: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -13,8 +13,14 @@ else it sends counts as well. The router's view of an instance has three states:
 Silence is only held against an instance when the router could have heard it: the check must
 run on time (a router woken late, its own loop having been busy, judges nobody that round),
 and some other instance must have been heard meanwhile (a host too loaded to run anyone's
-loop blames no one). An instance not heard from yet (still starting) is not judged. A paused process is therefore told from a slow machine by construction,
+loop blames no one). A paused process is therefore told from a slow machine by construction,
 not by a threshold tuned to this host.
+
+An instance not heard from yet is not judged while the deployment starts (it may still be
+starting). A router restarted into a running deployment has no such excuse for its peers:
+they were all running before it, so one it has not heard from counts as silent since the
+router's own start (`unheard_since`), or a peer paused or cut off then would stay routable for
+good.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ class Liveness:
     last: dict[str, float] = field(default_factory=dict)  # modelled time last heard from
     state: dict[str, str] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)  # down because its connection ended, not silent
+    # modelled time from which an instance not heard from yet counts as silent (a restarted
+    # router's start); None: not judged until heard from (every instance may still be starting)
+    unheard_since: float | None = None
     # checks run, those woken late (judging nobody), and instances left unjudged by a check
     # because every other instance was silent too
     checks: dict[str, int] = field(default_factory=lambda: {"run": 0, "late": 0, "all_silent": 0})
@@ -81,13 +90,16 @@ class Liveness:
             return []
         changes = []
         for name in self.names:
-            if name not in self.last or self.state[name] == DOWN:
+            heard_at = self.silent_since(name)
+            if heard_at is None or self.state[name] == DOWN:
                 continue
-            silent = now - self.last[name]
+            silent = now - heard_at
             others = [
-                self.last[o]
+                since
                 for o in self.names
-                if o != name and o in self.last and self.state[o] != DOWN
+                if o != name
+                and self.state[o] != DOWN
+                and (since := self.silent_since(o)) is not None
             ]
             if others and max(others) < now - self.suspect_after_s:
                 self.checks["all_silent"] += 1
@@ -99,6 +111,10 @@ class Liveness:
                 self.state[name] = SUSPECT
                 changes.append(Change(name, SUSPECT, now, f"silent for {silent:.2f} s"))
         return changes
+
+    def silent_since(self, name: str) -> float | None:
+        """The modelled time from which `name`'s silence counts (None: it is not judged)."""
+        return self.last.get(name, self.unheard_since)
 
     def view(self, now: float) -> dict[str, Any]:
         """The router's view at `now`: each instance's state and the modelled time it was last

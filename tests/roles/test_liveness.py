@@ -90,3 +90,23 @@ def test_the_view_says_who_was_never_heard_and_why_checks_judged_nobody() -> Non
     assert seen["instances"]["MD0"] == {"state": UP, "heard_at_s": None}
     assert seen["instances"]["P0"] == {"state": UP, "heard_at_s": pytest.approx(1.0)}
     assert seen["checks"] == {"run": 2, "late": 1, "all_silent": 2}
+
+
+def test_a_restarted_router_judges_an_instance_it_never_heard_from_its_own_start() -> None:
+    live = view()
+    live.unheard_since = 1.0  # restarted at 1.0: P0 and MD1 heard, MD0 (paused) never
+    beat(live, ["P0", "MD1"], 1.1, 4.0)
+    states = {}
+    for step in range(11, 41):
+        for change in live.check(step / 10, on_time=True):
+            states.setdefault((change.instance, change.state), step / 10)
+    assert states == {("MD0", SUSPECT): pytest.approx(1.6), ("MD0", DOWN): pytest.approx(3.1)}
+    assert live.view(4.0)["instances"]["MD0"]["heard_at_s"] is None  # still never heard
+
+
+def test_a_restarted_router_that_hears_nobody_blames_nobody() -> None:
+    live = view()
+    live.unheard_since = 1.0
+    assert live.check(4.0, on_time=True) == []  # the host stalled since the restart
+    live.heard("P0", 4.05)
+    assert {c.instance for c in live.check(4.1, on_time=True)} == {"MD0", "MD1"}
