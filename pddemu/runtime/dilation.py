@@ -10,10 +10,11 @@ that many targets: one sample of a rare kind a little late is noise, not a trend
 genuine work held the clock still for more of the wall time than a slow-down could win back
 (`FROZEN_OK`), the clock slows down at once (multiplicative decrease, harder when far
 behind); when the last half second had enough samples and they averaged well within the
-target, it speeds up gently (multiplicative increase), unless a kind's mean over the run so
-far, which validity judges, is over the target (`_run_over`); with too few samples to tell (an idle
-system, or a clock so slow it hears few messages) it goes back towards the rate it started
-at, no further. Never beyond the
+target, it speeds up gently (multiplicative increase), but while a kind's mean over the run
+so far, which validity judges, is over the target, no faster than one slow-down below the rate
+at which it went over (`_run_limit`): not back into the rate that made the burst; with too few
+samples to tell (an idle system, or a clock so slow it hears few messages) it goes back towards
+the rate it started at, no further. Never beyond the
 ceiling: `scale.time_scale`, or, for `time_scale = "auto"`, `AUTO_CEILING`. Results stay the
 modelled system's because everything (compute, network, arrivals) reads the same clock; only
 the wall time a run takes changes.
@@ -117,6 +118,7 @@ class Dilation:
     # each kind's lag since the controller began (samples, sum): the run's mean, which judges it
     _run_counts: list[int] = field(default_factory=lambda: [0] * LAG_COUNTERS)
     _run_sums: list[float] = field(default_factory=lambda: [0.0] * LAG_COUNTERS)
+    _over_at: float | None = None  # the rate at which a kind's run mean went over (None: within)
 
     def __post_init__(self) -> None:
         if self.clock.rate > self.policy.ceiling:
@@ -160,6 +162,12 @@ class Dilation:
         for kind in range(LAG_COUNTERS):
             self._run_counts[kind] += counts[kind]
             self._run_sums[kind] += sums[kind]
+        rate = self.clock.rate  # the rate the period's samples were taken at
+        policy, target = self.policy, self.clock.lag_target
+        if not self._run_over(target):
+            self._over_at = None
+        elif self._over_at is None:
+            self._over_at = rate
         self._window.append((tuple(counts), tuple(sums), stood_wall, wall - self._wall))
         self._by_slot.append(by_slot)
         while len(self._window) > self.policy.window_periods:
@@ -169,7 +177,6 @@ class Dilation:
         self._wall, self._frozen = wall, frozen
         self._last = {r.index: r for r in reports}
         samples = sum(sum(w[0]) for w in self._window)
-        policy, target = self.policy, self.clock.lag_target
         kind_means = {}
         for kind in range(LAG_COUNTERS):
             count = sum(w[0][kind] for w in self._window)
@@ -180,7 +187,6 @@ class Dilation:
         mean = kind_means[worst_kind] if worst_kind is not None else 0.0  # each kind on its own
         elapsed = sum(w[3] for w in self._window)
         stood = sum(w[2] for w in self._window) / elapsed if elapsed > 0 else 0.0
-        rate = self.clock.rate
         cause = None
         if self._cooldown:
             self._cooldown -= 1
@@ -195,8 +201,7 @@ class Dilation:
             self._window.clear()  # what comes next is the new rate's
             self._by_slot.clear()
         elif samples >= policy.calm_samples and mean <= policy.calm_share * target:
-            if not self._run_over(target):  # else no faster until the run's mean is within
-                rate = min(policy.ceiling, rate * policy.increase)
+            rate = max(rate, min(self._run_limit(), rate * policy.increase))
         elif samples < policy.calm_samples and stood <= policy.frozen_ok and rate < policy.start:
             # Too few samples to tell (a slow clock hears few messages): back towards the
             # start, or a clock slowed by a loaded moment would stay slow for good.
@@ -205,12 +210,22 @@ class Dilation:
         self._note(rate, cause)
         return rate
 
+    def _run_limit(self) -> float:
+        """The fastest a calm window may speed the clock up to. Lag that comes in rare bursts
+        (a step begun several ms late among thousands on time) leaves most windows calm, and a
+        rate that rose past the burst's in each of them made the next burst larger: the run's
+        mean, which validity judges, ended over its bound though every window that saw a burst
+        was answered with a slow-down. So while a kind's run mean is over the target, the rate
+        stays one slow-down (`decrease`) below the rate at which it went over. Below that it
+        may rise: a burst's lag is a wall-time stall times the rate, so the next one at the
+        lower rate is smaller, and a clock kept slower still (the run mean may never come back
+        within, on a kind with few samples) would only stretch the run."""
+        if self._over_at is None:
+            return self.policy.ceiling
+        return min(self.policy.ceiling, self.policy.decrease * self._over_at)
+
     def _run_over(self, target: float) -> bool:
-        """Whether any kind's mean since the controller began is over `target`. Lag that comes
-        in rare bursts (a step begun several ms late among thousands on time) leaves most
-        windows calm, and a rate that rises in each of them makes the next burst larger: the
-        run's mean, which validity judges, would end over its bound though every window that
-        saw a burst was answered with a slow-down."""
+        """Whether any kind's mean since the controller began is over `target`."""
         return any(
             count >= self.policy.min_samples and total > target * count
             for count, total in zip(self._run_counts, self._run_sums, strict=True)

@@ -301,29 +301,62 @@ def test_late_steps_slow_the_clock_while_holds_stand_within_their_share(tmp_path
     assert dilation.slowed_by == {"lag step RLD0": 1}
 
 
-def test_no_speed_up_while_the_runs_mean_of_a_kind_is_over_the_target(tmp_path: Path) -> None:
+def test_no_climb_past_a_bursts_rate_while_the_runs_mean_of_a_kind_is_over_the_target(
+    tmp_path: Path,
+) -> None:
     """Steps late in rare bursts: the window that saw the burst slows the clock, and the calm
-    windows after it would speed it up again, run mean over the target or not (naive's step
-    lag ended 0.68 ms over its 0.48 ms bound so, at frozen share 0.2). While the run's mean of
-    a kind is over the target the rate stays; once on-time samples bring it back, it rises."""
+    windows after it sped it up again past the burst's rate, run mean over the target or not
+    (naive's step lag ended 0.68 ms over its 0.48 ms bound so, at frozen share 0.2). While the
+    run's mean of a kind is over the target the rate rises no higher than one slow-down below
+    the rate at which it went over; once on-time samples bring it back, it rises past that."""
     policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0)
     dilation, shared, wall = _dilation(tmp_path, policy)  # the target: 1 ms
     md = ModelledClock(shared, shared.claim("MD0"), "MD0")
     for _ in range(10):
         md.count_lag("step", 0.0)
-    md.count_lag("step", 0.05)  # a burst: the run's mean is 4.5 ms
+    md.count_lag("step", 0.05)  # a burst at rate 8: the run's mean is 4.5 ms
     wall.advance(0.05)
     assert dilation.step() == pytest.approx(8.0 * policy.hard_decrease)
+    limit = 8.0 * policy.decrease
     rate = 8.0 * policy.hard_decrease
-    for calm_periods in range(1, 5):
-        for _ in range(10):
-            md.count_lag("step", 0.0)  # calm: each window's mean is 0 after the burst's
+    for calm_periods in range(1, 39):  # the run's mean of steps: 0.05 s over 11 + that many
+        md.count_lag("step", 0.0)  # calm: one step on time a period ...
+        for _ in range(policy.calm_samples):
+            md.count_lag("handler", 0.0)  # ... among messages on time
         wall.advance(0.05)
-        run_mean = 0.05 / (11 + 10 * calm_periods)
-        expected = rate if run_mean > 0.001 else rate * policy.increase
-        assert dilation.step() == pytest.approx(expected), run_mean
-    assert expected == pytest.approx(rate * policy.increase)  # 0.05 s over 51 samples: within
+        rate = min(limit, rate * policy.increase)
+        assert dilation.step() == pytest.approx(rate), calm_periods
+    assert rate == limit  # reached, not passed
+    md.count_lag("step", 0.0)
+    md.count_lag("step", 0.0)  # 0.05 s over 51 steps: within
+    for _ in range(policy.calm_samples):
+        md.count_lag("handler", 0.0)
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(limit * policy.increase)
     assert dilation.slowed_by == {"lag step MD0": 1}
+
+
+def test_after_a_burst_a_long_calm_lets_the_rate_recover(tmp_path: Path) -> None:
+    """A burst of a rare kind (a few messages handled late among many steps on time) may put
+    its run mean over the target for good: too few of it come after to bring it back. Calm
+    windows then let the rate rise back to one slow-down below the burst's rate, not past it
+    (before, the rate stayed where the burst's slow-down left it for the rest of the run)."""
+    policy = DilationPolicy(ceiling=16.0, start=8.0, cooldown_periods=0)
+    dilation, shared, wall = _dilation(tmp_path, policy)  # the target: 1 ms
+    rld = ModelledClock(shared, shared.claim("RLD0"), "RLD0")
+    for lag in (0.0, 0.0, 0.02, 0.015, 0.015):
+        rld.count_lag("handler", lag)  # handled late at rate 8: the run's mean is 10 ms
+    wall.advance(0.05)
+    assert dilation.step() == pytest.approx(8.0 * policy.hard_decrease)
+    rates = []
+    for _ in range(400):  # 20 wall seconds of steps on time, no message
+        for _ in range(10):
+            rld.count_lag("step", 0.0)
+        wall.advance(0.05)
+        rates.append(dilation.step())
+    assert max(rates) == pytest.approx(8.0 * policy.decrease)  # back up, not past the burst's
+    assert rates[-1] == pytest.approx(8.0 * policy.decrease)
+    assert dilation.slowed_by == {"lag handler RLD0": 1}
 
 
 def test_packets_the_shaper_releases_late_slow_the_clock(tmp_path: Path) -> None:
