@@ -3,8 +3,9 @@ records, request by request?
 
 `pddemu serve` (pdd, configs/serve.toml: real time, token scale 1) is started on a free port and
 AIPerf (pinned in the Makefile, in its own venv `.venv-aiperf`) profiles it as its users run it:
-streamed completions, the exported tokenizer, 16 requests at concurrency 4, 300-token synthetic
-prompts, 48 output tokens, after 4 warm-up requests (`WARMUP`: they open AIPerf's connections).
+streamed completions, the exported tokenizer, 16 requests at concurrency 2 (`CONCURRENCY`: why
+not 4, below), 300-token synthetic prompts, 48 output tokens, after 2 warm-up requests (`WARMUP`:
+they open AIPerf's connections).
 Each streamed response's last chunk carries pddemu's record of the request; the records are
 matched to AIPerf's per-request TTFT by AIPerf's request id.
 
@@ -42,7 +43,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 AIPERF_VENV = ROOT / ".venv-aiperf"
-REQUESTS, CONCURRENCY, ISL, OSL = 16, 4, 300, 48
+REQUESTS, ISL, OSL = 16, 300, 48
+# Concurrency 2, not the 4 of the first trial: at 4, on 2 cores (AIPerf's worker and the
+# frontend then each carry 4 streams of a chunk every 8 ms while the instances compute), in 3 of
+# 7 runs of the serve test under the CPU lock (816b1e5) the requests at the median's rank waited
+# 5-6 ms between AIPerf's stamp and the door's receipt, where no record of pddemu's can see it:
+# the TTFT p50s were 6.0-7.9 ms apart. At 2 they were at most 2.4 ms apart in every run measured
+# (README, "AIPerf").
+CONCURRENCY = 2
 # AIPerf times a request from before it takes a connection from its pool, so a request that
 # opens one carries a TCP connect and a first write no server sees (3-16 ms each, measured). The
 # warm-up requests open the pool's connections; the profiled ones then all run on open ones.

@@ -10,16 +10,20 @@ modelled (`door`: the door's TTFT, the first token's lateness beyond its modelle
 its instance sent it late, as a step's genuine work outlasting its modelled length does in real
 time).
 
-The issue's bound, AIPerf's TTFT p50 within 5 ms of pddemu's records, is printed, not asserted:
-the records now hold everything from the door's receipt of a request to its first chunk's write,
-so what is left is before the door (AIPerf's stamp, its own write of the request, the loopback,
-the frontend's wake-up to read it) and the chunk's way back, which no record of pddemu's can date
-(the door's connection is read by aiohttp without the kernel's receive time). Measured under the
-CPU lock that part alone was 3.3 ms at the median and its p50 step 5.0 ms in one run (README,
-"AIPerf"): an assertion would pass or fail with the host's load. Asserted instead, exactly: each
-client's TTFT contains the door's, and the first token's instance sent it no later than the door
-wrote it, beyond its modelled time (that the door's TTFT is the modelled one plus that lateness
-is tests/roles/test_openai_front_door.py's).
+The issue's bound is asserted on the records of what was served: AIPerf's TTFT p50 within 5 ms
+of the door's (`door.ttft_s`: the door's receipt of the request to its first chunk's write, the
+modelled TTFT plus the first token's recorded lateness). What no record of pddemu's holds is
+before the door (AIPerf's stamp, its write of the request, the loopback, the frontend's reading
+of it: aiohttp reads the connection without the kernel's receive time) and the chunk's way back;
+the p50 moves by what the requests at the median's rank carried there. AIPerf runs at
+concurrency 2 (`pddemu.bench.aiperf.CONCURRENCY`): at 4, on 2 cores, this test failed in 3 of 7
+runs under the CPU lock (6.0, 6.1 and, beside a process spinning on one core, 7.9 ms), at 2 it
+passed in all 7 (0.5-2.4 ms, two of them beside that process; README, "AIPerf"). The modelled
+TTFT's p50 is printed beside it, not asserted: in real time a step whose genuine work outlasts
+its modelled length sends its token late, which the client sees and the modelled TTFT does not.
+Asserted exactly as well: each client's TTFT contains the door's, and the first token's instance
+sent it no later than the door wrote it, beyond its modelled time (that the door's TTFT is the
+modelled one plus that lateness is tests/roles/test_openai_front_door.py's).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pddemu.bench.aiperf import (
     CONCURRENCY,
     OSL,
     REQUESTS,
+    TARGET_MS,
     WARMUP,
     Profile,
     aiperf_command,
@@ -125,9 +130,9 @@ def test_the_exported_tokenizer_loads_offline_in_transformers(tmp_path: Path) ->
 
 
 def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
-    """What AIPerf counts and times contains pddemu's records, request by request, and the
-    records account for the TTFT they served (the issue's 5 ms bound on the p50s is printed:
-    see the module's docstring)."""
+    """What AIPerf counts and times contains pddemu's records, request by request, the records
+    account for the TTFT they served, and AIPerf's TTFT p50 is within the issue's 5 ms of the
+    served one's (see the module's docstring)."""
     venv, ready = served
     artifacts = tmp_path / "aiperf"
     command = aiperf_command(venv / "bin" / "aiperf", ready, artifacts)
@@ -174,3 +179,5 @@ def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
         "difference_p50_steps_ms",
     )
     print(json.dumps({k: compared[k] for k in shown}))
+    gap = compared["difference_served_ms"]["p50"]
+    assert abs(gap) <= TARGET_MS, f"AIPerf's TTFT p50 is {gap:.2f} ms from the door's"
