@@ -72,6 +72,35 @@ def test_a_connection_across_the_wan_takes_the_routes_parameters(run_name: str) 
             sock.close()
 
 
+def test_a_send_after_the_routes_are_retimed_leaves_in_full_segments(run_name: str) -> None:
+    """Re-timing replaces the routes; a connection's next send must still be cut at the
+    path's MSS. Before the routes carried their device's MTU, the first 8,000-byte send after
+    each replace left in 19-52 segments (the connection's path MTU read 68 for it), not 6."""
+    link = LinkConfig.symmetric(LinkSpec(rate_bps=25e6, delay_s=0.005))
+    with Network(link, name=run_name, tcp=TUNING) as network:
+        with nsutil.inside(network.b.netns):
+            server = socket.create_server((network.b.addr, 7902))
+        with nsutil.inside(network.a.netns):
+            client = socket.create_connection((network.b.addr, 7902), timeout=5)
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        accepted, _ = server.accept()
+
+        def segments_of_a_send(size: int = 8000) -> int:
+            before = tcp_info(client)["data_segs_out"]
+            client.sendall(bytes(size))
+            assert _read(accepted, size) == size
+            return tcp_info(client)["data_segs_out"] - before
+
+        full = segments_of_a_send()
+        assert full == 6  # 8,000 bytes at 1,448 a segment
+        for rate in (8.0, 2.0, 5.0):
+            network.retime_tcp(rate)
+            time.sleep(0.05)
+            assert [segments_of_a_send() for _ in range(2)] == [full, full], rate
+        for sock in (client, accepted, server):
+            sock.close()
+
+
 def _read(sock: socket.socket, size: int) -> int:
     got = 0
     while got < size:
