@@ -1,4 +1,5 @@
-"""Every file the README, the docs and the configs point at exists in the project."""
+"""Every file, link and section the README, the docs and the configs point at exists in the
+project."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
     ROOT / "README.md",
-    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs").rglob("*.md")),
+    ROOT / "traces" / "README.md",
+    ROOT / "tests" / "workload" / "data" / "README.md",
     *sorted((ROOT / "configs").glob("*.toml")),
+    *sorted((ROOT / "experiments").glob("*.toml")),
 ]
 PROJECT_DIRS = (
     "docs/",
@@ -26,6 +30,16 @@ PROJECT_DIRS = (
 )
 TOP_FILES = {"README.md", "LICENSE", "Makefile", "pyproject.toml"}
 REFERENCE = re.compile(r"`([^`\s]+)`|\(([\w./-]+\.md)\)")
+MARKDOWN_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+# `docs/architecture.md`, "One clock" (or 'One clock'): a page and a section of it, by title
+SECTION_REFERENCE = re.compile(
+    r"`?((?:docs/[\w-]+|README)\.md)`?,\s*((?:[\"'][^\"'\n]+[\"'](?:,\s*|\s+and\s+)?)+)"
+)
+QUOTED = re.compile(r"[\"']([^\"'\n]+)[\"']")
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
 
 
 def references(page: Path) -> list[str]:
@@ -39,13 +53,62 @@ def references(page: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def anchor(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def section_titles(page: Path) -> list[str]:
+    """The titles a page's sections go by: its headings and its bold paragraph leads."""
+    text = page.read_text()
+    headings = re.findall(r"^#+\s+(.+)$", text, re.M)
+    leads = re.findall(r"^\*\*([^*\n]+)\*\*", text, re.M)
+    return headings + leads
+
+
+def plain(title: str) -> str:
+    return re.sub(r"[`*\"'.,:\s]+", " ", title).strip().lower()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_referenced_project_file_exists(page: Path) -> None:
     missing = [ref for ref in references(page) if not (ROOT / ref).exists()]
-    assert not missing, f"{page.relative_to(ROOT)} points at {missing}"
+    assert not missing, f"{page_id(page)} points at {missing}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_link_resolves(page: Path) -> None:
+    """A relative link names a file beside the page, and an anchor a heading of its target."""
+    broken = []
+    for match in MARKDOWN_LINK.finditer(page.read_text()):
+        link = match.group(1)
+        if re.match(r"[a-z]+:", link):
+            continue  # http(s), mailto: outside the project, not checked offline
+        path, _, fragment = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists():
+            broken.append(link)
+        elif fragment and fragment not in {anchor(h) for h in section_titles(target)}:
+            broken.append(link)
+    assert not broken, f"{page_id(page)} links to {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_cited_section_exists(page: Path) -> None:
+    """`docs/x.md`, "Title" names a heading or a bold paragraph lead of docs/x.md."""
+    missing = []
+    for match in SECTION_REFERENCE.finditer(page.read_text()):
+        target = ROOT / match.group(1)
+        if not target.exists():
+            continue  # reported by test_every_referenced_project_file_exists
+        titles = [plain(title) for title in section_titles(target)]
+        for cited in QUOTED.findall(match.group(2)):
+            if not any(title.startswith(plain(cited)) for title in titles):
+                missing.append(f'{match.group(1)}, "{cited}"')
+    assert not missing, f"{page_id(page)} cites sections that are not there: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_no_page_points_outside_the_project(page: Path) -> None:
     """The design notes outside the repository are not the reader's: docs/pdd.md is."""
     text = page.read_text()
