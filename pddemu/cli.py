@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -37,17 +40,25 @@ and a naive cross-datacenter baseline."""
 
 EPILOG = """\
 examples:
-  pddemu emulate --out runs/smoke --system pdd --requests 10   a short run
-  pddemu emulate --out runs/latest                             what make emulate runs
-  pddemu validate --out runs/validate         the emulator against its own model
-  pddemu serve --port 8000                     an OpenAI endpoint for AIPerf or vLLM
+  # a short run
+  pddemu emulate --out runs/smoke --system pdd --requests 10
+  # what make emulate runs
+  pddemu emulate --out runs/latest
+  # the emulator against its own model
+  pddemu validate --out runs/validate
+  # an OpenAI endpoint for AIPerf or vLLM
+  pddemu serve --port 8000
+  # a run's timeline, for ui.perfetto.dev
   pddemu export runs/latest --format perfetto --out trace.json
-  pddemu plot runs/latest                       a run's figures, drawn again
+  # a run's figures, drawn again
+  pddemu plot runs/latest
+  # a trace's lengths and prefix hit rates
   pddemu trace stats traces/pdd-janfeb-2000.jsonl.gz
+  # a scenario checked, in base units
   pddemu config show --set wan.rate=1gbit
 
-README.md explains the output; docs/ has a page per area. `pddemu COMMAND --help` for
-each command's options."""
+README.md explains the output; docs/ has a page per area.
+`pddemu COMMAND --help` for each command's options."""
 
 
 def add_rootless_flag(
@@ -127,7 +138,16 @@ def _run_command(argv: list[str], listener: socket.socket | None, launcher: Laun
     args.listener = listener
     args.launcher = launcher
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that has gone shows here, not in the interpreter's exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a connection of the run's own broke: a defect, keep the trace
+        # `pddemu config show | head`: stop as a Unix tool SIGPIPE ends would, without a trace;
+        # what is left in the buffer goes nowhere instead of failing again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (
         ConfigError,
         TraceError,
@@ -153,6 +173,17 @@ def _run_command(argv: list[str], listener: socket.socket | None, launcher: Laun
             raise
         print(f"pddemu: {error.filename}: {error.strerror}", file=sys.stderr)
         return 1
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (the kernel flags the
+    writing end with an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

@@ -144,7 +144,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = parser.add_subparsers(dest="tokenizer_command", required=True)
     export_parser = sub.add_parser(
-        "export", help="write the tokenizer directory (pass it to a client's --tokenizer)"
+        "export",
+        help="write the tokenizer directory (pass it to a client's --tokenizer)",
+        description="Write the model's byte tokenizer as a Hugging Face tokenizer directory "
+        "(tokenizer.json, tokenizer_config.json, special_tokens_map.json), for a benchmark "
+        "client's --tokenizer (AIPerf, vllm bench serve). `pddemu serve` prints the directory "
+        "shipped in the package as `tokenizer`; this writes a copy.",
     )
     export_parser.add_argument(
         "directory", type=Path, metavar="DIR", help="the directory to write (made if missing)"

@@ -4,7 +4,11 @@ argument's `--help` line says what it is for."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -77,3 +81,26 @@ def test_every_argument_says_what_it_is_for() -> None:
         if not action.help or action.help.startswith("(")
     ]
     assert not bare, f"arguments without a help text: {bare}"
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_output_piped_to_a_reader_that_left_ends_quietly(buffered: bool) -> None:
+    """`pddemu config show | head`: once the reader has gone, pddemu stops with the status of
+    a process SIGPIPE ended (141), not with a traceback of its print."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first line
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pddemu.cli", "config", "show"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == "" and done.returncode == 128 + signal.SIGPIPE
