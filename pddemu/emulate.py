@@ -1,9 +1,12 @@
-"""`pddemu emulate`: replay one workload through pdd, naive and indc on one emulated network,
-check every token against the single-process reference, and write the run's files.
+"""`pddemu emulate`: replay one workload through pdd, naive and indc, check every token against
+the single-process reference, and write the run's files.
 
-    pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all]
+    pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all] [--one-at-a-time]
                    [--trace NAME|PATH] [--requests N] [--seed S] [--block-size TOKENS]
 
+`--system all` runs the three systems at once, each in a child process on an emulated network
+of its own (namespaces, WAN shaper, clock and its controller: no system's traffic or lag
+touches another's); `--one-at-a-time` runs them one after another on one network.
 The results are written after each system (summary.json, requests.csv, plots, report.md), so
 a run cut short keeps every system that finished. Whatever stops a system's replay (an
 instance dying, its stats unreadable, Ctrl-C or SIGTERM), the requests sent so far are written,
@@ -13,7 +16,8 @@ flight (failed, interrupted) and writes; a second one stops at once.
 Exit status:
   0    every delivered stream equals the reference (failed requests, such as timeouts under
        overload or requests a scheduled fault broke, are results and are reported)
-  1    the network cannot be set up, or the results cannot be written
+  1    the network cannot be set up, or the results cannot be written, or (systems at once) a
+       system's process ended without results
   2    bad input (config, trace, arguments)
   3    a stream differs from the reference, or the replayer could not read the frontend's
        answer (an emulator defect)
@@ -44,6 +48,7 @@ import uvloop
 from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
 from netem.topology import Network
+from pddemu.at_once import run_at_once
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
 from pddemu.deployment import Deployment, DeploymentError, InstanceEvent
@@ -105,6 +110,7 @@ class SystemRun:
     timing: dict[str, Any] = field(default_factory=dict)  # lag, dilation, validity
     events_dropped: dict[str, int] = field(default_factory=dict)  # instance -> timeline events
     # it dropped (oldest first, past its bound): the WAN figure and exports miss them
+    phases_wall_s: dict[str, float] = field(default_factory=dict)  # where its wall time went
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -148,18 +154,20 @@ async def run_system(
     from pddemu.metrics.figure_inputs import wan_transfers
 
     epoch = time.monotonic()
+    phases = Phases("start")
     deployment = Deployment(system, config, network, out, epoch, launcher=launcher)
     result = ReplayResult([])
     timing = RunTiming(
         network, config, system, typical_context(workload), lambda: completed_tpot_p50(result)
     )
-    run = SystemRun(system, result.records, result.outputs)
+    run = SystemRun(system, result.records, result.outputs, phases_wall_s=phases.wall_s)
     stats: dict[str, Any] = {}
     started = False
     conditions: ReplayConditions | None = None
     try:
         await deployment.start()
         started = True
+        phases.enter("replay")
         with replay_conditions(network, config, scale_model(config)) as conditions:
             async with timing as clock:
                 run.replay_start_s = clock.now() + REPLAY_LEAD_S  # the replay's and timeline's 0
@@ -186,6 +194,7 @@ async def run_system(
                     )
                 finally:
                     await stop_injecting(injecting, run)
+        phases.enter("stats")
         stats = await deployment.stats()
     except asyncio.CancelledError:
         task = asyncio.current_task()
@@ -200,6 +209,7 @@ async def run_system(
             else "interrupted before the replay started"
         )
         if started:
+            phases.enter("stats")
             stats = await deployment.stats(INTERRUPT_STATS_TIMEOUT_S)
     except DeploymentError as error:
         run.partial.append(str(error))
@@ -208,7 +218,9 @@ async def run_system(
         run.partial.append(f"emulator defect: the replay failed: {error!r}")
         result.protocol_errors += 1
     finally:
+        phases.enter("stop")
         await deployment.stop()
+        phases.end()
     run.events = list(deployment.events)
     if conditions is not None:
         run.cross_traffic = conditions.cross_traffic
@@ -229,6 +241,28 @@ async def run_system(
     for reason in run.partial:
         print(f"[{system}] partial: {reason}", file=sys.stderr)
     return run
+
+
+class Phases:
+    """Wall seconds spent in each phase of a run (summary.json's `phases_wall_s`): where a
+    command's wall time goes, the replay being one phase of several."""
+
+    def __init__(self, first: str, wall_s: dict[str, float] | None = None) -> None:
+        self.wall_s = {} if wall_s is None else wall_s
+        self.current: str | None = first
+        self.since = time.monotonic()
+
+    def enter(self, phase: str | None) -> None:
+        """The phase under way ends (its time is added to what it had), `phase` begins."""
+        now = time.monotonic()
+        if self.current is not None:
+            self.wall_s[self.current] = round(
+                self.wall_s.get(self.current, 0.0) + now - self.since, 3
+            )
+        self.current, self.since = phase, now
+
+    def end(self) -> None:
+        self.enter(None)
 
 
 async def stop_injecting(injecting: asyncio.Future, run: SystemRun) -> None:
@@ -376,17 +410,23 @@ def emulate(
     out: Path,
     workload: list[Any],
     launcher: Launcher | None = None,
+    at_once: bool = True,
 ) -> int:
-    """Run the systems one after another; after each, write every result so far (a run cut
-    short by anything keeps the systems that finished). Returns the exit status. `launcher`:
-    the instances' launcher (`pddemu emulate` starts it before its own imports); without one,
-    the run starts its own."""
+    """Run the systems, at once (`at_once`, each in a child process with a network of its own:
+    `pddemu.at_once`) or one after another on one network; as each ends, check its tokens and
+    write every result so far (a run cut short by anything keeps the systems that finished).
+    Returns the exit status. `launcher`: the instances' launcher (`pddemu emulate` starts it
+    before its own imports) for systems run one after another; without one, the run starts
+    its own."""
+    began = time.monotonic()
     scale = scale_model(config)
     out.mkdir(parents=True, exist_ok=True)
     link = wan_link(config, scale)
     time_scale = config.scale.time_scale
+    at_once = at_once and len(systems) > 1
     print(
-        f"pddemu: {len(workload)} requests of {config.workload.trace}, systems {', '.join(systems)}; "
+        f"pddemu: {len(workload)} requests of {config.workload.trace}, systems {', '.join(systems)}"
+        f"{' at once, each on a network of its own' if at_once else ''}; "
         f"emulated WAN {link.rate_bps / 1e6 if link.rate_bps else float('inf'):.3f} Mbit/s per modelled s, "
         f"{link.delay_s * 1e3:.1f} ms one way, {link.qdisc} (modelled {config.wan.rate_bps / 1e9 if config.wan.rate_bps else 0:g} Gbit/s); "
         f"scale: token 1/{config.scale.token_scale}, time {'auto' if time_scale is None else f'up to x{time_scale:g}'}",
@@ -395,6 +435,38 @@ def emulate(
     runs: dict[str, SystemRun] = {}
     warmup_ids = frozenset(r.request_id for r in workload[: config.workload.warmup_requests])
     tokens = ReferenceCheck(config, workload)
+    written: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+
+    def finished(run: SystemRun) -> None:
+        """Its tokens checked, and every result so far written."""
+        nonlocal written
+        print(f"pddemu: checking {run.system}'s tokens against the reference ...", file=sys.stderr)
+        checking = Phases("reference_check", run.phases_wall_s)
+        tokens.check(run)
+        checking.end()
+        runs[run.system] = run
+        done = {system: runs[system] for system in systems if system in runs}
+        not_run = [system for system in systems if system not in runs]
+        meta = {"systems_at_once": at_once, "wall_s": round(time.monotonic() - began, 3)}
+        written = write_outputs(config, scale, link, done, not_run, out, warmup_ids, meta)
+
+    if at_once:
+        if launcher is not None:
+            launcher.close()  # each system's child starts its own (an instance is its child)
+        outcome = run_at_once(
+            systems,
+            lambda system: run_in_own_network(system, config, scale, out, workload),
+            lambda _system, run: finished(run),
+        )
+        for system, status in outcome.failed.items():
+            print(
+                f"pddemu: the {system} run ended without results (exit status {status})",
+                file=sys.stderr,
+            )
+        if not runs:
+            return INTERRUPTED_EXIT if outcome.interrupted else 1
+        status = report(*written, runs, out)
+        return 1 if outcome.failed and status != INTERRUPTED_EXIT else status
     with ExitStack() as stack:
         if launcher is None:  # one for every system's deployment
             (out / "logs").mkdir(exist_ok=True)
@@ -404,14 +476,41 @@ def emulate(
             replaying = run_system(system, config, network, workload, out, launcher)
             run = uvloop.run(until_interrupted(replaying))
             on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
-            print(f"pddemu: checking {system}'s tokens against the reference ...", file=sys.stderr)
-            tokens.check(run)
-            runs[system] = run
-            not_run = [s for s in systems if s not in runs]
-            summaries, meta = write_outputs(config, scale, link, runs, not_run, out, warmup_ids)
+            finished(run)
             if run.interrupted:
                 break
-    return report(summaries, meta, runs, out)
+    return report(*written, runs, out)
+
+
+def run_in_own_network(
+    system: str, config: Config, scale: ScaleModel, out: Path, workload: list[Any]
+) -> SystemRun:
+    """One system's run on a network and a launcher of its own, both removed before it returns
+    (a child's work in `pddemu.at_once`). A network that cannot be set up is said in one line
+    (exit status 1)."""
+    from netem.registry import RunError
+    from netem.topology import TopologyError
+
+    up = Phases("network_up")
+    try:
+        with ExitStack() as stack:
+            (out / "logs" / system).mkdir(parents=True, exist_ok=True)
+            launcher = stack.enter_context(Launcher(out / "logs" / system / "launcher.err"))
+            network = stack.enter_context(network_for(config, scale, seed=config.workload.seed))
+            up.end()
+            replaying = run_system(system, config, network, workload, out, launcher)
+            run = uvloop.run(until_interrupted(replaying))
+            on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
+            down = Phases("network_down", run.phases_wall_s)
+        down.end()
+    except (TopologyError, RunError) as error:
+        print(
+            f"pddemu: [{system}] the emulated network could not be set up: {error}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
+    run.phases_wall_s = {**up.wall_s, **run.phases_wall_s}
+    return run
 
 
 def write_outputs(
@@ -422,9 +521,11 @@ def write_outputs(
     not_run: list[str],
     out: Path,
     warmup_ids: Collection[str],
+    run_meta: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """summary.json and requests.csv first (the results), then the plots and report.md;
-    `warmup_ids` are the warm-up's requests (the workload's first `warmup_requests`)."""
+    `warmup_ids` are the warm-up's requests (the workload's first `warmup_requests`);
+    `run_meta`: how the command ran (summary.json's top level)."""
     from pddemu.metrics.figure_inputs import measured_wan_use, split_warmup
     from pddemu.metrics.plots import write_plots
 
@@ -453,6 +554,7 @@ def write_outputs(
         summaries[system]["partial"] = bool(run.partial)
         summaries[system]["partial_reasons"] = run.partial
         summaries[system]["events_dropped"] = run.events_dropped
+        summaries[system]["phases_wall_s"] = run.phases_wall_s
         summaries[system]["instance_events"] = [
             {**e.to_dict(), "at_s": e.at_s - run.replay_start_s} for e in run.events
         ]
@@ -493,6 +595,7 @@ def write_outputs(
             "schedule": config.wan.schedule,
         },
         "faults": config.faults.schedule,
+        **(run_meta or {}),
     }
     write_summary_json(out / "summary.json", summaries, meta)
     transfers = {system: run.wan_transfers for system, run in runs.items()}
@@ -588,7 +691,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--system",
         choices=[*SYSTEMS, "all"],
         default="all",
-        help="the system to run, or all three one after the other (default)",
+        help="the system to run, or all three (default): at once, each on a network of its own",
+    )
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="with --system all: run the systems one after another on one network (slower; "
+        "each replay has the host to itself)",
     )
     parser.add_argument(
         "--trace", help="pdd-janfeb, or a path to a trace file of a format in docs/traces.md"
@@ -640,7 +749,9 @@ def run_cli(args: argparse.Namespace) -> int:
     systems = list(SYSTEMS) if args.system == "all" else [args.system]
     on_termination(raise_keyboard_interrupt)
     try:
-        return emulate(config, systems, args.out, workload, args.launcher)
+        return emulate(
+            config, systems, args.out, workload, args.launcher, at_once=not args.one_at_a_time
+        )
     except KeyboardInterrupt:
         print(
             "pddemu: stopped at once; the systems that finished before are written, everything "

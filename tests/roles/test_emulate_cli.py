@@ -190,22 +190,30 @@ def check_exports(out: Path, tmp_path: Path) -> None:
     assert "prefill" in names["P0"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize(
+    ("system", "signum"),
+    [("naive", signal.SIGINT), ("naive", signal.SIGKILL), ("all", signal.SIGINT)],
+)
 def test_interrupted_or_killed_run_leaves_nothing(
-    clean_start: None, tmp_path: Path, signum: int
+    clean_start: None, tmp_path: Path, system: str, signum: int
 ) -> None:
+    """`--system all` runs its systems at once: a Ctrl-C ends every one of them, each keeping
+    the requests it had sent."""
     out = tmp_path / "run"
     record_run(out)  # a failure shows its role logs (tests/run_logs.py)
     process = subprocess.Popen(
-        [*EMULATE, "--out", str(out), "--system", "naive", "--requests", "40"],
+        [*EMULATE, "--out", str(out), "--system", system, "--requests", "40"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    systems = ["pdd", "naive", "indc"] if system == "all" else [system]
     seen = []
-    for line in process.stderr:  # wait until requests are flowing
+    flowing: set[str] = set()
+    for line in process.stderr:  # wait until requests are flowing in every system
         seen.append(line)
-        if "in flight" in line:
+        flowing |= {s for s in systems if f"{s}] [" in line and "in flight" in line}
+        if flowing == set(systems):
             break
     assert role_processes(out), (
         f"the run should have instances by now; it said: {''.join(seen)[-2000:]}"
@@ -215,14 +223,17 @@ def test_interrupted_or_killed_run_leaves_nothing(
     if signum == signal.SIGINT:
         assert process.returncode == 130
         summary = json.loads((out / "summary.json").read_text())
-        naive = summary["systems"]["naive"]
-        assert summary["partial"] is True and naive["partial"] is True
-        assert "interrupted" in naive["partial_reasons"][0]
-        total = naive["requests"]["total"]
-        assert (
-            0 < total <= 40
-            and total == naive["requests"]["completed"] + naive["requests"]["failed"]
-        )
+        assert summary["partial"] is True and list(summary["systems"]) == systems
+        total = 0
+        for run in summary["systems"].values():
+            assert run["partial"] is True
+            assert "interrupted" in run["partial_reasons"][0]
+            assert (
+                0 < run["requests"]["total"] <= 40
+                and run["requests"]["total"]
+                == run["requests"]["completed"] + run["requests"]["failed"]
+            )
+            total += run["requests"]["total"]
         with open(out / "requests.csv") as handle:
             assert len(list(csv.DictReader(handle))) == total
         assert "Partial run" in (out / "report.md").read_text()
