@@ -36,14 +36,15 @@ def own_signal_handlers() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
-def interrupt_when(paths: list[Path], times: int = 1) -> threading.Thread:
-    """SIGINT to this process `times` times, once every path exists (as a Ctrl-C would)."""
+def interrupt_when(*stages: list[Path]) -> threading.Thread:
+    """SIGINT to this process (as a Ctrl-C would) once every path of a stage exists, a stage
+    after another."""
 
     def send() -> None:
-        if all(wait_for(path) for path in paths):
-            for _ in range(times):
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.2)
+        for paths in stages:
+            if not all(wait_for(path) for path in paths):
+                return
+            os.kill(os.getpid(), signal.SIGINT)
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
@@ -118,15 +119,17 @@ def test_a_second_interrupt_stops_every_child_at_once_then_raises(tmp_path: Path
         try:
             time.sleep(WAIT_S)
         except KeyboardInterrupt:  # the first: it winds down, slowly
-            (tmp_path / f"{name}.winding").touch()
             try:
+                (tmp_path / f"{name}.winding").touch()
                 time.sleep(WAIT_S)
             except KeyboardInterrupt:  # the second: it cleans up and ends at once
                 (tmp_path / f"{name}.cleaned").touch()
                 raise
         return name
 
-    sender = interrupt_when([tmp_path / "a", tmp_path / "b"], times=2)
+    sender = interrupt_when(
+        [tmp_path / "a", tmp_path / "b"], [tmp_path / "a.winding", tmp_path / "b.winding"]
+    )
     got: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         run_at_once(["a", "b"], work, lambda name, result: got.append(result))
