@@ -5,8 +5,9 @@ the single-process reference, and write the run's files.
                    [--trace NAME|PATH] [--requests N] [--seed S] [--block-size TOKENS]
 
 `--system all` runs the three systems at once, each in a child process on an emulated network
-of its own (namespaces, WAN shaper, clock and its controller: no system's traffic or lag
-touches another's); `--one-at-a-time` runs them one after another on one network.
+of its own (namespaces, WAN shaper, clock and its controller: no system's traffic queues behind
+another's, and each clock slows down for its own system's lag; they share the host's cores);
+`--one-at-a-time` runs them one after another on one network.
 The results are written after each system (summary.json, requests.csv, plots, report.md), so
 a run cut short keeps every system that finished. Whatever stops a system's replay (an
 instance dying, its stats unreadable, Ctrl-C or SIGTERM), the requests sent so far are written,
