@@ -4,6 +4,10 @@ or a partial run."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from pddemu.emulate import (
     SystemRun,
     dropped_events,
     dropped_events_warning,
+    emulate,
     report,
     workload_of,
     write_outputs,
@@ -212,3 +217,64 @@ def test_the_warmup_is_the_workloads_first_requests_in_its_own_order() -> None:
     assert [r.request_id for r in warm] == ["r2", "r1"]
     assert [r.request_id for r in measured] == ["r10", "b", "a"]
     assert split_warmup(records, ()) == ([], records)
+
+
+@pytest.fixture
+def own_signal_handlers() -> Iterator[None]:
+    """emulate sets this process's SIGINT and SIGTERM handlers: put pytest's back."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+def fake_system_runs(failing: str | None = None):  # noqa: ANN201 - a run_in_own_network
+    """In place of each system's child work: its results, the first system's last (so the
+    order they come in is not the systems' order), or `failing`'s exit status 1."""
+
+    def run(system: str, *_args: object) -> SystemRun:
+        if system == failing:
+            raise SystemExit(1)
+        time.sleep({"pdd": 0.6, "naive": 0.3}.get(system, 0.0))
+        records = [replace(r, token_mismatch=False, system=system) for r in sample_records()]
+        run = SystemRun(system, records, {}, sample_instances())
+        run.phases_wall_s = {"replay": 1.0, "child_pid": os.getpid()}
+        return run
+
+    return run
+
+
+def test_all_three_systems_at_once_are_written_in_their_order_as_they_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_signal_handlers: None
+) -> None:
+    """`--system all`: each system's work in a process of its own, each checked and written as
+    it comes; summary.json keeps the systems' order and says how they ran."""
+    monkeypatch.setattr("pddemu.emulate.run_in_own_network", fake_system_runs())
+    monkeypatch.setattr("pddemu.emulate.ReferenceCheck.check", lambda self, run: None)
+    out = tmp_path / "at-once"
+    assert emulate(load_config(), ["pdd", "naive", "indc"], out, []) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["systems"]) == ["pdd", "naive", "indc"]
+    assert summary["systems_at_once"] is True and summary["systems_not_run"] == []
+    pids = set()
+    for system in summary["systems"].values():
+        phases = system["phases_wall_s"]
+        assert phases["replay"] == 1.0 and phases["reference_check"] >= 0
+        pids.add(phases["child_pid"])
+    assert len(pids) == 3 and os.getpid() not in pids
+
+
+def test_a_system_whose_process_ends_without_results_is_named_and_fails_the_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    own_signal_handlers: None,
+) -> None:
+    monkeypatch.setattr("pddemu.emulate.run_in_own_network", fake_system_runs("naive"))
+    monkeypatch.setattr("pddemu.emulate.ReferenceCheck.check", lambda self, run: None)
+    out = tmp_path / "one-failed"
+    assert emulate(load_config(), ["pdd", "naive", "indc"], out, []) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["systems"]) == ["pdd", "indc"]
+    assert summary["systems_not_run"] == ["naive"] and summary["partial"] is True
+    assert "the naive run ended without results (exit status 1)" in capsys.readouterr().err
