@@ -76,7 +76,7 @@ def run_at_once(names: Sequence[str], work: Work, finished: Finished) -> Outcome
 
     on_termination(pass_on)
     try:
-        for name in names:  # every child forked before any makes its network (none inherits one)
+        for name in names:  # each makes its own network: none inherits another's (nor its guardian)
             ours, theirs = context.Pipe(duplex=False)
             process = context.Process(
                 target=_child, args=(name, work, theirs), name=f"pddemu-{name}", daemon=False
