@@ -75,8 +75,8 @@ bench-vllm: install vllm-client
 	$(BIN)/python -m pddemu.bench --only vllm_serve --out bench/results
 
 # Every experiment's quick variant as one sweep job each, its wall time, points, valid points
-# and mean speed-up in bench/results/reproduce_quick.json (24.5 min on 2 cores at 39b7cf5: not
-# part of `make bench`); EXPERIMENTS="kv-transfer handoff" runs some of them.
+# and mean speed-up in bench/results/reproduce_quick.json (about 25 min on 2 cores, docs/sweep.md's
+# "Quick variants": not part of `make bench`); EXPERIMENTS="kv-transfer handoff" runs some of them.
 bench-reproduce: install
 	$(BIN)/python -m pddemu.bench --only reproduce_quick --experiments $(EXPERIMENTS) \
 	  --out bench/results

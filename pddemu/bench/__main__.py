@@ -32,7 +32,7 @@ NETWORK_BENCHMARKS = (
     "wan_tcp",
     "reproduce_quick",
 )  # they make namespaces: root, or a user namespace
-OPT_IN_BENCHMARKS = ("reproduce_quick",)  # 24.5 minutes at 39b7cf5: `make bench-reproduce`
+OPT_IN_BENCHMARKS = ("reproduce_quick",)  # about 25 minutes: `make bench-reproduce`
 
 
 def main(argv: list[str] | None = None) -> int:

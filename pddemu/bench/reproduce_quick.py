@@ -5,7 +5,7 @@ mean speed-up), so that the wall times docs/sweep.md quotes are measured by a be
     python -m pddemu.bench --only reproduce_quick [--experiments NAME ...]    # make bench-reproduce
 
 Not in `make bench`'s default set (pddemu/bench/__main__.py's `OPT_IN_BENCHMARKS`): all of
-them take 24.5 minutes on 2 cores, measured at 39b7cf5 (docs/sweep.md, "Quick variants").
+them take about 25 minutes on 2 cores (measured: docs/sweep.md, "Quick variants").
 Each experiment sweeps into a fresh `runs/bench/reproduce_quick/<name>` (removed first, so
 that no point is skipped as done and the wall time is the whole job's), where its results stay
 for `pddemu sweep report` or plots.
