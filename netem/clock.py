@@ -42,6 +42,7 @@ import mmap
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -612,6 +613,21 @@ class SharedClock:
             if count == 1:
                 self._release(index)
             return True
+
+    def let_go_overdue(self, index: int, posted: deque[float], wall: float, cap_s: float) -> None:
+        """Let go of each reader of the slot's hold (`hold_for_one_more`, its wall time of
+        posting in `posted`, oldest first) not let go of within `cap_s` by `wall` (the reader
+        lost, or the message never read): time stood still no longer. Readers' let-gos are
+        taken as the oldest holds' (which one a reader let go of is not known), so those left
+        in `posted` are the youngest, and the last of them ends at the latest one's cap."""
+        while posted:
+            readers = self.readers_held_for(index)
+            while len(posted) > readers:
+                posted.popleft()
+            if not posted or wall - posted[0] < cap_s:
+                return
+            if self.let_go_one(index, readers=readers):
+                posted.popleft()
 
     def release(self, index: int) -> float:
         """Release the slot's hold; returns the wall seconds it stood the clock still."""

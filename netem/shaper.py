@@ -263,21 +263,13 @@ class Shaper:
 
     def _cap_routing_holds(self, wall: float) -> None:
         """Let go of each routing message's hold its reader has not let go of within the cap
-        (the reader lost, or the segment not the message's end): time stood still no longer.
-        The readers' let-gos are taken as the oldest holds' (a hold's reader is not known), so
-        the holds left are the youngest, and the last of them ends at the latest one's cap."""
+        (the reader lost, or the segment not the message's end): `SharedClock.let_go_overdue`."""
         if not self.routing_held_since:
             return
         assert self.clock is not None and self.routing_slot is not None
-        held = self.routing_held_since
-        while held:
-            readers = self.clock.readers_held_for(self.routing_slot)
-            while len(held) > readers:
-                held.popleft()
-            if not held or wall - held[0] < ROUTING_HOLD_CAP_S:
-                return
-            if self.clock.let_go_one(self.routing_slot, readers=readers):
-                held.popleft()
+        self.clock.let_go_overdue(
+            self.routing_slot, self.routing_held_since, wall, ROUTING_HOLD_CAP_S
+        )
 
     # -- schedules ------------------------------------------------------------------------
 

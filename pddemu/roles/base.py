@@ -582,6 +582,16 @@ class Instance:
             lag_kind if exact else f"{lag_kind}_wan", self.clock.now() - due
         )
 
+    def let_sender_go(self, message: Envelope) -> bool:
+        """A message from a peer on a path without modelled time is read: let go of the
+        present its sender held for it (`ModelledClock.hold_until_read`; P's `kv_begin` and
+        `kv_end`), so its reading lateness moved no modelled time. Returns whether one was."""
+        peer = message.channel.peer if message.channel is not None else None
+        sent = message.body.get("t")
+        if peer is None or sent is None or not self.exact(peer):
+            return False
+        return self.clock.let_sender_go(peer, float(sent))
+
     def modelled_at(self, wall: float) -> float | None:
         """A kernel receive date in modelled time (a dated channel's); None, counted, when
         it is older than the clock's anchor history (the message is then taken as read now)."""

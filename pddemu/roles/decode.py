@@ -406,7 +406,9 @@ class DecodeInstance(Instance):
 
     async def on_kv_begin(self, message: Envelope) -> None:
         """A transfer begins: it waits here (its connection held back) until the request's
-        memory is admitted, then its buffer is made."""
+        memory is admitted, then its buffer is made. Its sender's hold until it was read goes
+        first: only modelled time passing frees memory."""
+        self.let_sender_go(message)
         body = message.body
         begun_at = self.arrival(message)  # the transfer's first byte, not its admission
         meta = body["meta"]
@@ -488,8 +490,11 @@ class DecodeInstance(Instance):
 
     async def on_kv_end(self, message: Envelope) -> None:
         """The transfer's end: time stands still from here until the request is taken in
-        (`intake_done`), or the end is refused."""
+        (`intake_done`), or the end is refused; from its sending to here its sender held it
+        (`Instance.let_sender_go`), so however late it is read the request joins the batch as
+        of the end."""
         hold = self.clock.hold_instant()
+        self.let_sender_go(message)
         try:
             self._end_transfer(message, hold)
         except BaseException:

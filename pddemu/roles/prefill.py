@@ -270,7 +270,10 @@ class PrefillInstance(Instance):
                 raise
             return
         self.tcp.begin(channel)
+        held = self.exact(destination.name)  # its reader's lateness is held (`hold_until_read`)
         try:
+            if held:
+                self.clock.hold_until_read()
             await channel.control(
                 "kv_begin",
                 {
@@ -297,6 +300,8 @@ class PrefillInstance(Instance):
                 destination.handed.append((handed, destination.bytes_sent, destination.tokens_sent))
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
+            if held:
+                self.clock.hold_until_read()
             await channel.control(
                 "kv_end",
                 {

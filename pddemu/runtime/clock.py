@@ -15,7 +15,9 @@ done. Lag is counted by kind (`LAG_KINDS`), in modelled seconds.
 An exchange between participants that the modelled system does in no time (the router's: the
 prompt to P, P's hit back, the route to P and P's first bytes on their way) is covered by an
 *instant hold* (`hold_instant`): the present held from before the first message until the
-last is handled, so neither end's lateness in handling them moves a modelled time.
+last is handled, so neither end's lateness in handling them moves a modelled time. A message
+on such a path whose reading moves a modelled time (P's `kv_end`: when the request joins the
+decode batch) is held by its sender until read (`hold_until_read`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +65,9 @@ if set(CONTROLLED_KINDS) != set(LAG_KINDS):
 REPORT_KIND = "report"
 DELIVERY_KIND = "delivery"
 INSTANT_HOLD_CAP_S = 0.25  # wall seconds an instant hold stands at most (a peer never answers)
+# The name suffix of a sender's slot that holds the present until its messages on a path without
+# modelled time are read (`ModelledClock.hold_until_read`): "P0 reads/instant".
+READS = " reads" + INSTANT
 STOP_TIMEOUT_S = 5.0  # wall seconds a paused process is waited for to stop (not in a syscall)
 # Across the WAN a message's modelled transit (queueing included) is unknown to its receiver:
 # its lag is known only as a bound (now - sent - least transit), recorded as `<kind>_wan`.
@@ -113,6 +119,8 @@ class ModelledClock:
         self._holding = False
         self._instant_slot: int | None = None
         self._instant_holders = 0
+        self._reads_slot: int | None = None
+        self._reads_posted: deque[float] = deque()  # wall times of holds not yet let go
 
     @classmethod
     def fixed(cls, epoch: float, time_scale: float) -> ModelledClock:
@@ -135,10 +143,10 @@ class ModelledClock:
     def close(self) -> None:
         """Give the slot back (releasing any hold) and unmap the page."""
         if isinstance(self.source, SharedClock):
-            for slot in (self.slot, self._instant_slot):
+            for slot in (self.slot, self._instant_slot, self._reads_slot):
                 if slot is not None:
                     self.source.free(slot)
-            self.slot = self._instant_slot = None
+            self.slot = self._instant_slot = self._reads_slot = None
             self.source.close()
 
     # -- reading --------------------------------------------------------------------------
@@ -268,6 +276,38 @@ class ModelledClock:
             return False
         return self.source.let_go_one(slot, math.inf if arrived is None else arrived)
 
+    def hold_until_read(self, cap_s: float = INSTANT_HOLD_CAP_S) -> None:
+        """Hold the present until a message about to be sent on a path without modelled time
+        has been read (its reader's `let_sender_go`), or `cap_s` wall seconds: what the reader
+        does on it is then as of its sending, however late it reads it. Call it before the
+        message is stamped; messages in flight together share the hold, counted (one reader's
+        let-go is one message's). In real time nothing is held."""
+        if not isinstance(self.source, SharedClock) or self.slot is None:
+            return
+        if self._reads_slot is None:
+            self._reads_slot = self.source.claim(f"{self.name or self.slot}{READS}")
+        self.source.hold_for_one_more(self._reads_slot, self.now())
+        self._reads_posted.append(time.monotonic())
+        asyncio.get_running_loop().call_later(cap_s, self._cap_reads, cap_s)
+
+    def _cap_reads(self, cap_s: float) -> None:
+        """Let go of each message's hold its reader has not let go of within `cap_s` (the
+        reader lost, or the message never written): `SharedClock.let_go_overdue`."""
+        if self._reads_slot is not None and isinstance(self.source, SharedClock):
+            self.source.let_go_overdue(
+                self._reads_slot, self._reads_posted, time.monotonic(), cap_s
+            )
+
+    def let_sender_go(self, sender: str, sent: float) -> bool:
+        """A message from `sender` on a path without modelled time, stamped `sent`, has been
+        read and is acted on (or this participant holds the present itself): let go of the
+        sender's hold for it (`hold_until_read`). A hold standing after `sent` is another
+        message's, and stays. Returns whether one was let go."""
+        if not isinstance(self.source, SharedClock):
+            return False
+        slot = self.source.slot_named(f"{sender}{READS}")  # not kept: a restarted sender moves
+        return slot is not None and self.source.let_go_one(slot, sent)
+
     def _instant_released(self) -> None:
         self._instant_holders -= 1
         if self._instant_holders == 0 and self._instant_slot is not None:
@@ -312,7 +352,11 @@ class ModelledClock:
                 "frozen_wall_s": report.frozen_wall_s,
             }
 
-        return {**counts(self.slot), "instant": counts(self._instant_slot)}
+        instant, reads = counts(self._instant_slot), counts(self._reads_slot)
+        return {
+            **counts(self.slot),
+            "instant": {key: instant[key] + reads[key] for key in instant},
+        }
 
 
 _NO_HOLDS: dict[str, float] = {"posted": 0, "binding": 0, "frozen_wall_s": 0.0}

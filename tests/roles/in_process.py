@@ -41,6 +41,16 @@ def instance(
     return made
 
 
+class QuietFrontend:
+    """A frontend's end of a connection that takes what it is told and says nothing back."""
+
+    peer = "FE0"
+    closed = False
+
+    async def control(self, kind: str, body: dict) -> None:
+        pass
+
+
 def frontend() -> Frontend:
     return instance(Frontend, "FE")
 

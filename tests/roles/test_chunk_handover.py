@@ -14,7 +14,7 @@ from pddemu.roles.spec import Address
 from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
-from tests.roles.in_process import instance
+from tests.roles.in_process import QuietFrontend, instance
 
 WAKE_LATE_S = 0.05  # wall seconds P wakes late from each step (a busy host)
 
@@ -40,14 +40,6 @@ class Receiver:
 
     def close(self) -> None:
         self.closed = True
-
-
-class Frontend:
-    peer = "FE0"
-    closed = False
-
-    async def control(self, kind: str, body: dict) -> None:
-        pass
 
 
 def late_wake_ups(p: Any) -> None:
@@ -80,9 +72,9 @@ def test_a_late_wake_up_after_a_prefill_step_does_not_make_its_chunks_late(
         prompt = [1 + i % 200 for i in range(3 * p.chunk_genuine)]
         body = {"rid": "r1", "input_tokens": 32 * len(prompt), "output_tokens": 2}
         ids = [TokenIds.from_ints("r1", 0, prompt)]
-        await p.on_prefill(Envelope("prefill", body, ids, Frontend()))
+        await p.on_prefill(Envelope("prefill", body, ids, QuietFrontend()))
         route = {"rid": "r1", "destinations": [{"name": "MD0", "offset": 0}]}
-        await p.on_route(Envelope("route", route, [], Frontend()))
+        await p.on_route(Envelope("route", route, [], QuietFrontend()))
         deadline = time.monotonic() + 10
         while not any(kind == "kv_end" for kind, _ in receiver.handed):
             assert time.monotonic() < deadline and not p.errors, p.errors

@@ -1,0 +1,142 @@
+"""P holds the present from sending `kv_begin` and `kv_end` on a path without modelled time
+until the receiver has read them (`ModelledClock.hold_until_read`): a relay that reads them
+late (its process waiting for a core) neither counts handler lag for them nor takes the
+request into its batch later than the end's time, while it decodes another request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from netem.clock import SharedClock
+from pddemu.roles.prefill import PrefillInstance
+from pddemu.roles.relay import RelayInstance
+from pddemu.roles.spec import Address
+from pddemu.roles.transfer import TransferPool
+from pddemu.runtime.channel import Control, Envelope
+from pddemu.wire import TokenIds
+from tests.roles.in_process import QuietFrontend, instance
+
+LATE_S = 0.1  # wall seconds the relay reads each message of a transfer after it was sent
+PROMPT = [1 + i % 200 for i in range(64)]  # genuine tokens
+
+
+class LateConnection:
+    """P's connection to RLD0 (the intra-DC path, which takes no modelled time): each message,
+    stamped as a channel stamps it, reaches the relay's dispatch LATE_S of wall time after it
+    was sent, in order."""
+
+    def __init__(self, p: Any, rld: Any) -> None:
+        self.p, self.rld = p, rld
+        self.peer = "RLD0"
+        self.closed = False
+        self.writer = self  # no socket to read TCP counters from
+        self.rld_end = SimpleNamespace(peer="P0", read_date=lambda: None)  # RLD's end
+        self.queue: asyncio.Queue = asyncio.Queue()
+        p.spawn(self._deliver(), "late connection to RLD0")
+
+    def get_extra_info(self, _name: str) -> None:
+        return None
+
+    async def control(self, kind: str, body: dict, handed: Any = None) -> int:
+        stamped = Control(kind, {**body, "t": self.p.clock.now()})
+        self.queue.put_nowait((time.monotonic() + LATE_S, stamped))
+        return 100
+
+    async def send(self, chunk: Any) -> int:
+        self.queue.put_nowait((time.monotonic() + LATE_S, chunk))
+        return int(chunk.nbytes)
+
+    async def _deliver(self) -> None:
+        while True:
+            due, item = await self.queue.get()
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            if isinstance(item, Control):
+                item = Envelope(item.kind, item.body, [], self.rld_end)
+            await self.rld._dispatch(item, self.rld_end)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def meta(rid: str, output_tokens: int) -> dict[str, Any]:
+    return {
+        "rid": rid,
+        "input_tokens": 32 * len(PROMPT),
+        "output_tokens": output_tokens,
+        "predicted_output_tokens": output_tokens,
+        "pipeline": "P-RLD-MD",
+        "frontend": "FE0",
+    }
+
+
+def test_a_relay_reading_a_transfer_late_takes_it_in_at_its_end(tmp_path: Path) -> None:
+    SharedClock.create(tmp_path / "clock", rate=1.0)
+    p = instance(PrefillInstance, "P", clock=str(tmp_path / "clock"))
+    rld = instance(RelayInstance, "RLD", clock=str(tmp_path / "clock"), epoch=p.spec.epoch)
+    # one datacenter, its path unshaped: messages between them take no modelled time
+    p.spec.peers["RLD0"] = Address("RLD0", "RLD", "127.0.0.1", 3, 4)
+    rld.spec.peers["P0"] = Address("P0", "P", "127.0.0.1", 1, 2)
+    p.transit, rld.transit = p._transits(), rld._transits()
+    assert p.exact("RLD0") and rld.exact("P0")
+
+    async def request(rid: str, output_tokens: int) -> None:
+        ids = [TokenIds.from_ints(rid, 0, PROMPT)]
+        await p.on_prefill(Envelope("prefill", meta(rid, output_tokens), ids, QuietFrontend()))
+        route = {"rid": rid, "destinations": [{"name": "RLD0", "offset": 0}]}
+        await p.on_route(Envelope("route", route, [], QuietFrontend()))
+
+    def second_group(rid: str) -> list[float]:
+        """The modelled times of the request's second genuine output's tokens, as sent."""
+        return next(
+            (
+                body["times"]
+                for _, kind, body in rld.told
+                if kind == "tokens" and body["rid"] == rid and body["index"] == 1
+            ),
+            [],
+        )
+
+    async def until(condition: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, (p.errors, rld.errors)
+            await asyncio.sleep(0.005)
+
+    async def scenario() -> None:
+        await p.start()
+        await rld.start()
+        p.pool = TransferPool(lambda _name, _purpose: opened())
+
+        async def opened() -> LateConnection:
+            return LateConnection(p, rld)
+
+        await request("r0", 100_000)  # keeps the relay stepping
+        await until(lambda: "r0" in rld.requests and rld.steps > 3)
+        await request("r1", 100_000)
+        await until(lambda: second_group("r1"))
+        for instance_ in (p, rld):
+            for task in list(instance_._tasks):
+                task.cancel()
+            await asyncio.gather(*instance_._tasks, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        p.clock.close()
+        rld.clock.close()
+    assert p.errors == [] and rld.errors == [], (p.errors, rld.errors)
+    ended = next(e for e in rld.events.events if e["kind"] == "kv_transfer" and e["rid"] == "r1")
+    first_step_end = second_group("r1")[0]
+    # r1 joined the relay's batch at the first step after its KV's end (that step, and the one
+    # under way then: two steps at most); on the code before it joined a step after the relay
+    # read the end, LATE_S of wall (at rate 1, modelled) time later
+    assert first_step_end - ended["end_s"] < 2 * rld.last_step_s + 0.005, (
+        first_step_end - ended["end_s"],
+        rld.last_step_s,
+    )
+    # and its reading of the transfer's messages was not late: the present stood until it read
+    assert rld.clock.lags["handler"].largest < 0.002, list(rld.clock.lags["handler"])
