@@ -150,9 +150,10 @@ def lag_verdict(
         for leg, lag in report.get("carried_lag_s", {}).items():
             rid = leg.split(LEG_SEPARATOR, 1)[0]
             carried[rid] = carried.get(rid, 0.0) + lag
+    reason = timing["invalid_reason"]
     return {
         "valid": timing["valid"],
-        "invalid_reason": timing["invalid_reason"],
+        "invalid_reason": reason and reason + real_time_cause(timing["lag"]),
         "lag": {
             key: timing["lag"][key]
             for key in ("bound_s", "bound_from", "max_lag", "mean_by_kind", "by_participant")
@@ -164,6 +165,32 @@ def lag_verdict(
             "dropped_legs": sum(r.get("carried_lag_dropped", 0) for r in stats.values()),
         },
     }
+
+
+def real_time_cause(lag: dict[str, Any], most: int = 3) -> str:
+    """Whose lag makes the records not the modelled system's (the participants with the
+    largest means of the worst kind), and why serve cannot take it out: in real time no hold
+    stands time still while a message is handled (the routing exchange's messages, held in
+    `pddemu emulate`, take their handling time here), so the records and the client both
+    carry it."""
+    means = lag["mean_by_kind"]
+    if not means:
+        return ""
+    kind = max(means, key=means.__getitem__)
+    by_participant = [
+        (name, kinds[kind])
+        for name, kinds in lag["by_participant"].items()
+        if kinds.get(kind, {}).get("mean")
+    ]
+    by_participant.sort(key=lambda item: -item[1]["mean"])
+    named = ", ".join(
+        f"{name} {brief['mean'] * 1e3:.2f} ms mean over {brief['count']}"
+        for name, brief in by_participant[:most]
+    )
+    return (
+        f"; {kind} lag of {named or 'no participant'}: in real time nothing holds the clock "
+        "while a message or step is handled, so what a client measures carries it too"
+    )
 
 
 def _router(stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

@@ -242,4 +242,4 @@ def described(samples: Reservoir) -> dict[str, Any]:
 
 def _brief(samples: Reservoir) -> dict[str, Any]:
     full = described(samples)
-    return {"p99": full["p99"], "max": full["max"], "count": full["count"]}
+    return {"mean": full["mean"], "p99": full["p99"], "max": full["max"], "count": full["count"]}

@@ -80,6 +80,23 @@ def test_serve_judges_its_lag_by_emulates_rule_and_counts_the_late_requests() ->
     assert on_time["late_requests"]["count"] == 0
 
 
+def test_serve_says_whose_lag_makes_it_not_valid_and_that_real_time_cannot_hold_it() -> None:
+    """The routing exchange's reads (FE's and P's `handler` lag), held in `pddemu emulate`,
+    take their handling time in real time: the verdict names who lags, most first."""
+    stats = _stats([0.0, 0.0], {})
+    stats["P0"]["lags_s"]["handler"] = [0.0004, 0.0014]
+    stats["FE0"]["lags_s"]["handler"] = [0.0006, 0.0002]
+    verdict = served_summary(stats, 0.05, STEP_S)
+    assert verdict["valid"] is False
+    assert verdict["invalid_reason"] == (
+        "mean handler lag 0.65 ms is over its bound 0.50 ms (5% of TPOT p50 10.00 ms); "
+        "handler lag of P0 0.90 ms mean over 2, FE0 0.40 ms mean over 2: in real time nothing "
+        "holds the clock while a message or step is handled, so what a client measures "
+        "carries it too"
+    )
+    assert verdict["lag"]["by_participant"]["P0"]["handler"]["mean"] == pytest.approx(0.0009)
+
+
 def test_serve_judges_a_run_without_a_tpot_against_the_modelled_decode_step() -> None:
     """No request served has a TPOT yet (none completed, or single-token ones): serve judges
     the lag against the modelled decode step, as emulate does (`timing_summary`'s
