@@ -121,6 +121,7 @@ class ModelledClock:
         self._instant_holders = 0
         self._reads_slot: int | None = None
         self._reads_posted: deque[float] = deque()  # wall times of holds not yet let go
+        self._reads_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def fixed(cls, epoch: float, time_scale: float) -> ModelledClock:
@@ -142,6 +143,8 @@ class ModelledClock:
 
     def close(self) -> None:
         """Give the slot back (releasing any hold) and unmap the page."""
+        if self._reads_timer is not None:
+            self._reads_timer.cancel()
         if isinstance(self.source, SharedClock):
             for slot in (self.slot, self._instant_slot, self._reads_slot):
                 if slot is not None:
@@ -276,9 +279,9 @@ class ModelledClock:
             return False
         return self.source.let_go_one(slot, math.inf if arrived is None else arrived)
 
-    def hold_until_read(self, cap_s: float = INSTANT_HOLD_CAP_S) -> None:
+    def hold_until_read(self) -> None:
         """Hold the present until a message about to be sent on a path without modelled time
-        has been read (its reader's `let_sender_go`), or `cap_s` wall seconds: what the reader
+        has been read (its reader's `let_sender_go`), or INSTANT_HOLD_CAP_S wall seconds: what the reader
         does on it is then as of its sending, however late it reads it. Call it before the
         message is stamped; messages in flight together share the hold, counted (one reader's
         let-go is one message's). In real time nothing is held."""
@@ -288,15 +291,23 @@ class ModelledClock:
             self._reads_slot = self.source.claim(f"{self.name or self.slot}{READS}")
         self.source.hold_for_one_more(self._reads_slot, self.now())
         self._reads_posted.append(time.monotonic())
-        asyncio.get_running_loop().call_later(cap_s, self._cap_reads, cap_s)
-
-    def _cap_reads(self, cap_s: float) -> None:
-        """Let go of each message's hold its reader has not let go of within `cap_s` (the
-        reader lost, or the message never written): `SharedClock.let_go_overdue`."""
-        if self._reads_slot is not None and isinstance(self.source, SharedClock):
-            self.source.let_go_overdue(
-                self._reads_slot, self._reads_posted, time.monotonic(), cap_s
+        if self._reads_timer is None:  # one timer, at the oldest hold's cap
+            self._reads_timer = asyncio.get_running_loop().call_later(
+                INSTANT_HOLD_CAP_S, self._cap_reads
             )
+
+    def _cap_reads(self) -> None:
+        """Let go of each message's hold its reader has not let go of within the cap (the
+        reader lost, or the message never written): `SharedClock.let_go_overdue`; then looks
+        again at the cap of the oldest left."""
+        if self._reads_slot is None or not isinstance(self.source, SharedClock):
+            return
+        posted, wall = self._reads_posted, time.monotonic()
+        self.source.let_go_overdue(self._reads_slot, posted, wall, INSTANT_HOLD_CAP_S)
+        self._reads_timer = None
+        if posted:
+            again = posted[0] + INSTANT_HOLD_CAP_S - wall + 0.001
+            self._reads_timer = asyncio.get_running_loop().call_later(again, self._cap_reads)
 
     def let_sender_go(self, sender: str, sent: float) -> bool:
         """A message from `sender` on a path without modelled time, stamped `sent`, has been

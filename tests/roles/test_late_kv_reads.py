@@ -17,6 +17,7 @@ from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Control, Envelope
+from pddemu.runtime.clock import ModelledClock
 from pddemu.wire import TokenIds
 from tests.roles.in_process import QuietFrontend, instance
 
@@ -140,3 +141,35 @@ def test_a_relay_reading_a_transfer_late_takes_it_in_at_its_end(tmp_path: Path) 
     )
     # and its reading of the transfer's messages was not late: the present stood until it read
     assert rld.clock.lags["handler"].largest < 0.002, list(rld.clock.lags["handler"])
+
+
+def test_a_message_held_for_stands_time_still_until_read_or_its_cap(tmp_path: Path) -> None:
+    """The sender's hold stands until the reader lets go of its message (and not for another
+    message's let-go, stamped after the hold was posted), or, never read, until the cap."""
+    SharedClock.create(tmp_path / "clock", rate=1.0)
+    sender = ModelledClock.attach(tmp_path / "clock", "P0")
+    reader = ModelledClock.attach(tmp_path / "clock", "RLD0")
+
+    async def scenario() -> tuple[float, float, bool, float, float]:
+        sender.hold_until_read()
+        sent = sender.now()
+        await asyncio.sleep(0.05)
+        stood = reader.now() - sent  # the reader has not read it: time stood still
+        let_go = reader.let_sender_go("P0", sent)
+        await asyncio.sleep(0.05)
+        went_on = reader.now() - sent
+        sender.hold_until_read()  # never read
+        capped_from = sender.now()
+        assert not reader.let_sender_go("P0", sent)  # an earlier message's: not this hold's
+        await asyncio.sleep(0.2)
+        within_cap = reader.now() - capped_from
+        await asyncio.sleep(0.1)  # the cap: INSTANT_HOLD_CAP_S, 0.25 s
+        return stood, went_on, let_go, within_cap, reader.now() - capped_from
+
+    try:
+        stood, went_on, let_go, within_cap, after_cap = asyncio.run(scenario())
+    finally:
+        sender.close()
+        reader.close()
+    assert stood < 0.001 and let_go and went_on > 0.04
+    assert within_cap < 0.001 and after_cap > 0.02
