@@ -73,6 +73,12 @@ STOP_TIMEOUT_S = 5.0  # wall seconds a paused process is waited for to stop (not
 # its lag is known only as a bound (now - sent - least transit), recorded as `<kind>_wan`.
 
 
+def participant_of(slot_name: str) -> str:
+    """The participant a slot of the clock page belongs to: its name without the suffix of an
+    instant hold's slot or of a sender's reads slot (one process may claim all three)."""
+    return slot_name.removesuffix(READS).removesuffix(INSTANT)
+
+
 class FixedRate:
     """A clock of one process that runs at a fixed rate from an epoch: what a participant
     without a shared page (a unit test, an instance driven in-process) reads."""

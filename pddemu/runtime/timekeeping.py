@@ -22,7 +22,7 @@ from netem.topology import Network, TopologyError
 from pddemu.config import Config
 from pddemu.metrics.timing import cpu_summary, timing_summary
 from pddemu.roles.sizing import cost_model
-from pddemu.runtime.clock import INSTANT, ModelledClock
+from pddemu.runtime.clock import INSTANT, ModelledClock, participant_of
 from pddemu.runtime.dilation import Dilation, DilationPolicy
 
 DECODE_ROLE = {"pdd": "MD", "naive": "MD", "indc": "D"}
@@ -196,7 +196,7 @@ def processes_cpu(page: SharedClock, shaper_pid: int | None) -> dict[int, tuple[
     """CPU seconds so far of every process of the run, by pid: the participants on the clock
     page (named by their slot; this process is the replayer, and runs the controller) and the
     shaper."""
-    names = {r.pid: r.name.removesuffix(INSTANT) for r in page.slots()}
+    names = {r.pid: participant_of(r.name) for r in page.slots()}
     names[os.getpid()] = "replayer"
     if shaper_pid is not None:
         names[shaper_pid] = "shaper"

@@ -18,6 +18,7 @@ from netem.clock import SharedClock
 page = SharedClock(sys.argv[1])
 page.claim(sys.argv[2])
 page.claim(sys.argv[2] + "/instant")
+page.claim(sys.argv[2] + " reads/instant")  # a sender's, holding until its messages are read
 print("ready", flush=True)
 sys.stdin.readline()
 end = time.process_time() + float(sys.argv[3])
@@ -58,7 +59,7 @@ def test_a_busy_participant_shows_its_cpu_and_the_ceiling_follows(tmp_path: Path
             child.wait()
         page.close()
     used = cpu_difference(after, before)
-    assert set(used) == {"P0", "FE0", "replayer"}  # a slot's /instant twin is the same process
+    assert set(used) == {"P0", "FE0", "replayer"}  # a slot's twins are the same process
     assert used["P0"] >= 0.35 and used["FE0"] < 0.1
     summary = cpu_summary(used, {"P0": "P", "FE0": "FE"}, modelled_s=2.0, wall_s=wall, cores=2)
     assert summary["roles_s"] == used["P0"] and summary["frontend_s"] == used["FE0"]
