@@ -88,19 +88,22 @@ bench-netem: install
 	$(BIN)/netem bench --out bench/results/netem.json
 
 # The paper's experiments (experiments/*.toml), then docs/validation.md's reproduction section
-# from their results, whose sweep.json, sweep.csv and search.json are kept in docs/reproduction/.
+# from their results, whose sweep.json, sweep.csv and search.json are kept in docs/reproduction/
+# (quick variants) and docs/reproduction/full/ (full ones): the report sets them side by side.
 # QUICK=1: the quick variants (docs/validation.md gives each one's wall time).
 # An experiment whose points fail does not stop the others; the report says what is missing.
 EXPERIMENTS ?= $(basename $(notdir $(wildcard experiments/*.toml)))
 REPRODUCE_OUT ?= runs/reproduce$(if $(QUICK),-quick)
+REPRODUCE_DOCS = docs/reproduction$(if $(QUICK),,/full)
 reproduce: install
 	status=0; for name in $(EXPERIMENTS); do \
 	  $(BIN)/pddemu sweep --experiment experiments/$$name.toml $(if $(QUICK),--quick) \
 	    --out $(REPRODUCE_OUT)/$$name || status=1; \
 	done; \
 	(cd $(REPRODUCE_OUT) && find . -path '*/points' -prune -o \( -name sweep.json -o -name \
-	  sweep.csv -o -name search.json \) -exec install -D -m 644 {} $(CURDIR)/docs/reproduction/{} \;); \
-	$(BIN)/pddemu sweep report docs/reproduction --out docs/validation.md; exit $$status
+	  sweep.csv -o -name search.json \) -exec install -D -m 644 {} $(CURDIR)/$(REPRODUCE_DOCS)/{} \;); \
+	$(BIN)/pddemu sweep report docs/reproduction docs/reproduction/full --out docs/validation.md; \
+	exit $$status
 
 lint: install
 	$(BIN)/ruff check netem pddemu tests

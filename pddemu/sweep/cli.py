@@ -10,7 +10,7 @@ maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric agai
     pddemu sweep --experiment experiments/NAME.toml [--quick] --out DIR
     pddemu sweep ... --resume-from EARLIER_DIR   (its finished points kept, not run again)
     pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
-    pddemu sweep report RESULTS [--experiments DIR] [--out docs/validation.md]
+    pddemu sweep report RESULTS [RESULTS ...] [--experiments DIR] [--out docs/validation.md]
 
 Every point is one `pddemu emulate` of one system in its own namespaces. DIR gets a run
 directory per point (points/), sweep.json (one entry per point: settings, seed, system and the
@@ -160,7 +160,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "report", help="docs/validation.md's reproduction section from experiments' results"
     )
     report.add_argument(
-        "results", type=Path, help="a directory per experiment (as make reproduce writes)"
+        "results",
+        type=Path,
+        nargs="+",
+        help="a directory per experiment (as make reproduce writes); several: the quick "
+        "variants' and the full ones', each claim's figures side by side",
     )
     report.add_argument(
         "--experiments",

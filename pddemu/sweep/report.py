@@ -2,12 +2,16 @@
 experiments under experiments/ (one row per claim of the paper: the paper's figure, the
 measured one with its spread over seeds, and why they differ).
 
-    pddemu sweep report RESULTS [--experiments experiments] [--out docs/validation.md]
+    pddemu sweep report RESULTS [RESULTS ...] [--experiments experiments] [--out docs/validation.md]
 
-RESULTS holds one directory per experiment, named as its file (`RESULTS/rld-share/sweep.json`;
+Each RESULTS holds one directory per experiment, named as its file (`RESULTS/rld-share/sweep.json`;
 an experiment of parts: `RESULTS/wan-whatif/<part>/sweep.json`), as `make reproduce` writes
-them; an experiment without results is listed as not run. The section replaces the one
-between the markers in the output file (appended at its end the first time).
+them; an experiment without results is listed as not run. Each sweep.json says whether it is a
+quick variant or the full one; where the RESULTS hold both variants (`make reproduce` keeps the
+quick ones in docs/reproduction/ and the full ones in docs/reproduction/full/), every claim's
+row gives the full variant's figure beside the quick one's, since the quick variants measure the
+start-up and the full ones what follows it. The section replaces the one between the markers in
+the output file (appended at its end the first time).
 
 An experiment file says what to read in `[[claim]]` tables:
 
@@ -51,7 +55,7 @@ from __future__ import annotations
 import json
 import statistics
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -420,42 +424,89 @@ def load_results(directory: Path) -> tuple[list[dict[str, Any]], dict[str, Any],
     return data["points"], data["sweep"], search
 
 
-def experiment_section(path: Path, results: Path) -> list[str]:
-    """One experiment's heading, how it ran, and its claims' table."""
+VARIANTS = ("full", "quick")  # the order of their columns
+
+
+def variant_of(meta: dict[str, Any]) -> str:
+    return "quick" if meta.get("quick") else "full"
+
+
+def load_variants(
+    name: str, parts: list[str | None], results: Sequence[Path]
+) -> dict[str, dict[str | None, Run]]:
+    """One experiment's results by variant, then by part, from every RESULTS directory; two
+    directories holding the same variant of one part are refused (ConfigError naming both)."""
+    runs: dict[str, dict[str | None, Run]] = {}
+    found: dict[tuple[str, str | None], Path] = {}
+    for root in results:
+        for part in parts:
+            directory = root / name / part if part else root / name
+            if not (directory / SWEEP_JSON).exists():
+                continue
+            run = load_results(directory)
+            variant = variant_of(run[1])
+            if (variant, part) in found:
+                raise ConfigError(
+                    f"{found[variant, part]} and {directory}: both hold the {variant} "
+                    f"variant's results of {name}{' part ' + part if part else ''}"
+                )
+            found[variant, part] = directory
+            runs.setdefault(variant, {})[part] = run
+    return runs
+
+
+def parts_of(path: Path) -> list[str | None]:
+    """The experiment's parts, or [None] for one without."""
+    return list(read_experiment(path).get("part", {})) or [None]
+
+
+def experiment_section(
+    path: Path, variants: dict[str, dict[str | None, Run]], columns: list[str]
+) -> list[str]:
+    """One experiment's heading, how each variant of it ran, and its claims' table: a measured
+    column per variant in `columns` (one, headed "measured", where the results hold one)."""
     name = path.stem
     data = tomllib.loads(path.read_text())
     claims = check_claims(path)
-    parts = list(data.get("part", {})) or [None]
+    parts = parts_of(path)
     lines = [f"### {name}", "", data["experiment"].get("description", ""), ""]
-    runs: dict[str | None, Run] = {}
-    for part in parts:
-        directory = results / name / part if part else results / name
-        if (directory / SWEEP_JSON).exists():
-            runs[part] = load_results(directory)
-    if not runs:
+    if not variants:
         lines += ["**Not run**: no results of it among those the section was made from.", ""]
-    for part, (entries, meta, _) in runs.items():
-        lines.append(f"- {'part ' + part + ': ' if part else ''}{how_it_ran(name, entries, meta)}")
-    not_run = [part for part in parts if part not in runs]
-    if runs and not_run:
-        lines.append(f"- parts not run: {', '.join(map(str, not_run))}")
+    for variant in columns:
+        runs = variants.get(variant, {})
+        for part, (entries, meta, _) in runs.items():
+            lines.append(
+                f"- {'part ' + part + ': ' if part else ''}{how_it_ran(name, entries, meta)}"
+            )
+        not_run = [part for part in parts if part not in runs]
+        if runs and not_run:
+            lines.append(f"- {variant} variant, parts not run: {', '.join(map(str, not_run))}")
+        if not runs and variants and len(columns) > 1:
+            lines.append(f"- {variant} variant: not run")
+    spread = "(mean; lowest to highest over seeds)"
+    heads = [f"{v} {spread}" for v in columns] if len(columns) > 1 else [f"measured {spread}"]
     lines += [
         "",
-        "| claim | paper | measured (mean; lowest to highest over seeds) | why they differ |",
-        "|---|---|---|---|",
+        f"| claim | paper | {' | '.join(heads)} | why they differ |",
+        f"|---|---|{'---|' * len(heads)}---|",
     ]
     extra: list[str] = []
     for claim in claims:
         names = claim["metric"] if isinstance(claim["metric"], list) else [claim["metric"]]
         for index, metric_name in enumerate(names):
-            measured, more = measure(claim, runs, metric_name)
-            if more:
-                extra += ["", f"{claim['claim']} ({claim['system']}, `{metric_name}`):", "", *more]
+            cells = []
+            for variant in columns:
+                measured, more = measure(claim, variants.get(variant, {}), metric_name)
+                cells.append(measured)
+                if more:
+                    label = f", {variant} variant" if len(columns) > 1 else ""
+                    title = f"{claim['claim']} ({claim['system']}, `{metric_name}`{label}):"
+                    extra += ["", title, "", *more]
             label = claim["claim"] + (f" — `{metric_name}`" if len(names) > 1 else "")
             explain = claim["explain"] if index == 0 else "as above"
-            if measured == "not run":
+            if all(cell == "not run" for cell in cells):
                 explain = "nothing measured to compare"
-            lines.append(f"| {label} | {claim['paper']} | {measured} | {explain} |")
+            lines.append(f"| {label} | {claim['paper']} | {' | '.join(cells)} | {explain} |")
     return [*lines, *extra, ""]
 
 
@@ -522,8 +573,11 @@ def named_commits(finished: list[dict[str, Any]], meta: dict[str, Any]) -> list[
     return [code["commit"] for code in codes if code and code.get("commit")]
 
 
-def render(experiments: Path, results: Path) -> str:
+def render(experiments: Path, results: Sequence[Path]) -> str:
     files = sorted(experiments.glob("*.toml"))
+    loaded = {path: load_variants(path.stem, parts_of(path), results) for path in files}
+    present = {variant for variants in loaded.values() for variant in variants}
+    columns = [variant for variant in VARIANTS if variant in present] or ["full"]
     body = [
         BEGIN,
         "## Reproducing the paper's experiments",
@@ -538,15 +592,17 @@ def render(experiments: Path, results: Path) -> str:
         "instance's first requests miss, and cross-DC, whole prompts queue on the WAN until "
         "MD's cache holds the shared prefixes), so they check the path and show the transient, "
         "not PDD's steady state; a warm-up replays requests first and counts only those after "
-        "them (`warmup` in the experiment file, `--warmup` in `pddemu sweep`).",
+        "them (`warmup` in the experiment file, `--warmup` in `pddemu sweep`). Where both an "
+        "experiment's quick variant and its full one have run, each claim's row gives both, "
+        "the full one first.",
         "",
     ]
     for path in files:
-        body += experiment_section(path, results)
+        body += experiment_section(path, loaded[path], columns)
     return "\n".join([*body, END])
 
 
-def write_report(experiments: Path, results: Path, out: Path) -> None:
+def write_report(experiments: Path, results: Sequence[Path], out: Path) -> None:
     """Replace the section between the markers in `out` (append it the first time)."""
     section = render(experiments, results)
     text = out.read_text() if out.exists() else ""

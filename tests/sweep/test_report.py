@@ -132,7 +132,7 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     base = [entry("naive", s, {}, ttft_s={"mean": 2.0 * (s + 1), "p99": 10.0}) for s in (0, 1, 2)]
     write_sweep(results / "demo" / "base", base, warmup=5)
 
-    text = render(experiment, results)
+    text = render(experiment, [results])
 
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
     # value: mean of 5, 6, 7 % with the lowest and highest seed
@@ -158,7 +158,7 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
 
 
 def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) -> None:
-    text = render(experiment, tmp_path / "nothing")
+    text = render(experiment, [tmp_path / "nothing"])
     assert "**Not run**" in text
     claim_rows = [line for line in text.splitlines() if line.startswith("| share")]
     assert claim_rows and "| not run | nothing measured to compare |" in claim_rows[0]
@@ -167,11 +167,11 @@ def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) 
 def test_only_the_section_between_the_markers_is_replaced(experiment: Path, tmp_path: Path) -> None:
     page = tmp_path / "validation.md"
     page.write_text("# Validation\n\nhand-written text\n")
-    write_report(experiment, tmp_path / "nothing", page)
+    write_report(experiment, [tmp_path / "nothing"], page)
     first = page.read_text()
     assert first.startswith("# Validation\n\nhand-written text\n") and BEGIN in first
     page.write_text(first.replace(END, END + "\n\nmore hand-written text"))
-    write_report(experiment, tmp_path / "nothing", page)
+    write_report(experiment, [tmp_path / "nothing"], page)
     second = page.read_text()
     assert second.count(BEGIN) == 1 and second.count(END) == 1
     assert "more hand-written text" in second and "hand-written text\n" in second
@@ -223,12 +223,12 @@ def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: 
         {"system": "indc", "arrival_rate": 2.0, "status": "found"},
     ]
     (run / "search.json").write_text(json.dumps({"results": results}))
-    text = render(experiments, tmp_path / "results")
+    text = render(experiments, [tmp_path / "results"])
     assert "-25.0 %" in text
     assert "(max goodput at 2 vs 2 req/s; pdd: probe-limit, not bracketed)" in text
     results[1] = {"system": "indc", "arrival_rate": 2.0, "status": "probe-limit", "bracket": [2, 6]}
     (run / "search.json").write_text(json.dumps({"results": results}))
-    text = render(experiments, tmp_path / "results")
+    text = render(experiments, [tmp_path / "results"])
     assert "indc: probe-limit, maximum in [2, 6) req/s)" in text
 
 
@@ -261,7 +261,7 @@ def test_transfer_rows_set_each_value_beside_its_closed_form(tmp_path: Path) -> 
             )
             points.append(entry("indc", seed, settings, ttft_s={"mean": 0.5 + seed}, scale=scale))
     write_sweep(tmp_path / "results" / "kv", points)
-    text = render(experiments, tmp_path / "results")
+    text = render(experiments, [tmp_path / "results"])
     assert "| wan.delay | naive − indc ttft_s.mean (mean; range) | closed form |" in text
     assert "| 0.05 | 1.00 s (500 ms to 1.50 s, 2 seeds) | 1.10 s |" in text  # 1 s + 2 x 50 ms
     assert "| 0.02 | 2.00 s (1.50 s to 2.50 s, 2 seeds) | 1.02 s |" in text  # 1 s + 20 ms
@@ -292,6 +292,36 @@ def test_a_key_whose_values_are_quoted_reads_each_value(tmp_path: Path) -> None:
         point.update(scale={"target_kv_bytes_per_token": 1000.0})
         points.append(point)
     write_sweep(tmp_path / "results" / "loss", points)
-    text = render(experiments, tmp_path / "results")
+    text = render(experiments, [tmp_path / "results"])
     assert '| "0%" | 1.25 s (1 seed) | 1.00 s |' in text
     assert '| "0.1%" | 1.50 s (1 seed) | 1.00 s |' in text
+
+
+def test_the_full_variant_stands_beside_the_quick_one(experiment: Path, tmp_path: Path) -> None:
+    """Quick results in one directory, full ones in another: each claim's row gives both, the
+    full one first; a part run in one variant only reads "not run" in the other's column."""
+    quick, full = tmp_path / "quick", tmp_path / "full"
+    rate = {"workload.arrival_rate": "1.0"}
+    for root, share, is_quick in ((quick, 0.3, True), (full, 0.06, False)):
+        load = [entry("pdd", s, rate, rld_token_share=share + 0.01 * s) for s in (0, 1, 2)]
+        write_sweep(root / "demo" / "load", load, quick=is_quick, warmup=100)
+    base = [entry("naive", s, {}, ttft_s={"mean": 2.0, "p99": 4.0}) for s in (0, 1, 2)]
+    write_sweep(quick / "demo" / "base", base)
+
+    text = render(experiment, [quick, full])
+
+    assert (
+        "| claim | paper | full (mean; lowest to highest over seeds) | quick (mean; lowest "
+        "to highest over seeds) | why they differ |"
+    ) in text
+    share = next(line for line in text.splitlines() if line.startswith("| share |"))
+    assert "| 7.0 % (6.0 % to 8.0 %, 3 seeds) | 31.0 % (30.0 % to 32.0 %, 3 seeds) |" in share
+    reduction = next(line for line in text.splitlines() if line.startswith("| reduction"))
+    assert reduction.split(" | ")[2] == "not run"  # full: part base not run
+    assert "- full variant, parts not run: base" in text
+    how = [line for line in text.splitlines() if line.startswith("- part load")]
+    assert len(how) == 2 and "(full)" in how[0] and "(quick variant)" in how[1]
+    # the same variant of one part in two directories is refused
+    write_sweep(tmp_path / "again" / "demo" / "load", [], quick=False)
+    with pytest.raises(ConfigError, match="both hold the full variant's results of demo part load"):
+        render(experiment, [quick, full, tmp_path / "again"])
