@@ -65,8 +65,9 @@ $(RAY_STAMP): $(STAMP)
 test: install aiperf $(RAY_STAMP)
 	$(BIN)/python -m pytest
 
-# Not vllm-client: a failed vLLM install must not stop the other benchmarks (vllm_serve then
-# reports its venv missing); `make bench-vllm` installs it.
+# Every benchmark module, reproduce_quick (every experiment's quick variant, about 25 of its
+# minutes) among them. Not vllm-client: a failed vLLM install must not stop the other
+# benchmarks (vllm_serve then reports its venv missing); `make bench-vllm` installs it.
 bench: install aiperf
 	$(BIN)/python -m pddemu.bench --out bench/results
 
@@ -76,7 +77,8 @@ bench-vllm: install vllm-client
 
 # Every experiment's quick variant as one sweep job each, its wall time, points, valid points
 # and mean speed-up in bench/results/reproduce_quick.json (about 25 min on 2 cores, docs/sweep.md's
-# "Quick variants": not part of `make bench`); EXPERIMENTS="kv-transfer handoff" runs some of them.
+# "Quick variants"): what `make bench` runs among the others, alone;
+# EXPERIMENTS="kv-transfer handoff" runs some of them.
 bench-reproduce: install
 	$(BIN)/python -m pddemu.bench --only reproduce_quick --experiments $(EXPERIMENTS) \
 	  --out bench/results

@@ -4,8 +4,8 @@ mean speed-up), so that the wall times docs/sweep.md quotes are measured by a be
 
     python -m pddemu.bench --only reproduce_quick [--experiments NAME ...]    # make bench-reproduce
 
-Not in `make bench`'s default set (pddemu/bench/__main__.py's `OPT_IN_BENCHMARKS`): all of
-them take about 25 minutes on 2 cores (measured: docs/sweep.md, "Quick variants").
+`make bench` runs it with the other benchmarks, every experiment; all of them take about 25
+minutes on 2 cores (measured: docs/sweep.md, "Quick variants").
 Each experiment sweeps into a fresh `runs/bench/reproduce_quick/<name>` (removed first, so
 that no point is skipped as done and the wall time is the whole job's), where its results stay
 for `pddemu sweep report` or plots.
