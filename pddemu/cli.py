@@ -26,7 +26,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("export", "pddemu.export"),
     ("plot", "pddemu.plot"),
     ("sweep", "pddemu.sweep.cli"),
-    ("bench", "pddemu.bench.cli"),
+    ("bench", "pddemu.bench._cli"),
     ("validate", "pddemu.validate.cli"),
 ]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddemu.bench import cli as bench_cli
+from pddemu.bench import _cli as bench_cli
 from pddemu.bench._handoff_table import TableNotFoundError, replaced, row, table
 
 ROOT = Path(__file__).resolve().parents[1]

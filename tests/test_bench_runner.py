@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -57,6 +58,18 @@ def test_the_jobs_wall_time_is_job_wall_s_and_a_benchmarks_own_wall_s_is_kept(
     assert 0 <= timed_result["job_wall_s"] < 1234.5
     wire = json.loads((tmp_path / "wire.json").read_text())
     assert "wall_s" not in wire and wire["job_wall_s"] > 0
+
+
+def test_every_benchmark_module_has_a_run_function() -> None:
+    """A module without one would be recorded as a failed benchmark by every `make bench`."""
+    names = bench_main.benchmark_names()
+    assert "reproduce_quick" in names and "__main__" not in names
+    missing = [
+        n
+        for n in names
+        if not callable(getattr(importlib.import_module(f"pddemu.bench.{n}"), "run", None))
+    ]
+    assert not missing, f"not benchmarks: {missing}"
 
 
 def test_the_quick_experiments_run_in_the_default_set_and_alone() -> None:

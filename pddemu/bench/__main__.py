@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiments and args.only != ["reproduce_quick"]:
         parser.error("--experiments goes with --only reproduce_quick alone")
     args.out.mkdir(parents=True, exist_ok=True)
-    names = [m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_")]
+    names = benchmark_names()
     if args.only:
         unknown = set(args.only) - set(names)
         if unknown:
@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print("targets missed:\n  " + "\n  ".join(failed), file=sys.stderr)
     return 1 if failed else 0
+
+
+def benchmark_names() -> list[str]:
+    """This package's benchmark modules: every one but the runner and its helpers (`_name`)."""
+    return [m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_")]
 
 
 def chosen(names: list[str], only: list[str] | None) -> list[str]:
