@@ -1,5 +1,5 @@
 """Every file, link and section the README, the docs and the configs point at exists in the
-project."""
+project, and every section the code cites."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ PAGES = [
     *sorted((ROOT / "configs").glob("*.toml")),
     *sorted((ROOT / "experiments").glob("*.toml")),
 ]
+SOURCES = sorted(
+    path for top in ("pddemu", "netem", "tests") for path in (ROOT / top).rglob("*.py")
+)
 PROJECT_DIRS = (
     "docs/",
     "pddemu/",
@@ -34,6 +37,11 @@ MARKDOWN_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 # `docs/architecture.md`, "One clock" (or 'One clock'): a page and a section of it, by title
 SECTION_REFERENCE = re.compile(
     r"`?((?:docs/[\w-]+|README)\.md)`?,\s*((?:[\"'][^\"'\n]+[\"'](?:,\s*|\s+and\s+)?)+)"
+)
+# The same in the code, where a bare README is the project's (docs/traces.md cites other
+# projects' READMEs that way).
+CODE_SECTION_REFERENCE = re.compile(
+    r"`?(docs/[\w-]+\.md|README(?:\.md)?)`?,\s*((?:[\"'][^\"'\n]+[\"'](?:,\s*|\s+and\s+)?)+)"
 )
 QUOTED = re.compile(r"[\"']([^\"'\n]+)[\"']")
 
@@ -93,19 +101,36 @@ def test_every_link_resolves(page: Path) -> None:
     assert not broken, f"{page_id(page)} links to {broken}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
-def test_every_cited_section_exists(page: Path) -> None:
-    """`docs/x.md`, "Title" names a heading or a bold paragraph lead of docs/x.md."""
+def missing_sections(text: str, pattern: re.Pattern[str] = SECTION_REFERENCE) -> list[str]:
+    """The sections `text` cites (`docs/x.md`, "Title") that are neither a heading nor a bold
+    paragraph lead of their page."""
     missing = []
-    for match in SECTION_REFERENCE.finditer(page.read_text()):
-        target = ROOT / match.group(1)
+    for match in pattern.finditer(text):
+        name = match.group(1)
+        target = ROOT / (name if name.endswith(".md") else f"{name}.md")
         if not target.exists():
             continue  # reported by test_every_referenced_project_file_exists
         titles = [plain(title) for title in section_titles(target)]
         for cited in QUOTED.findall(match.group(2)):
             if not any(title.startswith(plain(cited)) for title in titles):
-                missing.append(f'{match.group(1)}, "{cited}"')
+                missing.append(f'{name}, "{cited}"')
+    return missing
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_cited_section_exists(page: Path) -> None:
+    missing = missing_sections(page.read_text())
     assert not missing, f"{page_id(page)} cites sections that are not there: {missing}"
+
+
+def test_every_section_cited_from_the_code_exists() -> None:
+    """Docstrings and comments cite the README's and the docs' sections the same way."""
+    missing = {
+        page_id(path): found
+        for path in SOURCES
+        if (found := missing_sections(path.read_text(), CODE_SECTION_REFERENCE))
+    }
+    assert not missing, f"sources cite sections that are not there: {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

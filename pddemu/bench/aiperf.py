@@ -49,7 +49,7 @@ REQUESTS, ISL, OSL = 16, 300, 48
 # 7 runs of the serve test under the CPU lock (816b1e5) the requests at the median's rank waited
 # 5-6 ms between AIPerf's stamp and the door's receipt, where no record of pddemu's can see it:
 # the TTFT p50s were 6.0-7.9 ms apart. At 2 they were at most 2.4 ms apart in every run measured
-# (README, "AIPerf").
+# (README, "Benchmark clients against `pddemu serve`").
 CONCURRENCY = 2
 # AIPerf times a request from before it takes a connection from its pool, so a request that
 # opens one carries a TCP connect and a first write no server sees (3-16 ms each, measured). The

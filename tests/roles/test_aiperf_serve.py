@@ -18,8 +18,9 @@ of it: aiohttp reads the connection without the kernel's receive time) and the c
 the p50 moves by what the requests at the median's rank carried there. AIPerf runs at
 concurrency 2 (`pddemu.bench.aiperf.CONCURRENCY`): at 4, on 2 cores, this test failed in 3 of 7
 runs under the CPU lock (6.0, 6.1 and, beside a process spinning on one core, 7.9 ms), at 2 it
-passed in all 7 (0.5-2.4 ms, two of them beside that process; README, "AIPerf"). The modelled
-TTFT's p50 is printed beside it, not asserted: in real time a step whose genuine work outlasts
+passed in all 7 (0.5-2.4 ms, two of them beside that process;
+README, "Benchmark clients against `pddemu serve`"). The modelled TTFT's p50 is printed beside
+it, not asserted: in real time a step whose genuine work outlasts
 its modelled length sends its token late, which the client sees and the modelled TTFT does not.
 Asserted exactly as well: each client's TTFT contains the door's, and the first token's instance
 sent it no later than the door wrote it, beyond its modelled time (that the door's TTFT is the
