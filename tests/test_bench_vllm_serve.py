@@ -1,5 +1,6 @@
 """The vLLM benchmark's handling of `pddemu serve` (no vLLM needed): serve is stopped by SIGINT,
-and one that does not stop is killed with the processes it started."""
+and one that does not stop is killed with the processes it started; its result sets vLLM's TTFT
+beside pddemu's records, modelled and as served."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pddemu.bench.vllm_serve import stop_serve
+from pddemu.bench.vllm_serve import report, stop_serve
 
 # A serve that prints its last line when interrupted.
 STOPS = (
@@ -72,3 +73,34 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def vllm_result(ttft_p50_ms: float) -> dict:
+    """The part of `vllm bench serve`'s result JSON the benchmark reads: 2 requests of 48 tokens."""
+    return {
+        "num_prompts": 2, "completed": 2, "failed": 0,
+        "median_ttft_ms": ttft_p50_ms, "p99_ttft_ms": 300.0, "median_tpot_ms": 8.3,
+        "median_itl_ms": 8.2, "p99_itl_ms": 14.0, "total_input_tokens": 600,
+        "total_output_tokens": 96, "output_lens": [48, 48], "generated_texts": ["a" * 48] * 2,
+    }  # fmt: skip
+
+
+def test_vllms_ttft_is_set_beside_the_records_modelled_and_as_served() -> None:
+    door = {"ttft_p50_s": 0.128, "ttft_p90_s": 0.295, "served_ttft_p50_s": 0.1285}
+    door["served_ttft_p90_s"] = 0.296
+    failing = {"requests": 4, "failed": 4}
+    result = report(vllm_result(130.0), {"door": door}, failing, {"before": [1.0], "after": [1.0]})
+    assert result["pddemu_ttft_ms"] == pytest.approx({"p50": 128.0, "p90": 295.0})
+    assert result["pddemu_door_ttft_ms"] == pytest.approx({"p50": 128.5, "p90": 296.0})
+    assert result["difference_ms"]["p50"] == pytest.approx(2.0)
+    assert result["difference_served_ms"]["p50"] == pytest.approx(1.5)
+    assert all(result["targets"].values())
+
+
+def test_records_without_the_served_ttft_are_not_reported_as_compared() -> None:
+    """A serve whose last line lacks the door's TTFT misses the target, whatever else it has."""
+    stopped = {"door": {"ttft_p50_s": 0.128, "ttft_p90_s": 0.295}}
+    result = report(vllm_result(130.0), stopped, {"requests": 4, "failed": 4}, {})
+    assert result["pddemu_door_ttft_ms"] == {}
+    assert result["difference_served_ms"]["p50"] is None
+    assert not result["targets"]["pddemu_records_reported"]
