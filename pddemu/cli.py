@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from pddemu.help_format import HelpFormatter
+
 if TYPE_CHECKING:
     import socket
 
@@ -33,10 +35,10 @@ _COMMANDS: list[tuple[str, str]] = [
 
 DESCRIPTION = """\
 pddemu emulates PDD (Prefill - Relay Decode - Main Decode), cross-datacenter
-prefill/decode-disaggregated LLM serving, on one machine: two datacenters as network
-namespaces joined by a shaped WAN, real processes exchanging genuine KV over TCP. It
-measures TTFT, TPOT, goodput, WAN bytes and cost of pdd against an in-datacenter (indc)
-and a naive cross-datacenter baseline."""
+prefill/decode-disaggregated LLM serving, on one machine: two datacenters as
+network namespaces joined by a shaped WAN, real processes exchanging genuine KV
+over TCP. It measures TTFT, TPOT, goodput, WAN bytes and cost of pdd against an
+in-datacenter (indc) and a naive cross-datacenter baseline."""
 
 EPILOG = """\
 examples:
@@ -74,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pddemu",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for _name, module in _COMMANDS:
         importlib.import_module(module).add_parser(sub)
     return parser

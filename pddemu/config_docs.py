@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from pddemu.config import Config, Section, Unit, config_to_json, load_config
+from pddemu.help_format import HelpFormatter
 
 DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
@@ -179,7 +180,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "config",
         help="the configuration's reference page, or a scenario checked",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="config_command", required=True)
     docs = sub.add_parser("docs", help="write the configuration reference (docs/config.md)")

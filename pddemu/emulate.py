@@ -1,8 +1,9 @@
 """`pddemu emulate`: replay one workload through pdd, naive and indc, check every token against
 the single-process reference, and write the run's files.
 
-    pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all] [--one-at-a-time]
-                   [--trace NAME|PATH] [--requests N] [--seed S] [--block-size TOKENS]
+    pddemu emulate --out DIR [--config FILE] [--system pdd|naive|indc|all]
+                   [--one-at-a-time] [--trace NAME|PATH] [--requests N]
+                   [--seed S] [--block-size TOKENS]
 
 `--system all` runs the three systems at once, each in a child process on an emulated network
 of its own (namespaces, WAN shaper, clock and its controller: no system's traffic queues behind
@@ -15,18 +16,21 @@ and the run is marked `"partial": true` with its reasons. A first Ctrl-C ends th
 flight (failed, interrupted) and writes; a second one stops at once.
 
 Exit status:
-  0    every delivered stream equals the reference (failed requests, such as timeouts under
-       overload or requests a scheduled fault broke, are results and are reported)
-  1    the network cannot be set up, or the results cannot be written, or (systems at once) a
-       system's process ended without results
+  0    every delivered stream equals the reference (failed requests, such as
+       timeouts under overload or requests a scheduled fault broke, are
+       results and are reported)
+  1    the network cannot be set up, or the results cannot be written, or
+       (systems at once) a system's process ended without results
   2    bad input (config, trace, arguments)
-  3    a stream differs from the reference, or the replayer could not read the frontend's
-       answer (an emulator defect)
-  4    a run is not valid: the emulator fell behind the model by more than `scale.max_lag`
-       (summary.json's invalid_reason says how)
-  5    the results are written but partial: an instance died unplanned, did not start, or its
-       stats could not be read (summary.json's partial_reasons says which)
-  130  interrupted (SIGINT or SIGTERM); what finished is written, marked partial
+  3    a stream differs from the reference, or the replayer could not read
+       the frontend's answer (an emulator defect)
+  4    a run is not valid: the emulator fell behind the model by more than
+       `scale.max_lag` (summary.json's invalid_reason says how)
+  5    the results are written but partial: an instance died unplanned, did
+       not start, or its stats could not be read (summary.json's
+       partial_reasons says which)
+  130  interrupted (SIGINT or SIGTERM); what finished is written, marked
+       partial
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from pddemu.emulated_network import (
 )
 from pddemu.faults import inject, timeline_rows
 from pddemu.hardware import load_chip
+from pddemu.help_format import HelpFormatter
 from pddemu.metrics import (
     SLO,
     InstanceReport,
@@ -679,7 +684,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         allow_abbrev=False,  # `--rootless` is acted on before parsing, by its full name
         help="replay a workload through pdd, naive and indc",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--out",

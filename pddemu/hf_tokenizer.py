@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pddemu.help_format import HelpFormatter
 from pddemu.model.tokenizer import BOS_ID, BYTE_IDS, EOS_ID
 
 BOS_TOKEN = "<|bos|>"
@@ -140,7 +141,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "tokenizer",
         help="the model's tokenizer as a Hugging Face tokenizer directory (for AIPerf, vLLM)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="tokenizer_command", required=True)
     export_parser = sub.add_parser(

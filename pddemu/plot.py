@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pddemu.config import SYSTEMS
+from pddemu.help_format import HelpFormatter
 
 if TYPE_CHECKING:  # matplotlib and the run's readers are imported when the command runs
     from pddemu.metrics.plots import WanUse
@@ -111,7 +112,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "plot",
         help="draw a run's figures again from its directory",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a pddemu emulate --out")
     parser.add_argument("--system", choices=SYSTEMS, help="draw this system's figures alone")

@@ -4,8 +4,9 @@
                  [--system pdd|naive|indc] [--rootless]
 
 Prints one JSON line when ready:
-  {"ready": true, "url": "http://127.0.0.1:8000", "base_url": "http://127.0.0.1:8000/v1",
-   "model": "pddemu", "tokenizer": ".../pddemu/tokenizer", ...}
+  {"ready": true, "url": "http://127.0.0.1:8000",
+   "base_url": "http://127.0.0.1:8000/v1", "model": "pddemu",
+   "tokenizer": ".../pddemu/tokenizer", ...}
 `base_url` is for OpenAI clients (they append /completions); `url` is for benchmark tools that
 append the whole path themselves (AIPerf's --url, vllm bench serve's --base-url); `tokenizer` is
 the model's tokenizer as a Hugging Face directory (their --tokenizer); `time_zero_s` is the
@@ -15,14 +16,14 @@ in real time: a schedule's modelled second is a wall second). Only the OpenAI ro
 until SIGINT or SIGTERM, then prints one last JSON line (`"stopped": true`, with `door`: the
 streamed chunks written and how many were late, later than their tokens' modelled times by more
 than `late_after_s`; the records' TTFT p50 and p90, modelled (`ttft_p50_s`) and as served
-(`served_ttft_p50_s`: the door's, streamed requests); `valid`, `invalid_reason` and `lag`: the emulator's lag judged as
-`pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
+(`served_ttft_p50_s`: the door's, streamed requests); `valid`, `invalid_reason` and `lag`: the
+emulator's lag judged as `pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
 `as_of_s`, the seconds since ready it was judged at (every few seconds), and `missing_stats`
 (as in the last line: instance -> why its stats could not be read; its lag is not judged).
-A round of that watch that fails is logged as one line on stderr and the watch goes on. Nothing holds time for the host in real time: what the host
-does late is in the records, and this line says how much. Without root it runs in a private
+A round of that watch that fails is logged as one line on stderr and the watch goes on. Nothing
+holds time for the host in real time: what the host does late is in the records, and this line says how much. Without root it runs in a private
 user namespace, as `pddemu emulate` does; the host port stays reachable.
 """
 
@@ -45,6 +46,7 @@ from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, load_config
 from pddemu.deployment import STATS_TIMEOUT_S, Deployment
 from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
+from pddemu.help_format import HelpFormatter
 from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
 from pddemu.metrics.timing import timing_summary
@@ -255,7 +257,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         allow_abbrev=False,  # `--rootless` is acted on before parsing, by its full name
         help="an OpenAI-compatible endpoint on an emulated system",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})"

@@ -1,5 +1,5 @@
 """`pddemu`'s entry: privileges are settled before anything else, and only when needed; every
-argument's `--help` line says what it is for."""
+argument's `--help` line says what it is for, and every help fits a terminal of 80 columns."""
 
 from __future__ import annotations
 
@@ -81,6 +81,31 @@ def test_every_argument_says_what_it_is_for() -> None:
         if not action.help or action.help.startswith("(")
     ]
     assert not bare, f"arguments without a help text: {bare}"
+
+
+def _commands(
+    parser: argparse.ArgumentParser, path: str
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    """`parser` and every sub-command's parser under it, by command line."""
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _commands(sub, f"{path} {name}")
+    return found
+
+
+def test_every_help_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pddemu --help` and every sub-command's, as printed on a terminal of 80 columns: no line
+    longer than 79 (descriptions are module docstrings, written at 100)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    long = [
+        f"{path}: {line}"
+        for path, parser in _commands(build_parser(), "pddemu")
+        for line in parser.format_help().splitlines()
+        if len(line) > 79
+    ]
+    assert not long, "help lines over 79 columns:\n" + "\n".join(long)
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])

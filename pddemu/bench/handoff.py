@@ -5,7 +5,8 @@ the eager tokens' KV). PDD reports, for a 100-token handoff: KV-delta mean 185 m
 ("slower on average, immune to jitter and queueing").
 
     pddemu bench handoff [--samples N] [--eager-tokens 100] [--out FILE]
-                         [--payload extend|kv-delta]... [--qdisc fifo|prio]... [--jitter-ms MS]...
+                         [--payload extend|kv-delta]... [--qdisc fifo|prio]...
+                         [--jitter-ms MS]...
 
 `--payload`, `--qdisc` and `--jitter-ms` run part of the grid; the cells measured are merged
 into FILE, replacing the same cells of an earlier run of the same setup and keeping the others
@@ -82,6 +83,7 @@ from netem.clock import SharedClock
 from netem.nsexec import command_in
 from netem.topology import Network
 from pddemu.config import Config, load_config
+from pddemu.help_format import HelpFormatter
 from pddemu.metrics.records import RequestRecord
 from pddemu.sweep.provenance import code_version
 from pddemu.workload.replay_source import WorkloadRequest
@@ -783,7 +785,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "handoff",
         help="PDD's handoff micro-benchmark (extend vs kv-delta, jitter, queueing)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--samples", type=int, default=100, help="handoffs per cell (default 100)")
     parser.add_argument("--eager-tokens", type=int, default=100, help="eager tokens per handoff")

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from pddemu.config import SYSTEMS
+from pddemu.help_format import HelpFormatter
 
 FORMATS = ("vllm", "aiperf", "perfetto")
 
@@ -25,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "export",
         help="a run's results as vLLM or AIPerf result files, or a Perfetto timeline",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a pddemu emulate --out")
     parser.add_argument(

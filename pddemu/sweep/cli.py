@@ -1,16 +1,20 @@
 """`pddemu sweep`: run `pddemu emulate` over a grid of settings, or search each system's
 maximum goodput, locally or on a Ray cluster; `pddemu sweep plot`: a metric against a key.
 
-    pddemu sweep --out DIR [--grid KEY=V1,V2,... ...] [--seeds N] [--system S[,S...]|all]
-                 [--requests N] [--warmup N] [--trace T] [--config F] [--set KEY=VALUE ...]
+    pddemu sweep --out DIR [--grid KEY=V1,V2,... ...] [--seeds N]
+                 [--system S[,S...]|all] [--requests N] [--warmup N]
+                 [--trace T] [--config F] [--set KEY=VALUE ...]
                  [--executor local|ray] [--parallel K] [--ray-address ADDR]
                  [--cpus-per-point C] [--rootless]
-                 [--search goodput [--slo-attainment 0.9] [--rate-min R] [--rate-max R]
-                  [--rate-start R|prefill-capacity] [--rate-tolerance F] [--max-probes N]]
+                 [--search goodput [--slo-attainment 0.9] [--rate-min R]
+                  [--rate-max R] [--rate-start R|prefill-capacity]
+                  [--rate-tolerance F] [--max-probes N]]
     pddemu sweep --experiment experiments/NAME.toml [--quick] --out DIR
-    pddemu sweep ... --resume-from EARLIER_DIR   (its finished points kept, not run again)
+    pddemu sweep ... --resume-from EARLIER_DIR
+        (its finished points kept, not run again)
     pddemu sweep plot DIR --x KEY --y METRIC [--out FILE] [--logx] [--logy]
-    pddemu sweep report RESULTS [RESULTS ...] [--experiments DIR] [--out docs/validation.md]
+    pddemu sweep report RESULTS [RESULTS ...] [--experiments DIR]
+                        [--out docs/validation.md]
 
 Every point is one `pddemu emulate` of one system in its own namespaces. DIR gets a run
 directory per point (points/), sweep.json (one entry per point: settings, seed, system and the
@@ -35,6 +39,7 @@ from typing import Any
 from netem.signals import on_termination, raise_keyboard_interrupt
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
+from pddemu.help_format import HelpFormatter
 from pddemu.sweep.capacity import (
     PREFILL_BOUNDS,
     PREFILL_CAPACITY,
@@ -60,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sweep",
         help="run emulate over a grid of settings or search max goodput (local or Ray)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--out", type=Path, help="the sweep directory (required)")
     parser.add_argument("--config", type=Path, help="TOML scenario (default: configs/default.toml)")

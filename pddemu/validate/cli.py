@@ -37,6 +37,7 @@ from pddemu.cli import add_rootless_flag
 from pddemu.config import Config, load_config
 from pddemu.emulate import INTERRUPTED_EXIT, run_system, until_interrupted, workload_of
 from pddemu.emulated_network import network_for, scale_model
+from pddemu.help_format import HelpFormatter
 from pddemu.roles.launcher import Launcher
 from pddemu.validate import analytic, invariance
 from pddemu.workload.expansion import genuine_output_length
@@ -239,7 +240,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         allow_abbrev=False,  # `--rootless` is acted on before parsing, by its full name
         help="check the emulator against the closed-form model and for invariance",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--out",

@@ -42,7 +42,12 @@ def _add_stats(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="prefix cache capacity in tokens with LRU eviction (default: infinite)",
     )
-    stats.add_argument("--format", choices=sorted(FORMATS), help="skip format detection")
+    stats.add_argument(
+        "--format",
+        choices=sorted(FORMATS),
+        metavar="FORMAT",
+        help=f"skip format detection: {', '.join(sorted(FORMATS))}",
+    )
     stats.add_argument(
         "--block-size",
         type=_positive_int,
