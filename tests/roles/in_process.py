@@ -3,8 +3,10 @@ messages RLD and MD would send a frontend."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from pddemu.config import Config, config_to_json, load_config
 from pddemu.roles.frontend import Flight, Frontend
@@ -12,6 +14,7 @@ from pddemu.roles.spec import Address, InstanceSpec
 from pddemu.runtime.channel import Envelope
 from pddemu.workload.expansion import output_group_start
 
+T = TypeVar("T")
 SCALE = load_config().scale.token_scale
 OUTPUT = 1 + 2 * SCALE  # genuine outputs 0 (position 0), 1 and 2 (SCALE positions each)
 
@@ -39,6 +42,27 @@ def instance(
 
     made.tell = tell
     return made
+
+
+def run_started(instances: Sequence[Any], scenario: Callable[[], Awaitable[T]]) -> T:
+    """`scenario()`'s result, run on a new event loop once `instances` have started. Whatever
+    it does, their background tasks are ended (`end_tasks`) before their shared clocks' slots
+    are given back, so that no task wakes and reads a closed page."""
+
+    async def main() -> T:
+        for made in instances:
+            await made.start()
+        try:
+            return await scenario()
+        finally:
+            for made in instances:
+                await made.end_tasks()
+
+    try:
+        return asyncio.run(main())
+    finally:
+        for made in instances:
+            made.clock.close()
 
 
 class QuietFrontend:

@@ -14,7 +14,7 @@ from pddemu.roles.spec import Address
 from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
-from tests.roles.in_process import QuietFrontend, instance
+from tests.roles.in_process import QuietFrontend, instance, run_started
 
 WAKE_LATE_S = 0.05  # wall seconds P wakes late from each step (a busy host)
 
@@ -66,7 +66,6 @@ def test_a_late_wake_up_after_a_prefill_step_does_not_make_its_chunks_late(
         return receiver
 
     async def scenario() -> None:
-        await p.start()
         p.pool = TransferPool(opened)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         prompt = [1 + i % 200 for i in range(3 * p.chunk_genuine)]
@@ -79,14 +78,8 @@ def test_a_late_wake_up_after_a_prefill_step_does_not_make_its_chunks_late(
         while not any(kind == "kv_end" for kind, _ in receiver.handed):
             assert time.monotonic() < deadline and not p.errors, p.errors
             await asyncio.sleep(0.01)
-        for task in list(p._tasks):
-            task.cancel()
-        await asyncio.gather(*p._tasks, return_exceptions=True)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        p.clock.close()
+    run_started([p], scenario)
     ends = [event["end_s"] for event in p.events.events if event["kind"] == "prefill_chunk"]
     handed = [at for kind, at in receiver.handed if kind in ("chunk", "kv_end")]
     assert len(set(ends)) == 1 and len(handed) == 4  # one step of 3 chunks, then the end

@@ -18,7 +18,7 @@ from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import instance
+from tests.roles.in_process import instance, run_started
 
 SLOW_S = 0.2  # wall seconds the forced-slow intake takes (the cap of an instant hold: 0.25)
 NOISE_S = 0.001  # modelled seconds; the first step was 0.19-0.20 s late on the code before
@@ -77,22 +77,6 @@ class LongSteps:
         return getattr(self.cost, name)
 
 
-def run(md: Any, scenario: Any) -> Any:
-    async def main() -> Any:
-        await md.start()
-        try:
-            return await scenario()
-        finally:
-            for task in list(md._tasks):
-                task.cancel()
-            await asyncio.gather(*md._tasks, return_exceptions=True)
-
-    try:
-        return asyncio.run(main())
-    finally:
-        md.clock.close()
-
-
 async def time_goes_on(md: Any) -> float:
     """Modelled seconds that pass in 0.1 s of wall time (a hold left standing: none)."""
     before = md.clock.now()
@@ -109,7 +93,7 @@ def test_a_slow_intake_does_not_make_the_first_step_late(tmp_path: Path) -> None
         while md.steps < 3:
             await asyncio.sleep(0.01)
 
-    run(md, scenario)
+    run_started([md], scenario)
     assert md.errors == []
     assert "r1" in md.held  # the intake copied the prompt into the DRC
     # the hold stood while the copy took its 0.2 s: the first step did not end before its
@@ -132,7 +116,7 @@ def test_an_intake_that_fails_lets_time_go_on(tmp_path: Path) -> None:
         await asyncio.sleep(0.02)  # the intake runs (and fails) beside
         return await time_goes_on(md)
 
-    passed = run(md, scenario)
+    passed = run_started([md], scenario)
     assert any("the copy failed" in error for error in md.errors), md.errors
     assert passed > 0.05
 
@@ -157,7 +141,7 @@ def test_a_transfer_refused_at_its_end_lets_time_go_on(tmp_path: Path) -> None:
             raise AssertionError("a transfer short of its prompt was taken in")
         return await time_goes_on(md)
 
-    assert run(md, scenario) > 0.05
+    assert run_started([md], scenario) > 0.05
 
 
 def test_an_intake_while_a_step_waits_for_its_end_lets_time_go_on(tmp_path: Path) -> None:
@@ -173,7 +157,7 @@ def test_an_intake_while_a_step_waits_for_its_end_lets_time_go_on(tmp_path: Path
         await asyncio.sleep(0.01)
         return await time_goes_on(md)
 
-    assert run(md, scenario) > 0.05
+    assert run_started([md], scenario) > 0.05
     assert md.errors == []
 
 
@@ -241,6 +225,6 @@ def test_an_intake_during_a_steps_work_does_not_stop_modelled_time(tmp_path: Pat
         await asyncio.sleep(0.15)  # still inside the step's 0.3 s of work
         return md.clock.now() - before, state
 
-    passed, state = run(md, scenario)
+    passed, state = run_started([md], scenario)
     assert state == "computing"
     assert passed > 0.1, passed

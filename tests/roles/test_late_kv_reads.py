@@ -19,7 +19,7 @@ from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Control, Envelope
 from pddemu.runtime.clock import ModelledClock
 from pddemu.wire import TokenIds
-from tests.roles.in_process import QuietFrontend, instance
+from tests.roles.in_process import QuietFrontend, instance, run_started
 
 LATE_S = 0.1  # wall seconds the relay reads each message of a transfer after it was sent
 PROMPT = [1 + i % 200 for i in range(64)]  # genuine tokens
@@ -108,8 +108,6 @@ def test_a_relay_reading_a_transfer_late_takes_it_in_at_its_end(tmp_path: Path) 
             await asyncio.sleep(0.005)
 
     async def scenario() -> None:
-        await p.start()
-        await rld.start()
         p.pool = TransferPool(lambda _name, _purpose: opened())
 
         async def opened() -> LateConnection:
@@ -119,16 +117,8 @@ def test_a_relay_reading_a_transfer_late_takes_it_in_at_its_end(tmp_path: Path) 
         await until(lambda: "r0" in rld.requests and rld.steps > 3)
         await request("r1", 100_000)
         await until(lambda: second_group("r1"))
-        for instance_ in (p, rld):
-            for task in list(instance_._tasks):
-                task.cancel()
-            await asyncio.gather(*instance_._tasks, return_exceptions=True)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        p.clock.close()
-        rld.clock.close()
+    run_started([p, rld], scenario)
     assert p.errors == [] and rld.errors == [], (p.errors, rld.errors)
     ended = next(e for e in rld.events.events if e["kind"] == "kv_transfer" and e["rid"] == "r1")
     first_step_end = second_group("r1")[0]
