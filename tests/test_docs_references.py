@@ -43,6 +43,8 @@ SECTION_REFERENCE = re.compile(
 CODE_SECTION_REFERENCE = re.compile(
     r"`?(docs/[\w-]+\.md|README(?:\.md)?)`?,\s*((?:[\"'][^\"'\n]+[\"'](?:,\s*|\s+and\s+)?)+)"
 )
+# A line break inside a citation, with the next line's indent and comment mark: a space.
+LINE_BREAK = re.compile(r"\n[ \t]*(?:#[ \t]*)?")
 QUOTED = re.compile(r"[\"']([^\"'\n]+)[\"']")
 
 
@@ -105,7 +107,7 @@ def missing_sections(text: str, pattern: re.Pattern[str] = SECTION_REFERENCE) ->
     """The sections `text` cites (`docs/x.md`, "Title") that are neither a heading nor a bold
     paragraph lead of their page."""
     missing = []
-    for match in pattern.finditer(text):
+    for match in pattern.finditer(LINE_BREAK.sub(" ", text)):
         name = match.group(1)
         target = ROOT / (name if name.endswith(".md") else f"{name}.md")
         if not target.exists():

@@ -18,8 +18,8 @@ the length the router saw delivered, after the request ended):
 
 The anomaly filter routes a long-input request relay-only when the predictor is confident its
 output is short (`pddemu/policy/routing.py`). `python -m pddemu.bench --only output_length`
-measures the error on pdd-janfeb and on the WEKA agentic trace (docs/config.md, "The output
-length predictor").
+measures the error on pdd-janfeb and on the WEKA agentic trace (docs/validation.md, "The
+router's output length prediction").
 """
 
 from __future__ import annotations
