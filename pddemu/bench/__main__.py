@@ -38,9 +38,19 @@ NETWORK_BENCHMARKS = (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pddemu.bench", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results"),
+        help="directory of the <benchmark>.json files (default bench/results)",
+    )
     parser.add_argument("--only", action="append", help="run only these benchmark modules")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller sizes, for a smoke run (reproduce_quick has none: it runs every "
+        "experiment's quick variant either way)",
+    )
     parser.add_argument(
         "--experiments",
         nargs="+",
