@@ -522,6 +522,9 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
     # exit 4: the emulator fell behind the model by more than its bound (summary's `valid`)
     not_valid = sum(1 for e in finished if e["point"].get("exit_status") == 4)
     warmup = meta.get("warmup_requests") or 0  # results from before warm-ups had none
+    requests = sum(metric(e, "requests.total") or 0 for e in finished)
+    failed = sum(metric(e, "requests.failed") or 0 for e in finished)
+    failing = sum(1 for e in finished if metric(e, "requests.failed"))
     return (
         f"`pddemu sweep --experiment experiments/{name}.toml{' --quick' if quick else ''}` "
         f"({'quick variant' if quick else 'full'}), {code}; {len(finished)} of "
@@ -538,6 +541,13 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
             f"; {not_valid} of the points not valid (the emulator's lag over its bound: "
             "`valid` and `invalid_reason` in their summaries)"
             if not_valid
+            else ""
+        )
+        + (
+            f"; {failed} of the points' {requests} measured requests failed, in "
+            f"{failing} point{'s' * (failing != 1)} (their summaries' "
+            "`requests.failure_reasons`): every figure is over the completed ones"
+            if failed
             else ""
         )
     )

@@ -128,6 +128,8 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
                 )
             )
     load[1]["point"]["exit_status"] = 4  # one point not valid (the emulator's lag)
+    load[2]["requests"] = {"total": 10, "failed": 4}  # a point with failed requests
+    load[3]["requests"] = {"total": 10, "failed": 0}
     write_sweep(results / "demo" / "load", load)
     base = [entry("naive", s, {}, ttft_s={"mean": 2.0 * (s + 1), "p99": 10.0}) for s in (0, 1, 2)]
     write_sweep(results / "demo" / "base", base, warmup=5)
@@ -152,9 +154,11 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     assert "code at 0123456789" in text and "quick variant" in text
     assert "6.0 min of emulation" in text  # 12 points of 30 s in part load
     assert "30 s a point); 1 of the points not valid" in text
+    assert "; 4 of the points' 20 measured requests failed, in 1 point (" in text
     load_line, base_line = (line for line in text.splitlines() if line.startswith("- part "))
     assert "no warm-up (every point from empty caches)" in load_line
     assert "5 warm-up requests a point first, not counted" in base_line
+    assert "requests failed" not in base_line  # no point of it recorded a failure
 
 
 def test_a_missing_run_is_reported_as_not_run(experiment: Path, tmp_path: Path) -> None:
