@@ -155,7 +155,10 @@ def lag_verdict(
     reason = timing["invalid_reason"]
     return {
         "valid": timing["valid"],
-        "invalid_reason": reason and reason + real_time_cause(timing["lag"]),
+        # the reason names whose lag it is (`whose_lag`); serve says why no hold can take it
+        # out: the routing exchange's messages, held in `pddemu emulate`, take their handling
+        # time here, so the records and the client both carry it
+        "invalid_reason": reason and reason + REAL_TIME_CAUSE,
         "lag": {
             key: timing["lag"][key]
             for key in ("bound_s", "bound_from", "max_lag", "mean_by_kind", "by_participant")
@@ -169,30 +172,10 @@ def lag_verdict(
     }
 
 
-def real_time_cause(lag: dict[str, Any], most: int = 3) -> str:
-    """Whose lag makes the records not the modelled system's (the participants with the
-    largest means of the worst kind), and why serve cannot take it out: in real time no hold
-    stands time still while a message is handled (the routing exchange's messages, held in
-    `pddemu emulate`, take their handling time here), so the records and the client both
-    carry it."""
-    means = lag["mean_by_kind"]
-    if not means:
-        return ""
-    kind = max(means, key=means.__getitem__)
-    by_participant = [
-        (name, kinds[kind])
-        for name, kinds in lag["by_participant"].items()
-        if kinds.get(kind, {}).get("mean")
-    ]
-    by_participant.sort(key=lambda item: -item[1]["mean"])
-    named = ", ".join(
-        f"{name} {brief['mean'] * 1e3:.2f} ms mean over {brief['count']}"
-        for name, brief in by_participant[:most]
-    )
-    return (
-        f"; {kind} lag of {named or 'no participant'}: in real time nothing holds the clock "
-        "while a message or step is handled, so what a client measures carries it too"
-    )
+REAL_TIME_CAUSE = (
+    ": in real time nothing holds the clock while a message or step is handled, so what a "
+    "client measures carries it too"
+)
 
 
 def _router(stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

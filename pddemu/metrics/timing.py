@@ -77,6 +77,12 @@ def timing_summary(
         means["release"] = release_lag["total_s"] / release_count
     reason = invalid_reason(means, bound, max_lag, bound_from or "tpot_p50")
     holds = [stats.get("holds", {}) for stats in instance_stats.values()]
+    by_participant = {
+        name: {kind: _brief(samples) for kind, samples in sorted(lags.items()) if samples.seen}
+        for name, lags in sorted(participants.items())
+    }
+    if reason is not None and bound is not None:
+        reason += whose_lag(means, by_participant, release_count)
     return {
         "emulator_lag_s": {
             "p99": percentile(exact, 99),
@@ -96,12 +102,7 @@ def timing_summary(
                 "max": release_lag["max_s"] if release_lag else None,
                 "packets": release_count,
             },
-            "by_participant": {
-                name: {
-                    kind: _brief(samples) for kind, samples in sorted(lags.items()) if samples.seen
-                }
-                for name, lags in sorted(participants.items())
-            },
+            "by_participant": by_participant,
             # kernel dates a later segment may have pushed back (the frontend's), and dates
             # older than the clock's anchor history, read as the reading time instead
             **{
@@ -214,6 +215,35 @@ def invalid_reason(
         f"({max_lag:.0%} of {BOUND_SCALES[bound_from]} {bound / max_lag * 1e3:.2f} ms"
         f"{'' if bound_from == 'tpot_p50' else ': no request had a TPOT'})"
     )
+
+
+def whose_lag(
+    means: Mapping[str, float],
+    by_participant: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    packets: int = 0,
+    most: int = 3,
+) -> str:
+    """Whose lag the worst kind's is (what `invalid_reason` judges): the participants with
+    its largest means, largest first, `most` of them; the shaper's release lag (`packets`
+    released) is the shaper's alone. What a not-valid reason goes on with, so that it says
+    where to look."""
+    kind = max(means, key=means.__getitem__)
+    if kind == "release":
+        named = f"the shaper {means[kind] * 1e3:.2f} ms mean over {packets} packets"
+    else:
+        late = sorted(
+            (
+                (name, kinds[kind])
+                for name, kinds in by_participant.items()
+                if kinds.get(kind, {}).get("mean")
+            ),
+            key=lambda item: -item[1]["mean"],
+        )
+        named = ", ".join(
+            f"{name} {brief['mean'] * 1e3:.2f} ms mean over {brief['count']}"
+            for name, brief in late[:most]
+        )
+    return f"; {kind} lag of {named or 'no participant'}"
 
 
 def histogram_percentile(histogram: Mapping[str, Any], q: float) -> float | None:

@@ -54,9 +54,34 @@ def test_the_mean_lag_of_known_times_judges_the_run_and_bounds_are_only_reported
     late = timing_summary({"MD0": spiky}, {}, None, DILATION, 0.03, 0.05)
     assert not late["valid"]
     assert late["invalid_reason"] == (
-        "mean handler lag 2.00 ms is over its bound 1.50 ms (5% of TPOT p50 30.00 ms)"
+        "mean handler lag 2.00 ms is over its bound 1.50 ms (5% of TPOT p50 30.00 ms); "
+        "handler lag of MD0 2.00 ms mean over 100"
     )
     assert late["lag"]["mean_by_kind"]["handler"] == pytest.approx(0.002)
+
+
+def test_a_not_valid_reason_names_whose_lag_it_is_largest_mean_first() -> None:
+    """As serve's verdict does (c4c83d8), emulate's reason goes on with the participants of
+    the worst kind, largest mean first, three at most, the others' kinds left out; the
+    shaper's release lag is the shaper's. Before, it stopped at the bound."""
+    instances = {
+        "MD0": stats(step=[0.004, 0.0], handler=[0.0]),
+        "RLD0": stats(step=[0.006] * 3),
+        "D0": stats(step=[0.001]),
+        "P0": stats(step=[0.0005] * 4),
+        "FE0": stats(handler=[0.002]),
+    }
+    late = timing_summary(instances, {}, None, DILATION, 0.03, 0.05)
+    assert late["invalid_reason"] == (
+        "mean step lag 2.50 ms is over its bound 1.50 ms (5% of TPOT p50 30.00 ms); "
+        "step lag of RLD0 6.00 ms mean over 3, MD0 2.00 ms mean over 2, D0 1.00 ms mean over 1"
+    )
+    histogram = {"bucket_edges_s": [0.0, 0.01], "counts": [0, 9, 1], "total_s": 0.03,
+                 "max_s": 0.012}  # fmt: skip
+    released = timing_summary({"MD0": stats(step=[0.0])}, {}, histogram, DILATION, 0.03, 0.05)
+    assert released["invalid_reason"].endswith(
+        "; release lag of the shaper 3.00 ms mean over 10 packets"
+    )
 
 
 def test_the_dates_taken_inexactly_or_as_the_reading_time_are_counted() -> None:
@@ -144,7 +169,8 @@ def test_a_run_without_a_tpot_is_judged_against_the_modelled_decode_step() -> No
     )
     assert late["invalid_reason"] == (
         "mean step lag 1.00 ms is over its bound 0.30 ms "
-        "(5% of the modelled decode step 6.00 ms: no request had a TPOT)"
+        "(5% of the modelled decode step 6.00 ms: no request had a TPOT); "
+        "step lag of MD0 1.00 ms mean over 2"
     )
     measured = timing_summary(
         {"MD0": stats(step=[0.0, 0.0002])}, {}, None, DILATION, 0.03, 0.05, decode_step_s=0.006
