@@ -1,6 +1,7 @@
 """Results that do not depend on the host, and how fast they come: `pddemu validate` (the
 analytic check within 2 %, invariance within 3 %) and `make emulate` as a user runs it (its
-wall time, each system's effective speed-up, whether each run is valid).
+wall time, each system's effective speed-up and where its wall time went, whether each run is
+valid, whether the systems ran at once).
 
 Goals: `make emulate` in at most 120 s of wall time on two cores, an effective speed-up of at
 least 8 modelled seconds per wall second, with every run valid and the checks within their
@@ -52,6 +53,7 @@ def run(quick: bool) -> dict[str, Any]:
             "lag_mean_by_kind_s": s["lag"]["mean_by_kind"],
             "ttft_p50_s": s["ttft_s"]["p50"],
             "tpot_p50_s": s["tpot_s"]["p50"],
+            "phases_wall_s": s.get("phases_wall_s"),  # where its wall time went
         }
         for name, s in systems.items()
     }
@@ -63,6 +65,8 @@ def run(quick: bool) -> dict[str, Any]:
             "exit": emulate,
             "wall_s": emulate_wall,
             "requests": 20 if quick else 100,
+            # whether the systems ran at once (the default) or one after another
+            "systems_at_once": summary.get("systems_at_once") if summary else None,
             "systems": runs,
         },
         "targets": {
