@@ -112,6 +112,14 @@ INSTANT = "/instant"
 ROUTING_DSCP = 20
 ROUTING_SLOT = "shaper routing" + INSTANT
 ROUTING_HOLD_CAP_S = 0.25
+# And from its sending until the shaper has read it: the shaper dates what it reads by the
+# turn that reads it, so a message it read late would enter the WAN late (its route with it).
+# The sender holds the present for one more reader in INGRESS_SLOT just before its marked
+# write (`hold_for_one_more`), and lets go itself if that write did not leave at once (it
+# then leaves unmarked); the shaper lets go of one for each segment so marked that ends a
+# write as it reads it, and ends the slot's hold once it has stood ROUTING_HOLD_CAP_S of wall
+# time with no such segment read.
+INGRESS_SLOT = "shaper ingress" + INSTANT
 # A reader's date of its message (the kernel's receive time, moved to modelled time) may fall
 # this far before the instant the hold at its release stands at (the clocks' offset's error):
 # a message dated earlier still came before that hold, which then stands for another.

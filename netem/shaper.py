@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from netem.clock import (
+    INGRESS_SLOT,
     LAG_COUNTED_KINDS,
     ROUTING_DSCP,
     ROUTING_HOLD_CAP_S,
@@ -72,6 +73,9 @@ CONTROL_REPLY_TIMEOUT_S = 1.0
 EARLY_S = 0.00015
 MAX_PACKET = 65536
 MAX_WALL_WAIT_S = 0.002  # while the clock is held, look again this often
+# how often an idle shaper looks whether a sender's hold (netem.clock.INGRESS_SLOT) stands, to
+# end it at its cap if what it waits for never comes
+INGRESS_LOOK_S = 0.05
 LAG_SLOT = "shaper"  # the clock page's slot the shaper counts its release lag in
 RELEASE_KIND = LAG_COUNTED_KINDS.index("release")
 LAG_BUCKETS_S = (0.0, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0)
@@ -110,6 +114,10 @@ class Shaper:
         # no reader has let go of yet, oldest first (each to end at its cap).
         self.routing_slot = self.clock.claim(ROUTING_SLOT) if self.clock is not None else None
         self.routing_held_since: deque[float] = deque()
+        # and the slot their senders hold the present in until this shaper has read them
+        # (netem.clock.INGRESS_SLOT), with since when (wall) it has stood with none read
+        self.ingress_slot = self.clock.claim(INGRESS_SLOT) if self.clock is not None else None
+        self.ingress_waiting_since: float | None = None
         # and the slot it counts its packets' release lag in, for the rate's controller
         self.lag_slot = self.clock.claim(LAG_SLOT) if self.clock is not None else None
         self.routing_holds = 0
@@ -183,6 +191,9 @@ class Shaper:
             if self.routing_held_since:  # their caps are kept by this loop
                 cap_left = self.routing_held_since[0] + ROUTING_HOLD_CAP_S - monotonic()
                 timeout = max(0.0, cap_left if timeout is None else min(timeout, cap_left))
+            if clock is not None:  # a sender's hold may come while this waits: looked at often
+                look = self._cap_ingress_hold(monotonic()) or INGRESS_LOOK_S
+                timeout = max(0.0, look if timeout is None else min(timeout, look))
             if self._watched is None:  # the fds change only when a control client comes or goes
                 self._watched = [*self.by_fd, self.control.fileno(), *self.clients]
             try:
@@ -211,6 +222,8 @@ class Shaper:
                 except BlockingIOError:
                     break
             route.direction.push_many(packets, now)  # all arrived at `now`
+            if self.ingress_slot is not None:
+                self._let_senders_go(packets)
         self._follow_schedule(now + early, now)
         self._release(now + early, now)
 
@@ -260,6 +273,35 @@ class Shaper:
         self.clock.hold_for_one_more(self.routing_slot, now)
         self.routing_held_since.append(time.monotonic())
         self.routing_holds += 1
+
+    def _let_senders_go(self, packets: list[bytes]) -> None:
+        """Each routing message read (the segment ending its marked write) has entered the
+        WAN at `now`: its sender's hold on the present since it sent it can go
+        (netem.clock.INGRESS_SLOT)."""
+        assert self.clock is not None and self.ingress_slot is not None
+        for packet in packets:
+            if len(packet) > 1 and packet[1] >> 2 == ROUTING_DSCP and ends_a_tcp_write(packet):
+                self.clock.let_go_one(self.ingress_slot)
+
+    def _cap_ingress_hold(self, wall: float) -> float | None:
+        """End the senders' hold once it has stood ROUTING_HOLD_CAP_S of wall time (as this
+        loop saw it) without every message it stands for read (one left unmarked and its sender
+        did not know, or never left): the wall seconds left before that while it stands, None
+        when it does not."""
+        if self.ingress_slot is None:
+            return None
+        assert self.clock is not None
+        if not self.clock.readers_held_for(self.ingress_slot):
+            self.ingress_waiting_since = None
+            return None
+        if self.ingress_waiting_since is None:
+            self.ingress_waiting_since = wall
+        left = self.ingress_waiting_since + ROUTING_HOLD_CAP_S - wall
+        if left > 0:
+            return left
+        self.clock.release(self.ingress_slot)
+        self.ingress_waiting_since = None
+        return None
 
     def _cap_routing_holds(self, wall: float) -> None:
         """Let go of each routing message's hold its reader has not let go of within the cap

@@ -394,6 +394,8 @@ class Instance:
         channel.peer = str(hello.body["from"])
         channel.purpose = str(hello.body["purpose"])
         channel.stamp = self.clock.now
+        if not self.exact(channel.peer):  # its routing messages cross a shaper
+            channel.hold_until_shaped = self.clock.hold_until_shaped
         await channel.serve(self._dispatch)
         if channel.broken:
             self.broken_channels += 1
@@ -475,6 +477,8 @@ class Instance:
             channel.modelled_at = self.modelled_at
         if purpose != "heartbeat":  # when a heartbeat is handled changes nothing modelled
             channel.stamp = self.clock.now
+        if not self.exact(name):  # its routing messages cross a shaper
+            channel.hold_until_shaped = self.clock.hold_until_shaped
         return channel
 
     async def tell(self, name: str, kind: str, body: dict[str, Any], *attachments: Message) -> int:

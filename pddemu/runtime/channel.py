@@ -24,7 +24,9 @@ side marks its socket as soon as the hello names the purpose.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -44,6 +46,19 @@ AF21 = 18
 DSCP_BY_PURPOSE = {"control": AF21, "heartbeat": AF21, "kv": AF11}
 # The routing exchange's messages that may cross the WAN: the route waits for each
 ROUTING_KINDS = frozenset({"match", "matched"})
+SIOCOUTQNSD = 0x894B  # ioctl: bytes in a TCP socket's send queue not yet sent (linux/sockios.h)
+
+
+def _all_sent(writer: Any, sock: socket.socket) -> bool:
+    """Whether everything written on the connection has been sent to the network: nothing
+    queued by the writer (a transport's buffer, or `SocketWriter`'s), nothing in the socket
+    not yet sent (SIOCOUTQNSD). A byte written marked then left marked."""
+    transport = getattr(writer, "transport", writer)
+    if transport.get_write_buffer_size():
+        return False
+    unsent = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, unsent, True)
+    return unsent[0] == 0
 
 
 def mark_socket(sock: socket.socket, purpose: str) -> None:
@@ -102,6 +117,9 @@ class Channel:
         # On a dated connection (`dated`): a monotonic time then -> modelled time then, which
         # tells each control message's kernel receive time as its `received`.
         self.modelled_at: Callable[[float], float | None] | None = None
+        # Across the WAN: holds the present until the shaper has read a routing message
+        # (`ModelledClock.hold_until_shaped`), returning the let-go for one that left unmarked.
+        self.hold_until_shaped: Callable[[], Callable[[], None] | None] | None = None
 
     @classmethod
     def dated(cls, sock: socket.socket, peer: str, purpose: str) -> Channel:
@@ -184,11 +202,16 @@ class Channel:
             else:
                 self.writer.writelines([*buffers[:-1], tail[:-1]])
                 last = tail[-1:]
+                let_go = self.hold_until_shaped() if self.hold_until_shaped else None
+                left_marked = False
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
                 try:
                     self.writer.write(last)
+                    left_marked = _all_sent(self.writer, sock)
                 finally:
                     mark_socket(sock, self.purpose)
+                    if let_go is not None and not left_marked:  # (or the write failed)
+                        let_go()
             if handed is not None:
                 handed()
             await self.writer.drain()

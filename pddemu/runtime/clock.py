@@ -33,7 +33,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from netem.clock import INSTANT, LAG_COUNTED_KINDS, ROUTING_SLOT, Anchor, SharedClock
+from netem.clock import (
+    INGRESS_SLOT,
+    INSTANT,
+    LAG_COUNTED_KINDS,
+    ROUTING_SLOT,
+    Anchor,
+    SharedClock,
+)
 from pddemu.metrics.reservoir import Reservoir
 
 T = TypeVar("T")
@@ -284,6 +291,25 @@ class ModelledClock:
         if slot is None:
             return False
         return self.source.let_go_one(slot, math.inf if arrived is None else arrived)
+
+    def hold_until_shaped(self) -> Callable[[], None] | None:
+        """Hold the present until the shaper has read a routing message about to be written
+        across the WAN (`netem.clock.INGRESS_SLOT`): it enters the WAN as of its sending,
+        however late the shaper reads it. Returns the let-go for a write that did not leave
+        at once (it leaves unmarked later, and the shaper lets go of nothing for it); None
+        without a shaper on a shared clock."""
+        if not isinstance(self.source, SharedClock):
+            return None
+        slot = self.source.slot_named(INGRESS_SLOT)
+        if slot is None:
+            return None
+        source = self.source
+        source.hold_for_one_more(slot, self.now())
+
+        def let_go() -> None:
+            source.let_go_one(slot)
+
+        return let_go
 
     def hold_until_read(self) -> None:
         """Hold the present until a message about to be sent on a path without modelled time

@@ -262,6 +262,10 @@ class SocketWriter:
     def is_closing(self) -> bool:
         return self._closing
 
+    def get_write_buffer_size(self) -> int:
+        """Bytes written and not yet taken by the socket (as a transport's)."""
+        return sum(memoryview(data).nbytes for data in self._pending)
+
     def get_extra_info(self, name: str, default: object = None) -> object:
         return self._sock if name == "socket" else default
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from netem.clock import ROUTING_SLOT, SharedClock
+from netem.clock import INGRESS_SLOT, ROUTING_SLOT, SharedClock
 from netem.procstat import process_cpu_s, steal_between, steal_s
 from netem.topology import Network, TopologyError
 from pddemu.config import Config
@@ -180,16 +180,18 @@ class RunTiming:
 
 
 def routing_holds(page: SharedClock) -> dict[str, float]:
-    """The shaper's holds at routing answers so far (`netem.clock.ROUTING_SLOT`): posted, how
-    many stood the clock still, for how long (wall seconds); none without such a slot."""
-    for report in page.slots():
-        if report.name == ROUTING_SLOT:
-            return {
-                "posted": report.holds,
-                "binding": report.holds_binding,
-                "frozen_wall_s": report.frozen_wall_s,
-            }
-    return {}
+    """The holds of the routing exchange across the WAN so far, the shaper's at each message's
+    release (`netem.clock.ROUTING_SLOT`) and its senders' until the shaper read it
+    (`netem.clock.INGRESS_SLOT`): posted, how many stood the clock still, for how long (wall
+    seconds); none without such slots."""
+    reports = [r for r in page.slots() if r.name in (ROUTING_SLOT, INGRESS_SLOT)]
+    if not reports:
+        return {}
+    return {
+        "posted": sum(r.holds for r in reports),
+        "binding": sum(r.holds_binding for r in reports),
+        "frozen_wall_s": sum(r.frozen_wall_s for r in reports),
+    }
 
 
 def processes_cpu(page: SharedClock, shaper_pid: int | None) -> dict[int, tuple[str, float]]:

@@ -239,3 +239,62 @@ def test_a_write_ends_with_data_beyond_the_headers_and_psh() -> None:
     udp = bytearray(segment(ROUTING_DSCP, b"xyz"))
     udp[9] = socket.IPPROTO_UDP
     assert not ends_a_tcp_write(bytes(udp))
+
+
+def test_a_routing_message_the_shaper_reads_late_enters_the_wan_as_of_its_sending(
+    tmp_path: Path,
+) -> None:
+    """Its sender holds the present from just before its marked write until the shaper has
+    read it (`ModelledClock.hold_until_shaped`): the shaper, reading it 50 ms of wall time
+    late, dates it at its sending, and lets the clock go on. On the code before, nothing held
+    the clock meanwhile: it entered the WAN 50 ms late, and the route with it."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    sender = ModelledClock(SharedClock(page), None)
+    try:
+        sender.hold_until_shaped()
+        sent = sender.now()
+        link.far["a"].send(segment(ROUTING_DSCP, b'{"kind": "match"}'))
+        time.sleep(0.05)  # the shaper is late
+        assert sender.now() == sent  # time stood still meanwhile
+        shaper.turn([shaper.routes[0].source_fd], shaper.now(), early=0.0)
+        assert shaper.routes[0].direction.next_exit() == pytest.approx(sent + DELAY_S, abs=1e-9)
+        time.sleep(0.01)
+        assert sender.now() > sent  # read: time goes on
+        assert shaper.clock is not None and shaper.ingress_slot is not None
+        assert shaper.clock.readers_held_for(shaper.ingress_slot) == 0
+    finally:
+        shaper.control.close()
+        link.close()
+        sender.close()
+
+
+def test_a_senders_hold_whose_message_never_reaches_the_shaper_ends_at_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message that left unmarked without its sender knowing (or never left) is never let
+    go of by the shaper: its hold stands the clock still no longer than ROUTING_HOLD_CAP_S, as
+    the shaper's loop sees it; another message's segment (not marked) lets none go."""
+    monkeypatch.setattr(shaper_module, "ROUTING_HOLD_CAP_S", 0.02)
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    sender = ModelledClock(SharedClock(page), None)
+    try:
+        sender.hold_until_shaped()
+        held = sender.now()
+        link.far["a"].send(segment(18, b'{"kind": "tokens"}'))
+        shaper.turn([shaper.routes[0].source_fd], shaper.now(), early=0.0)
+        assert shaper._cap_ingress_hold(time.monotonic()) == pytest.approx(0.02, abs=0.005)
+        time.sleep(0.01)
+        assert sender.now() == held
+        time.sleep(0.015)
+        assert shaper._cap_ingress_hold(time.monotonic()) is None  # past the cap: ended
+        time.sleep(0.005)
+        assert sender.now() > held
+        drain(link.far["b"])
+    finally:
+        shaper.control.close()
+        link.close()
+        sender.close()

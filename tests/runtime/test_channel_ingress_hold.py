@@ -1,0 +1,86 @@
+"""A routing message's sender holds the present until the shaper has read it
+(`ModelledClock.hold_until_shaped`, netem.clock.INGRESS_SLOT): the shaper lets go of one such
+hold for each marked segment that ends a write. `Channel.send` posts the hold just before the
+marked byte and lets go itself when that byte did not leave at once (queued behind a full send
+buffer, it leaves later unmarked and the shaper would never let go), so every hold posted gets
+exactly one let-go. Over loopback TCP, the hold stood for by a recorder."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from pddemu.runtime.auth import RunSecret
+from pddemu.runtime.channel import Channel
+
+
+class Holds:
+    """Stands for `ModelledClock.hold_until_shaped`: counts holds posted and let go."""
+
+    def __init__(self) -> None:
+        self.posted = 0
+        self.let_go = 0
+
+    def hold(self) -> object:
+        self.posted += 1
+
+        def let_go() -> None:
+            self.let_go += 1
+
+        return let_go
+
+
+async def sent(dated: bool, kind: str, peer_reads: bool) -> Holds:
+    """One `kind` message sent on a connection with the recorder; when the peer does not read,
+    after the send buffer has filled."""
+    stalled = asyncio.Event()
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if peer_reads:
+            while await reader.read(1 << 16):
+                pass
+        else:
+            await stalled.wait()
+        writer.close()
+
+    server = await asyncio.start_server(peer, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        channel = await Channel.connect(
+            "127.0.0.1", port, "FE0", "MD0", "control", RunSecret.new(), dated=dated
+        )
+        holds = Holds()
+        channel.hold_until_shaped = holds.hold  # type: ignore[assignment]
+        if not peer_reads:
+            sock = channel.writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            channel.writer.write(bytes(8 << 20))  # more than the socket takes: queued
+        sending = asyncio.ensure_future(channel.control(kind, {"rid": "r"}))
+        await asyncio.sleep(0.05)
+        sending.cancel()
+        stalled.set()
+        channel.close()
+    return holds
+
+
+@pytest.mark.parametrize("dated", [False, True])
+def test_a_routing_message_that_leaves_at_once_is_let_go_by_the_shaper(dated: bool) -> None:
+    holds = asyncio.run(sent(dated, "match", peer_reads=True))
+    assert (holds.posted, holds.let_go) == (1, 0)
+
+
+@pytest.mark.parametrize("dated", [False, True])
+def test_a_routing_message_behind_a_full_send_buffer_is_let_go_by_its_sender(
+    dated: bool,
+) -> None:
+    """Its marked byte is queued: it will leave unmarked, so the sender lets go at once (else
+    time would stand still until the shaper's cap)."""
+    holds = asyncio.run(sent(dated, "matched", peer_reads=False))
+    assert (holds.posted, holds.let_go) == (1, 1)
+
+
+def test_other_messages_post_no_hold() -> None:
+    holds = asyncio.run(sent(False, "prefill", peer_reads=True))
+    assert (holds.posted, holds.let_go) == (0, 0)
