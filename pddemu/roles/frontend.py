@@ -41,6 +41,7 @@ import asyncio
 import itertools
 import json
 import math
+import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -706,7 +707,7 @@ class Frontend(Instance):
         if hold.released and self.exact(flight.p):  # the decision and the route take no time
             hold, flight.answer_hold = flight.answer_hold or self.clock.hold_instant(), None
         try:
-            await self.decide_and_route(flight, p_hit, md_hit, meta)
+            await self.decide_and_route(flight, p_hit, md_hit, meta, hold.wall_left())
         finally:
             hold.release()
 
@@ -754,8 +755,16 @@ class Frontend(Instance):
         return self.config.faults.down_after_s + 2 * (wan.delay_s + 3 * wan.jitter_s + queue_s)
 
     async def decide_and_route(
-        self, flight: Flight, p_hit: int, md_hit: int, meta: dict[str, Any]
+        self,
+        flight: Flight,
+        p_hit: int,
+        md_hit: int,
+        meta: dict[str, Any],
+        held_for_s: float = INSTANT_HOLD_CAP_S,
     ) -> None:
+        """Choose the pipeline and tell P; on P's host, wait until P says its sends are under
+        way, or `held_for_s` of wall time (what is left of the hold over the exchange: the wait
+        keeps the clock held no longer than its cap)."""
         record = flight.record
         rid = flight.leg
         scale = self.config.scale.token_scale
@@ -798,7 +807,7 @@ class Frontend(Instance):
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         if self.exact(flight.p):  # P answers once its sends are under way (or the hold's cap)
             try:
-                await asyncio.wait_for(flight.replies["routed"], INSTANT_HOLD_CAP_S)
+                await asyncio.wait_for(flight.replies["routed"], held_for_s)
             except TimeoutError:
                 pass
 
@@ -1013,7 +1022,10 @@ class Frontend(Instance):
         itself for the route (`Flight.answer_hold`), then lets the shaper's hold go, so the
         route is decided as of the answer's arrival however late it is read here."""
         wan = message.channel is not None and not self.exact(message.channel.peer)
-        hold = self.clock.hold_instant() if wan else None
+        # the shaper's hold has stood since the answer's arrival: this one ends at the cap
+        # from then, so the two stand the clock still no longer than one cap together
+        since = 0.0 if message.received_wall is None else time.monotonic() - message.received_wall
+        hold = self.clock.hold_instant(max(0.0, INSTANT_HOLD_CAP_S - since)) if wan else None
         if wan:
             self.clock.let_routing_go(message.received)
         flight = self._reply(message, "matched")

@@ -79,6 +79,8 @@ class Envelope:
     # when it was read, so no later segment merged into its (whose time it would then carry).
     received: float | None = None
     exact: bool = False
+    # The same instant as a monotonic (wall) time: how long a hold standing since it has stood.
+    received_wall: float | None = None
 
     def token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -254,7 +256,8 @@ class Channel:
         # dated by its last frame: the message had wholly reached the host only then
         received = self.read_date()
         exact = received is not None and bool(getattr(self.reader, "exact", False))
-        return Envelope(message.kind, message.body, attachments, self, received, exact)
+        wall = getattr(self.reader, "received_wall", None) if received is not None else None
+        return Envelope(message.kind, message.body, attachments, self, received, exact, wall)
 
     def read_date(self) -> float | None:
         """When the last frame read had wholly reached the host (the kernel's receive time,

@@ -265,7 +265,7 @@ class ModelledClock:
         hold the same instant); it goes on when the last releases. Each hold ends by itself
         after `cap_s` wall seconds: a peer that never answers (lost, or paused) stops time no
         longer than that, and its lateness then shows as lag."""
-        hold = InstantHold(self)
+        hold = InstantHold(self, time.monotonic() + cap_s)
         if not isinstance(self.source, SharedClock) or self.slot is None:
             hold.released = True  # real time: nothing to hold
             return hold
@@ -408,10 +408,16 @@ _NO_HOLDS: dict[str, float] = {"posted": 0, "binding": 0, "frozen_wall_s": 0.0}
 class InstantHold:
     """One task's share of its participant's instant hold (`ModelledClock.hold_instant`)."""
 
-    def __init__(self, clock: ModelledClock) -> None:
+    def __init__(self, clock: ModelledClock, capped_at: float) -> None:
         self.clock = clock
         self.released = False
         self.timer: asyncio.TimerHandle | None = None
+        self.capped_at = capped_at  # the monotonic time its cap ends it
+
+    def wall_left(self) -> float:
+        """Wall seconds before its cap ends it (0 once released): what a wait under it may
+        take without holding the clock past the cap."""
+        return 0.0 if self.released else max(0.0, self.capped_at - time.monotonic())
 
     def release(self) -> None:
         """Let time go on, as far as this holder is concerned (again: nothing)."""

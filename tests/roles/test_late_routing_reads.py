@@ -23,6 +23,7 @@ from pddemu.roles.frontend import Frontend
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Envelope
+from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.runtime.liveness import UP, Liveness
 from pddemu.wire import TokenIds
 from tests.roles.in_process import WireEnd, admit, instance
@@ -194,3 +195,63 @@ def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(
     while_draining, after_a_reset = asyncio.run(run())
     assert stalled.sent and while_draining == math.inf  # let go once written
     assert after_a_reset == math.inf  # and when writing it failed
+
+
+def test_the_time_stood_still_for_a_late_read_answer_is_capped_from_its_arrival(
+    page: Path, shaper: tuple[SharedClock, int]
+) -> None:
+    """The shaper holds the clock from the answer's release until the frontend reads it, and
+    the frontend then holds the present until P says its sends are under way: with the
+    answer read 0.1 s of wall time late and P never answering, time stands still no longer
+    than INSTANT_HOLD_CAP_S from the answer's arrival (its kernel receive time). Before, the
+    frontend's hold took a cap of its own from its late reading, and its wait for P one more
+    from the route's sending: the clock stood 0.35 s."""
+    shaper, slot = shaper
+    config = load_config()
+    fe = instance(Frontend, "FE", config, clock=str(page))
+    fe.p_names, fe.decode_names, fe.rld_names = ["P0"], ["MD0"], ["RLD0"]
+    fe.relay_cost = cost_model(config, "pdd", "RLD")
+    fe.load = {name: 0 for name in ["P0", "MD0", "RLD0"]}
+    fe.liveness = Liveness(list(fe.load), 0.3, 2.0)
+    for name in fe.load:
+        fe.liveness.state[name] = UP
+    fe.transit = {"P0": (0.0, True), "RLD0": (0.0, True), "MD0": (WAN_ONE_WAY_S, False)}
+    arrived: list[tuple[float, float]] = []  # (modelled, wall) of the answer's arrival
+
+    async def answer_across_the_wan(rid: str) -> None:
+        await fe.clock.sleep_until(fe.clock.now() + 2 * WAN_ONE_WAY_S)
+        arrived.append((shaper.hold_for_one_more(slot, fe.clock.now()), time.monotonic()))
+        time.sleep(2 * LATE_S)  # the frontend reads it 0.1 s late
+        body = {"rid": rid, "hit": 0, "instance": "MD0"}
+        answer = Envelope("matched", body, [], WireEnd("MD0", None))
+        answer.received_wall = arrived[0][1]
+        await fe.on_matched(answer)
+
+    async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
+        if kind == "prefill":
+            hit = {"rid": body["rid"], "hit": 0, "instance": name}
+            fe.spawn(fe.on_p_hit(Envelope("p_hit", hit, [], None)), "p_hit")
+        elif kind == "match":
+            fe.spawn(answer_across_the_wan(body["rid"]), "matched")
+        return 0  # P never says `routed`
+
+    fe.tell = tell
+
+    async def run() -> float:
+        flight = admit(fe, "r")
+        routing = asyncio.ensure_future(fe.route(flight))
+        while not arrived:
+            await asyncio.sleep(0.001)
+        held_at = arrived[0][0]
+        while fe.clock.now() == held_at:
+            await asyncio.sleep(0.001)
+        stood = time.monotonic() - arrived[0][1]
+        flight.done.set()
+        await asyncio.wait_for(routing, 5)
+        return stood
+
+    try:
+        stood = asyncio.run(run())
+        assert INSTANT_HOLD_CAP_S - 0.01 < stood < INSTANT_HOLD_CAP_S + 0.03, stood
+    finally:
+        fe.clock.close()
