@@ -40,8 +40,10 @@ import fcntl
 import math
 import mmap
 import os
+import socket
 import struct
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -112,6 +114,12 @@ INSTANT = "/instant"
 ROUTING_DSCP = 20
 ROUTING_SLOT = "shaper routing" + INSTANT
 ROUTING_HOLD_CAP_S = 0.25
+# The hold at a release stands in a slot of the message's connection (`routing_slot`: its
+# direction's addresses and ports), so a reader lets go only of holds for messages on its own
+# connection: one whose message left unmarked (no hold) cannot end another connection's hold
+# posted at the instant its own message came. A reader that knows no connection (in-process)
+# lets go in ROUTING_SLOT.
+ROUTING_SLOT_PREFIX = "routing "
 # And from its sending until the shaper has read it: the shaper dates what it reads by the
 # turn that reads it, so a message it read late would enter the WAN late (its route with it).
 # The sender holds the present for one more reader in INGRESS_SLOT just before its marked
@@ -124,6 +132,28 @@ INGRESS_SLOT = "shaper ingress" + INSTANT
 # this far before the instant the hold at its release stands at (the clocks' offset's error):
 # a message dated earlier still came before that hold, which then stands for another.
 ARRIVAL_SLACK_S = 1e-4
+
+
+def routing_slot(source: bytes, source_port: int, destination: bytes, destination_port: int) -> str:
+    """The slot of the shaper's holds at the routing messages of one direction of a TCP
+    connection (IPv4 addresses as 4 bytes): what the shaper reads in a segment's headers and
+    the reader in its socket's names (`socket_routing_slot`)."""
+    flow = (
+        source + source_port.to_bytes(2, "big") + destination + destination_port.to_bytes(2, "big")
+    )
+    return f"{ROUTING_SLOT_PREFIX}{zlib.crc32(flow):08x}{INSTANT}"
+
+
+def socket_routing_slot(sock: socket.socket) -> str | None:
+    """The `routing_slot` of the messages a connected IPv4 TCP socket receives (from its
+    peer to it); None for another socket, or one no longer connected."""
+    if sock.family != socket.AF_INET:
+        return None
+    try:
+        (peer, peer_port), (me, my_port) = sock.getpeername(), sock.getsockname()
+    except OSError:
+        return None
+    return routing_slot(socket.inet_aton(peer), peer_port, socket.inet_aton(me), my_port)
 
 
 class ClockError(RuntimeError):

@@ -50,9 +50,9 @@ from netem.clock import (
     LAG_COUNTED_KINDS,
     ROUTING_DSCP,
     ROUTING_HOLD_CAP_S,
-    ROUTING_SLOT,
     Anchor,
     SharedClock,
+    routing_slot,
 )
 from netem.delivery import DeliveryRecord
 from netem.direction import Direction
@@ -110,10 +110,11 @@ class Shaper:
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
         self.clock = SharedClock(config["clock"]) if config.get("clock") else None
         # The routing exchange's messages (netem.clock.ROUTING_DSCP): the slot this shaper
-        # holds time in at their release, and the wall times of the holds posted there that
-        # no reader has let go of yet, oldest first (each to end at its cap).
-        self.routing_slot = self.clock.claim(ROUTING_SLOT) if self.clock is not None else None
-        self.routing_held_since: deque[float] = deque()
+        # holds time in at their release, one a connection's direction (`routing_slot`,
+        # claimed when its first message comes), and in each the wall times of the holds
+        # posted there that no reader has let go of yet, oldest first (each to end at its cap).
+        self.routing_slots: dict[str, int] = {}
+        self.routing_held_since: dict[int, deque[float]] = {}
         # and the slot their senders hold the present in until this shaper has read them
         # (netem.clock.INGRESS_SLOT), with since when (wall) it has stood with none read
         self.ingress_slot = self.clock.claim(INGRESS_SLOT) if self.clock is not None else None
@@ -188,8 +189,9 @@ class Shaper:
                     if next_time == math.inf
                     else self._clock_timeout(anchor, next_time - early)
                 )
-            if self.routing_held_since:  # their caps are kept by this loop
-                cap_left = self.routing_held_since[0] + ROUTING_HOLD_CAP_S - monotonic()
+            held = [since[0] for since in self.routing_held_since.values() if since]
+            if held:  # their caps are kept by this loop
+                cap_left = min(held) + ROUTING_HOLD_CAP_S - monotonic()
                 timeout = max(0.0, cap_left if timeout is None else min(timeout, cap_left))
             if clock is not None:  # a sender's hold may come while this waits: looked at often
                 look = self._cap_ingress_hold(monotonic()) or INGRESS_LOOK_S
@@ -245,7 +247,7 @@ class Shaper:
             released = direction.release(until)
             sink_fd = route.sink_fd
             for packet, _ in released:
-                if packet[1] >> 2 == ROUTING_DSCP and self.routing_slot is not None:
+                if packet[1] >> 2 == ROUTING_DSCP and self.clock is not None:
                     self._hold_for_routing(packet, now)
                 try:
                     write(sink_fd, packet)
@@ -269,9 +271,20 @@ class Shaper:
         stay in order), and a bare ACK so marked has no reader to let go."""
         if not ends_a_tcp_write(packet):
             return
-        assert self.clock is not None and self.routing_slot is not None
-        self.clock.hold_for_one_more(self.routing_slot, now)
-        self.routing_held_since.append(time.monotonic())
+        assert self.clock is not None
+        header = (packet[0] & 0x0F) * 4
+        name = routing_slot(
+            packet[12:16],
+            int.from_bytes(packet[header : header + 2], "big"),
+            packet[16:20],
+            int.from_bytes(packet[header + 2 : header + 4], "big"),
+        )
+        slot = self.routing_slots.get(name)
+        if slot is None:
+            slot = self.routing_slots[name] = self.clock.claim(name)
+            self.routing_held_since[slot] = deque()
+        self.clock.hold_for_one_more(slot, now)
+        self.routing_held_since[slot].append(time.monotonic())
         self.routing_holds += 1
 
     def _let_senders_go(self, packets: list[bytes]) -> None:
@@ -306,12 +319,10 @@ class Shaper:
     def _cap_routing_holds(self, wall: float) -> None:
         """Let go of each routing message's hold its reader has not let go of within the cap
         (the reader lost, or the segment not the message's end): `SharedClock.let_go_overdue`."""
-        if not self.routing_held_since:
-            return
-        assert self.clock is not None and self.routing_slot is not None
-        self.clock.let_go_overdue(
-            self.routing_slot, self.routing_held_since, wall, ROUTING_HOLD_CAP_S
-        )
+        for slot, since in self.routing_held_since.items():
+            if since:
+                assert self.clock is not None
+                self.clock.let_go_overdue(slot, since, wall, ROUTING_HOLD_CAP_S)
 
     # -- schedules ------------------------------------------------------------------------
 

@@ -1027,7 +1027,7 @@ class Frontend(Instance):
         since = 0.0 if message.received_wall is None else time.monotonic() - message.received_wall
         hold = self.clock.hold_instant(max(0.0, INSTANT_HOLD_CAP_S - since)) if wan else None
         if wan:
-            self.clock.let_routing_go(message.received)
+            self.clock.let_routing_go(message.received, message.routing_slot)
         flight = self._reply(message, "matched")
         if flight is None or hold is None:
             if hold is not None:

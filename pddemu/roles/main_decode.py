@@ -81,7 +81,9 @@ class MainDecodeInstance(DecodeInstance):
         else:  # the shaper held the present for the match: let go once the answer is written
             # (the wait for the send buffer can wait on acknowledgements the hold keeps still),
             # or when writing it failed or was cancelled
-            let_go = _once(lambda: self.clock.let_routing_go(message.received))
+            let_go = _once(
+                lambda: self.clock.let_routing_go(message.received, message.routing_slot)
+            )
             try:
                 await message.channel.control("matched", answer, handed=let_go)
             finally:

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from netem.clock import ROUTING_DSCP
+from netem.clock import ROUTING_DSCP, socket_routing_slot
 from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.dated_reads import DatedReader, SocketWriter
 from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size, read_message
@@ -81,6 +81,9 @@ class Envelope:
     exact: bool = False
     # The same instant as a monotonic (wall) time: how long a hold standing since it has stood.
     received_wall: float | None = None
+    # A routing message's: the clock page's slot of the shaper's holds at its connection's
+    # messages (`netem.clock.routing_slot`); None where no connection is known.
+    routing_slot: str | None = None
 
     def token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -257,7 +260,11 @@ class Channel:
         received = self.read_date()
         exact = received is not None and bool(getattr(self.reader, "exact", False))
         wall = getattr(self.reader, "received_wall", None) if received is not None else None
-        return Envelope(message.kind, message.body, attachments, self, received, exact, wall)
+        envelope = Envelope(message.kind, message.body, attachments, self, received, exact, wall)
+        if message.kind in ROUTING_KINDS:
+            sock = self.writer.get_extra_info("socket")
+            envelope.routing_slot = None if sock is None else socket_routing_slot(sock)
+        return envelope
 
     def read_date(self) -> float | None:
         """When the last frame read had wholly reached the host (the kernel's receive time,

@@ -277,17 +277,19 @@ class ModelledClock:
         hold.timer = asyncio.get_running_loop().call_later(cap_s, hold.release)
         return hold
 
-    def let_routing_go(self, arrived: float | None) -> bool:
+    def let_routing_go(self, arrived: float | None, slot_name: str | None = None) -> bool:
         """A routing message that crossed the WAN, and `arrived` (modelled: its kernel receive
         time; None if undated), has been acted on: let go of the shaper's hold at its release
-        (`netem.clock.ROUTING_DSCP`). The reader has answered it, or holds the present itself
-        (`hold_instant`), so no modelled time passes between the message's arrival and what is
-        done on it. One reader's let-go ends one message's hold (`SharedClock.let_go_one`), and
-        none posted after the message had come: one that left unmarked (its send buffer full,
-        a retransmission) held nothing, and lets go of no other's. Returns whether it let go."""
+        (`netem.clock.ROUTING_DSCP`), in its connection's slot `slot_name`
+        (`Envelope.routing_slot`; ROUTING_SLOT where none is known). The reader has answered
+        it, or holds the present itself (`hold_instant`), so no modelled time passes between
+        the message's arrival and what is done on it. One reader's let-go ends one message's
+        hold (`SharedClock.let_go_one`) on its own connection, and none posted after the
+        message had come: one that left unmarked (its send buffer full, a retransmission) held
+        nothing, and lets go of no other's. Returns whether it let go."""
         if not isinstance(self.source, SharedClock):
             return False
-        slot = self.source.slot_named(ROUTING_SLOT)
+        slot = self.source.slot_named(slot_name or ROUTING_SLOT)
         if slot is None:
             return False
         return self.source.let_go_one(slot, math.inf if arrived is None else arrived)

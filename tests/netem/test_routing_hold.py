@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from netem import shaper as shaper_module
-from netem.clock import ROUTING_DSCP, ROUTING_SLOT, SharedClock
+from netem.clock import ROUTING_DSCP, SharedClock, routing_slot
 from netem.packet import ends_a_tcp_write
 from netem.shaper import Shaper
 from netem.spec import LinkSpec
@@ -29,11 +29,16 @@ DELAY_S = 0.005
 PSH_ACK, ACK = 0x18, 0x10
 
 
-def segment(dscp: int, data: bytes, flags: int = PSH_ACK) -> bytes:
+SOURCE, DESTINATION = bytes([10, 0, 1, 1]), bytes([10, 0, 2, 1])
+# the slot of the shaper's holds at routing messages from port 1234 to port 80 (`segment`'s)
+SLOT = routing_slot(SOURCE, 1234, DESTINATION, 80)
+
+
+def segment(dscp: int, data: bytes, flags: int = PSH_ACK, source_port: int = 1234) -> bytes:
     """An IPv4 TCP segment (no options) with `data`, marked `dscp`."""
     total = 40 + len(data)
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 1, 0, 64, 6, 0, bytes(4), bytes(4))
-    tcp = struct.pack("!HHIIBBHHH", 1234, 80, 1, 1, 5 << 4, flags, 65535, 0, 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, dscp << 2, total, 1, 0, 64, 6, 0, SOURCE, DESTINATION)
+    tcp = struct.pack("!HHIIBBHHH", source_port, 80, 1, 1, 5 << 4, flags, 65535, 0, 0)
     return ip + tcp + data
 
 
@@ -89,7 +94,7 @@ def test_a_routing_message_stands_the_clock_still_from_its_release_until_let_go(
         assert released <= hold < released + 0.002  # at its release (the turn's time)
         time.sleep(0.05)  # the reader is late
         assert reader.now() == hold  # time stood still meanwhile
-        slot = reader.slot_named(ROUTING_SLOT)
+        slot = reader.slot_named(SLOT)
         assert slot is not None
         assert reader.let_go_one(slot, hold)  # the reader has it (ModelledClock.let_routing_go)
         time.sleep(0.01)
@@ -161,13 +166,13 @@ def test_each_of_two_routing_messages_in_flight_stands_the_clock_still_until_its
         answers = [segment(ROUTING_DSCP, b'{"rid": "a"}'), segment(ROUTING_DSCP, b'{"rid": "b"}')]
         hold, _, received = released_together(shaper, link, answers)
         assert received == answers and shaper.routing_holds == 2
-        assert first_reader.let_routing_go(hold)
+        assert first_reader.let_routing_go(hold, SLOT)
         time.sleep(0.02)
         assert first_reader.now() == hold  # still held: the second message is not read yet
-        assert second_reader.let_routing_go(hold)
+        assert second_reader.let_routing_go(hold, SLOT)
         time.sleep(0.01)
         assert second_reader.now() > hold
-        assert not first_reader.let_routing_go(hold)  # no hold is left to let go
+        assert not first_reader.let_routing_go(hold, SLOT)  # no hold is left to let go
     finally:
         shaper.control.close()
         link.close()
@@ -188,10 +193,10 @@ def test_a_message_that_came_before_the_hold_lets_none_go(tmp_path: Path) -> Non
         time.sleep(0.01)
         hold, _, _ = released_hold(shaper, link, segment(ROUTING_DSCP, b'{"rid": "b"}'))
         assert hold > unmarked_arrival
-        assert not reader.let_routing_go(unmarked_arrival)
+        assert not reader.let_routing_go(unmarked_arrival, SLOT)
         time.sleep(0.01)
         assert reader.now() == hold  # still held for the marked message's reader
-        assert reader.let_routing_go(hold)
+        assert reader.let_routing_go(hold, SLOT)
         time.sleep(0.01)
         assert reader.now() > hold
     finally:
@@ -217,7 +222,7 @@ def test_each_routing_hold_ends_at_its_own_cap(
         hold = shaper.clock.anchor().hold
         time.sleep(0.03)
         shaper._hold_for_routing(segment(ROUTING_DSCP, b"b"), shaper.now())
-        assert reader.let_routing_go(hold)  # the first message's reader
+        assert reader.let_routing_go(hold, SLOT)  # the first message's reader
         time.sleep(0.03)  # past the first hold's cap, within the second's
         shaper._cap_routing_holds(time.monotonic())
         assert reader.now() == hold
@@ -298,3 +303,31 @@ def test_a_senders_hold_whose_message_never_reaches_the_shaper_ends_at_the_cap(
         shaper.control.close()
         link.close()
         sender.close()
+
+
+def test_a_message_on_another_connection_lets_none_go(tmp_path: Path) -> None:
+    """Two routing messages released in one turn on two connections, the first unmarked (its
+    send buffer was full: no hold) and so dated at the instant the second's hold stands at:
+    its reader lets go only in its own connection's slot, where nothing is held, and the
+    second's hold stands until its own reader lets go. Before, both connections' holds were
+    one slot's, and the unmarked message's reader let the other's go."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    reader = ModelledClock(SharedClock(page), None)
+    try:
+        unmarked = segment(18, b'{"kind": "matched"}', source_port=4321)
+        marked = segment(ROUTING_DSCP, b'{"kind": "matched"}')
+        hold, _, _ = released_together(shaper, link, [unmarked, marked])
+        assert shaper.routing_holds == 1
+        other = routing_slot(SOURCE, 4321, DESTINATION, 80)
+        assert not reader.let_routing_go(hold, other)  # dated at the hold, but not its own
+        time.sleep(0.01)
+        assert reader.now() == hold  # still held for the marked message's reader
+        assert reader.let_routing_go(hold, SLOT)
+        time.sleep(0.01)
+        assert reader.now() > hold
+    finally:
+        shaper.control.close()
+        link.close()
+        reader.close()

@@ -12,6 +12,7 @@ import socket
 
 import pytest
 
+from netem.clock import routing_slot
 from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.channel import Channel
 
@@ -84,3 +85,35 @@ def test_a_routing_message_behind_a_full_send_buffer_is_let_go_by_its_sender(
 def test_other_messages_post_no_hold() -> None:
     holds = asyncio.run(sent(False, "prefill", peer_reads=True))
     assert (holds.posted, holds.let_go) == (0, 0)
+
+
+def test_a_routing_message_names_its_connections_slot_as_the_shaper_does() -> None:
+    """The reader's `Envelope.routing_slot` is the shaper's `routing_slot` of the segment's
+    headers (source address and port: the sender's socket; destination: the reader's), so a
+    reader lets go only of holds at its own connection's messages."""
+
+    async def run() -> tuple[str | None, str]:
+        received: asyncio.Queue = asyncio.Queue()
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            channel = Channel(reader, writer, "FE0", "control")
+            for _ in range(2):  # the hello, then the match
+                await received.put(await channel.receive())
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            sender = await Channel.connect(
+                "127.0.0.1", port, "FE0", "MD0", "control", RunSecret.new()
+            )
+            await sender.control("match", {"rid": "r"})
+            await received.get()
+            envelope = await asyncio.wait_for(received.get(), 5)
+            ip, sender_port = sender.writer.get_extra_info("socket").getsockname()
+            sender.close()
+        expected = routing_slot(socket.inet_aton(ip), sender_port, socket.inet_aton(ip), port)
+        return envelope.routing_slot, expected
+
+    named, expected = asyncio.run(run())
+    assert named == expected
