@@ -199,6 +199,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Idle before each probe (every earlier request's last token and KV delivered): "
         f"{_idle(an)}",
         "",
+        *_over(an),
     ]
     inv = result["invariance"]
     for name, title in (("time", "time scale 1 vs auto"), ("tokens", "token scale vs 32")):
@@ -220,6 +221,29 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| seed-to-seed spread of the reference | {' | '.join(spread)} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _over(analytic_result: dict[str, Any]) -> list[str]:
+    """The cells over the bound, each with how late its route was and its error had the
+    route come on time: a cell within the bound then was put over by the routing exchange's
+    lateness (the emulator's handling on the routing path), not by the rest of the pipeline."""
+    over = analytic_result.get("over", [])
+    if not over:
+        return []
+    lines = [
+        "Over the bound (probe, metric: error; the route's lateness; the error with the route "
+        "on time):",
+        "",
+    ]
+    for cell in over:
+        route = cell["route_excess_s"]
+        late = "-" if route is None else f"{route * 1e3:+.1f} ms"
+        lines.append(
+            f"- {cell['pipeline']} {cell['input_tokens']} tokens, {cell['hit_tokens']} hit, "
+            f"{cell['metric']}: {_pct(cell['relative_error'])}; route {late}; "
+            f"{_pct(cell['relative_error_without_late_route'])} with it on time"
+        )
+    return [*lines, ""]
 
 
 def _idle(analytic_result: dict[str, Any]) -> str:

@@ -115,3 +115,41 @@ def test_a_probe_that_found_the_system_busy_fails_the_check() -> None:
     busy = summarise([judge(probe, exact, -0.1)], 0.02)
     assert not busy["passed"] and busy["not_idle"] == ["r0"]
     assert not summarise([judge(probe, exact, None)], 0.02)["passed"]
+
+
+def test_a_cell_over_its_bound_says_how_late_its_route_was_and_its_error_without_that() -> None:
+    """A 64K-token prompt with a 90 % hit whose route came 10 ms late, its KV on time: the KV
+    transfer (timed from the route) is 2.2 % short, over the bound. validation.json's `over`
+    and validation.md name the cell, the route's lateness and the error with the route on
+    time (0 %): the routing exchange's lateness put it over, not the rest of the pipeline."""
+    from pddemu.validate.analytic import Probe, judge, summarise
+    from pddemu.validate.cli import markdown
+    from pddemu.validate.invariance import METRICS
+
+    model = ClosedForm(load_config())
+    request = Request("pdd", "P-MD", 65536, 58944, 2)
+    expected = model.predict(request)
+    probe = Probe("r0", 0.0, 65536, 2, None, [1] * 2048, request, expected)
+    record = _record("r0", 0.0, expected.ttft_s + (expected.tpot_s or 0.0))
+    record.first_token_s = expected.ttft_s
+    record.routed_s = expected.route_s + 0.010
+    record.kv_arrived_s = expected.route_s + (expected.kv_transfer_s or 0.0)
+    record.output_tokens = 2
+    result = summarise([judge(probe, record, 0.5)], 0.02)
+    assert not result["passed"]
+    (cell,) = result["over"]
+    assert (cell["pipeline"], cell["metric"]) == ("pdd P-MD", "kv_transfer_s")
+    assert cell["relative_error"] == pytest.approx(-0.010 / (expected.kv_transfer_s or 1.0))
+    assert cell["route_excess_s"] == pytest.approx(0.010)
+    assert cell["relative_error_without_late_route"] == pytest.approx(0.0, abs=1e-9)
+    nothing = _no_variants(METRICS)
+    table = markdown({"analytic": result, "invariance": {"time": nothing, "tokens": nothing}})
+    assert "- pdd P-MD 65536 tokens, 58944 hit, kv_transfer_s: -2.2%; route +10.0 ms; " in table
+    assert "+0.0% with it on time" in table
+
+
+def _no_variants(metrics: dict) -> dict:
+    """An invariance block with no variant (the markdown's analytic part is what is read)."""
+    spread = dict.fromkeys(metrics)
+    return {"measured": {"ref": {}}, "reference": "ref", "tolerance": 0.03, "variants": {},
+            "seed_spread": spread}  # fmt: skip
