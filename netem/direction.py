@@ -21,7 +21,7 @@ class Direction:
         # Loss draws at arrival, jitter at the end of serialization: separate streams, so
         # the order in which the shaper happens to run them does not change the draws.
         self.gate = Gate()
-        self.loss = LossProcess(spec.loss, random.Random(f"{seed}:loss"))
+        self.loss = LossProcess(spec.loss, random.Random(_loss_seed(seed)))
         self.rate = RateQueue(
             spec.rate_bps, make_qdisc(spec.qdisc, spec.queue_limit_bytes, spec.mtu)
         )
@@ -30,13 +30,21 @@ class Direction:
             spec.jitter_s,
             spec.jitter_dist,
             spec.reorder,
-            random.Random(f"{seed}:jitter"),
+            random.Random(_jitter_seed(seed)),
         )
         self.sink = Sink()
         self.chain: list[Element] = [self.gate, self.loss, self.rate, self.delay, self.sink]
         for upstream, downstream in zip(self.chain, self.chain[1:], strict=False):
             upstream.downstream = downstream
         self.spec = spec
+
+    def restart_draws(self, seed: int) -> None:
+        """Loss and jitter draw again from `seed`'s start, as a direction just made with it
+        would (a Gilbert-Elliott loss back in its good state): what comes next meets the same
+        weather as on a fresh link. Packets already in the chain keep the times they drew."""
+        self.loss.rng.seed(_loss_seed(seed))
+        self.loss.bad_state = False
+        self.delay.rng.seed(_jitter_seed(seed))
 
     def push(self, packet: bytes, now: float) -> None:
         self.gate.push(packet, now)
@@ -98,3 +106,11 @@ class Direction:
             "qdisc": self.rate.qdisc.counters(),
             "spec": self.spec.to_dict(),
         }
+
+
+def _loss_seed(seed: int) -> str:
+    return f"{seed}:loss"
+
+
+def _jitter_seed(seed: int) -> str:
+    return f"{seed}:jitter"

@@ -107,6 +107,7 @@ class Shaper:
         self.routes: list[Route] = []
         self.by_fd: dict[int, Route] = {}
         self.links: dict[str, dict[str, Route]] = {}
+        self.link_index: dict[str, int] = {}  # its place in the config: part of its seeds
         tun_device = config.get("tun_device", DEFAULT_TUN_DEVICE)
         self.clock = SharedClock(config["clock"]) if config.get("clock") else None
         # The routing exchange's messages (netem.clock.ROUTING_DSCP): the slot this shaper
@@ -128,24 +129,25 @@ class Shaper:
         for index, link in enumerate(config["links"]):
             fd_a = open_end(link["a"]["ifname"], link["a"]["netns"], tun_device)
             fd_b = open_end(link["b"]["ifname"], link["b"]["netns"], tun_device)
-            seed = int(link.get("seed", 0)) * 2 + index * 1000
+            seeds = direction_seeds(int(link.get("seed", 0)), index)
             a2b = Route(
                 link["name"],
                 "a2b",
-                Direction(LinkSpec.from_dict(link["a2b"]), seed),
+                Direction(LinkSpec.from_dict(link["a2b"]), seeds["a2b"]),
                 fd_a,
                 fd_b,
             )
             b2a = Route(
                 link["name"],
                 "b2a",
-                Direction(LinkSpec.from_dict(link["b2a"]), seed + 1),
+                Direction(LinkSpec.from_dict(link["b2a"]), seeds["b2a"]),
                 fd_b,
                 fd_a,
             )
             self.routes += [a2b, b2a]
             self.by_fd[fd_a], self.by_fd[fd_b] = a2b, b2a
             self.links[link["name"]] = {"a2b": a2b, "b2a": b2a}
+            self.link_index[link["name"]] = index
         self.control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         Path(config["control"]).unlink(missing_ok=True)
         self.control.bind(config["control"])
@@ -414,6 +416,9 @@ class Shaper:
                     "release_lag": self.release_lag.to_dict(),
                     **({"delivery": self.deliveries()} if self.record_interval_s else {}),
                 }
+            if op == "restart_draws":  # every link's
+                self.restart_draws(int(request["seed"]))
+                return {"ok": True}
             routes = self._select(request)
             now = self.now()
             if op == "set":
@@ -436,6 +441,15 @@ class Shaper:
             return {"ok": True, "links": self.stats()}
         except (KeyError, TypeError, ValueError, SpecError) as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    def restart_draws(self, seed: int) -> None:
+        """Every direction's loss and jitter draws from their start, as a shaper just made with
+        `seed` would draw them: a run after another on the same links meets the same weather
+        as the first."""
+        for name, routes in self.links.items():
+            seeds = direction_seeds(seed, self.link_index[name])
+            for direction, route in routes.items():
+                route.direction.restart_draws(seeds[direction])
 
     def _select(self, request: dict[str, Any]) -> list[Route]:
         link = self.links.get(request.get("link", "wan"))
@@ -513,6 +527,12 @@ class ReleaseLag:
 
 class _Stop(Exception):
     """Raised by the signal handler to leave a select() that would otherwise be retried."""
+
+
+def direction_seeds(seed: int, index: int) -> dict[str, int]:
+    """The seeds of the two directions of the config's `index`-th link, for the run's `seed`."""
+    first = seed * 2 + index * 1000
+    return {"a2b": first, "b2a": first + 1}
 
 
 def _prctl(option: int, value: int) -> None:

@@ -302,6 +302,14 @@ class Network:
         if record.control:
             control.request(record.control, {"op": "unschedule"})
 
+    def restart_draws(self) -> None:
+        """The shaper's loss and jitter draws from their start (`seed`'s), as on the run's
+        first packet: each of several replays in turn on this network meets the same weather.
+        The kernel backend's netem draws its own, unseeded (nothing to restart)."""
+        record = self._require_record()
+        if record.control:
+            control.request(record.control, {"op": "restart_draws", "seed": self.seed})
+
     def release_lag(self) -> dict[str, Any] | None:
         """How late the shaper let packets go, in its clock's time (None: no shaper)."""
         record = self._require_record()

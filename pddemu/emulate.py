@@ -477,15 +477,32 @@ def emulate(
         if launcher is None:  # one for every system's deployment
             (out / "logs").mkdir(exist_ok=True)
             launcher = stack.enter_context(Launcher(out / "logs" / "launcher.err"))
-        network = stack.enter_context(network_for(config, scale, seed=config.workload.seed))
+        network = stack.enter_context(network_for(config, scale))
         for system in systems:
-            replaying = run_system(system, config, network, workload, out, launcher)
-            run = uvloop.run(until_interrupted(replaying))
-            on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
+            run = replay_system(system, config, network, workload, out, launcher)
             finished(run)
             if run.interrupted:
                 break
     return report(*written, runs, out)
+
+
+def replay_system(
+    system: str,
+    config: Config,
+    network: Network,
+    workload: list[Any],
+    out: Path,
+    launcher: Launcher,
+) -> SystemRun:
+    """`run_system` on its own event loop, the network's random draws (loss, jitter) started
+    afresh from the run's seed first: a system meets the same WAN weather whether it runs on
+    a network of its own or after others on a shared one, and whatever systems run with it."""
+    network.restart_draws()
+    run = uvloop.run(
+        until_interrupted(run_system(system, config, network, workload, out, launcher))
+    )
+    on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
+    return run
 
 
 def run_in_own_network(
@@ -502,11 +519,9 @@ def run_in_own_network(
         with ExitStack() as stack:
             (out / "logs" / system).mkdir(parents=True, exist_ok=True)
             launcher = stack.enter_context(Launcher(out / "logs" / system / "launcher.err"))
-            network = stack.enter_context(network_for(config, scale, seed=config.workload.seed))
+            network = stack.enter_context(network_for(config, scale))
             up.end()
-            replaying = run_system(system, config, network, workload, out, launcher)
-            run = uvloop.run(until_interrupted(replaying))
-            on_termination(raise_keyboard_interrupt)  # the loop's own handlers are gone with it
+            run = replay_system(system, config, network, workload, out, launcher)
             down = Phases("network_down", run.phases_wall_s)
         down.end()
     except (TopologyError, RunError) as error:

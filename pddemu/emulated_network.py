@@ -125,7 +125,9 @@ def network_for(config: Config, scale: ScaleModel, clock: bool = True, **kwargs:
     """The scenario's network (not yet up), with TCP tuned to the modelled path, on a clock
     page (`clock`; without one, in real time: wall seconds are modelled ones). A timeline's
     link events are its schedule, started with each replay (`replay_conditions`), so the
-    links they touch go through the shaper."""
+    links they touch go through the shaper. Its random draws (loss, jitter) are seeded by
+    `[workload] seed` unless `kwargs` say otherwise."""
+    kwargs.setdefault("seed", config.workload.seed)
     return Network(
         LinkConfig.symmetric(wan_link(config, scale)),
         intra=intra_link(config, scale),

@@ -8,12 +8,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from metrics_samples import sample_instances, sample_records
 
+from netem.topology import Network
 from pddemu.config import load_config
 from pddemu.emulate import (
     DEFECT_EXIT,
@@ -28,7 +30,7 @@ from pddemu.emulate import (
     workload_of,
     write_outputs,
 )
-from pddemu.emulated_network import scale_model, wan_link
+from pddemu.emulated_network import network_for, scale_model, wan_link
 from pddemu.metrics.figure_inputs import measured_wan_use, split_warmup, wan_transfers
 
 
@@ -278,3 +280,81 @@ def test_a_system_whose_process_ends_without_results_is_named_and_fails_the_run(
     assert list(summary["systems"]) == ["pdd", "indc"]
     assert summary["systems_not_run"] == ["naive"] and summary["partial"] is True
     assert "the naive run ended without results (exit status 1)" in capsys.readouterr().err
+
+
+class DrawnNetwork:
+    """In place of an emulated network (never made): what it was built with, and how many
+    replays drew from its WAN's random streams since they last started from its seed."""
+
+    def __init__(self, network: Network) -> None:
+        self.network = network
+        self.seed = network.seed
+        self.replays_drawn = 0
+
+    def restart_draws(self) -> None:
+        self.replays_drawn = 0
+
+
+class NoLauncher:
+    def __init__(self, *_args: object, **_kwargs: object) -> None: ...
+
+    def __enter__(self) -> NoLauncher:
+        return self
+
+    def __exit__(self, *_exc: object) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@contextmanager
+def drawn_network_for(*args: object, **kwargs: object) -> Iterator[DrawnNetwork]:
+    yield DrawnNetwork(network_for(*args, **kwargs))  # type: ignore[arg-type]
+
+
+async def replay_drawing(system: str, _config: object, network: DrawnNetwork, *rest: object):  # noqa: ANN201
+    """In place of a system's replay: writes the weather its WAN met (the network's links,
+    TCP and seed, and how many replays drew before it), then draws from it."""
+    out = rest[1]
+    assert isinstance(out, Path)
+    made = network.network
+    met = {
+        "links": repr((made.wan, made.intra, made.tcp, made.schedule, made.cross_traffic)),
+        "seed": network.seed,
+        "replays_drawn_before": network.replays_drawn,
+    }
+    network.replays_drawn += 1
+    (out / f"weather-{system}.json").write_text(json.dumps(met))
+    records = [replace(r, token_mismatch=False, system=system) for r in sample_records()]
+    return SystemRun(system, records, {}, sample_instances())
+
+
+def test_every_system_meets_the_same_wan_weather_at_once_or_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_signal_handlers: None
+) -> None:
+    """With one seed, each system's WAN (its links, and its loss and jitter draws from the
+    seed's start) is the same run at once or one after another on one network, whatever
+    systems run with it and in whatever order."""
+    monkeypatch.setattr("pddemu.emulate.network_for", drawn_network_for)
+    monkeypatch.setattr("pddemu.emulate.run_system", replay_drawing)
+    monkeypatch.setattr("pddemu.emulate.Launcher", NoLauncher)
+    monkeypatch.setattr("pddemu.emulate.ReferenceCheck.check", lambda self, run: None)
+    monkeypatch.setattr("pddemu.emulate.write_outputs", lambda *_args: ({}, {}))  # not asked
+    monkeypatch.setattr("pddemu.emulate.report", lambda *_args: 0)
+    config = load_config(None, ["wan.jitter=3ms", "wan.loss=0.5%"]).with_workload(seed=7)
+    met = {}
+    for n, (systems, at_once) in enumerate(
+        [
+            (["pdd", "naive", "indc"], True),
+            (["pdd", "naive", "indc"], False),
+            (["indc", "naive", "pdd"], False),
+            (["naive", "pdd"], True),
+            (["naive"], False),
+        ]
+    ):
+        out = tmp_path / f"run-{n}"
+        assert emulate(config, systems, out, [], at_once=at_once) == 0
+        for system in systems:
+            met[(n, system)] = json.loads((out / f"weather-{system}.json").read_text())
+    first = met[(0, "pdd")]
+    assert first["seed"] == 7 and first["replays_drawn_before"] == 0
+    assert {key: weather for key, weather in met.items() if weather != first} == {}
