@@ -106,17 +106,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pddemu: {error}", file=sys.stderr)
         return 1
     launcher = None
-    if command in ("emulate", "validate"):
+    if command == "validate" or (command == "emulate" and not _systems_at_once(argv[1:])):
         from pddemu.roles.launcher import Launcher
 
         # The instances' launcher imports their code (torch) on another core while this
-        # process imports its own below; the command's deployments fork from it.
+        # process imports its own below; the command's deployments fork from it. Systems run
+        # at once each start their own: an instance becomes the child of whoever asked for it.
         launcher = Launcher()
     try:
         return _run_command(argv, listener, launcher)
     finally:
         if launcher is not None:
             launcher.close()
+
+
+def _systems_at_once(argv: list[str]) -> bool:
+    """Whether a `pddemu emulate` command line runs several systems at once (`--system all`,
+    the default, without `--one-at-a-time`), read before the full parse, which imports what a
+    launcher started first would overlap."""
+    parser = argparse.ArgumentParser(prog="pddemu emulate", add_help=False, allow_abbrev=False)
+    parser.add_argument("--system", default="all")
+    parser.add_argument("--one-at-a-time", action="store_true")
+    known, _ = parser.parse_known_args(argv)
+    return known.system == "all" and not known.one_at_a_time
 
 
 def _run_command(argv: list[str], listener: socket.socket | None, launcher: Launcher | None) -> int:

@@ -60,6 +60,49 @@ def test_serve_refuses_a_port_outside_tcps_range(
     assert done.value.code == 2 and "argument --port" in err and "cannot listen" not in err
 
 
+class CountedLauncher:
+    """In place of the instances' launcher: how many were started and closed."""
+
+    started = 0
+    closed = 0
+
+    def __init__(self) -> None:
+        CountedLauncher.started += 1
+
+    def close(self) -> None:
+        CountedLauncher.closed += 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "started"),
+    [
+        (["emulate", "--out", "unused"], 0),
+        (["emulate", "--out", "unused", "--system", "all"], 0),
+        (["emulate", "--system=all", "--out", "unused"], 0),
+        (["emulate", "--out", "unused", "--one-at-a-time"], 1),
+        (["emulate", "--out", "unused", "--system", "pdd"], 1),
+        (["emulate", "--system=naive", "--out", "unused"], 1),
+        (["validate", "--out", "unused"], 1),
+    ],
+)
+def test_a_launcher_is_started_first_only_for_a_command_that_uses_it(
+    argv: list[str], started: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Systems at once each start a launcher of their own: one started before the command's
+    imports would be closed unused (seconds of a core importing torch for nothing)."""
+    monkeypatch.setattr(netem.rootless, "ensure_network_privileges", lambda force=False: None)
+    monkeypatch.setattr("pddemu.roles.launcher.Launcher", CountedLauncher)
+    monkeypatch.setattr(CountedLauncher, "started", 0)
+    monkeypatch.setattr(CountedLauncher, "closed", 0)
+    handed = []
+    monkeypatch.setattr(
+        "pddemu.cli._run_command", lambda _argv, _listener, launcher: handed.append(launcher) or 0
+    )
+    assert main(argv) == 0
+    assert CountedLauncher.started == CountedLauncher.closed == started
+    assert (handed[0] is not None) == bool(started)
+
+
 def _arguments(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:
     """Every argument of `parser` and of its sub-commands, with the command that takes it."""
     found = []
