@@ -33,6 +33,7 @@ PR_SET_PDEATHSIG = 1
 INTERRUPTED_EXIT = 130  # a child stopped at once, without a result
 STOP_TIMEOUT_S = 60.0  # wall seconds a child has, after a second signal, to remove what it made
 
+TERMINATING = {signal.SIGINT, signal.SIGTERM}
 Work = Callable[[str], Any]  # run in the child: the name's result (picklable)
 Finished = Callable[[str, Any], None]  # called here with each result as it comes
 
@@ -44,6 +45,7 @@ class Child:
     results: Connection  # this process's end of the child's pipe
     result: Any = None
     received: bool = False
+    signalled: int = 0  # the SIGTERMs passed on to it
 
 
 @dataclass
@@ -61,6 +63,29 @@ def run_at_once(names: Sequence[str], work: Work, finished: Finished) -> Outcome
     context = multiprocessing.get_context("fork")  # the loaded workload and config, as they are
     children: list[Child] = []
     signals = 0
+    passing_on = False
+
+    def catch_up() -> None:
+        """Pass on to every running child the signals it has not had yet, once each: run by
+        the handler and after each start (a signal that came while a child was being started
+        reaches it then). The handler, run while this is under way, leaves it to finish."""
+        nonlocal passing_on
+        if passing_on:
+            return
+        passing_on = True
+        try:
+            while lagging := [
+                child
+                for child in children
+                if child.signalled < signals
+                and child.process.pid is not None
+                and child.process.is_alive()
+            ]:
+                for child in lagging:
+                    child.signalled += 1
+                    os.kill(child.process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        finally:
+            passing_on = False
 
     def pass_on(_signum: int) -> None:
         nonlocal signals
@@ -70,9 +95,7 @@ def run_at_once(names: Sequence[str], work: Work, finished: Finished) -> Outcome
                 "pddemu: stopping every system; writing what finished (again to stop at once)",
                 file=sys.stderr,
             )
-        for child in children:
-            if child.process.is_alive() and child.process.pid is not None:
-                os.kill(child.process.pid, signal.SIGTERM)
+        catch_up()
 
     on_termination(pass_on)
     try:
@@ -81,9 +104,15 @@ def run_at_once(names: Sequence[str], work: Work, finished: Finished) -> Outcome
             process = context.Process(
                 target=_child, args=(name, work, theirs), name=f"pddemu-{name}", daemon=False
             )
-            process.start()
+            # the child is born with SIGINT and SIGTERM blocked, until its handler is armed
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATING)
+            try:
+                process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             theirs.close()
             children.append(Child(name, process, ours))
+            catch_up()
         _collect(children, finished)
     finally:
         on_termination(raise_keyboard_interrupt)
@@ -140,6 +169,7 @@ def _child(name: str, work: Work, results: Connection) -> None:
     if os.getppid() != parent:  # the parent died before the signal was armed
         sys.exit(INTERRUPTED_EXIT)
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATING)  # one sent meanwhile comes now
         result = work(name)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED_EXIT)

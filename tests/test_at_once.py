@@ -4,6 +4,7 @@ flight, the second to stop at once), and none outlives the call."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -136,3 +137,35 @@ def test_a_second_interrupt_stops_every_child_at_once_then_raises(tmp_path: Path
     sender.join()
     assert got == []
     assert (tmp_path / "a.cleaned").exists() and (tmp_path / "b.cleaned").exists()
+
+
+def test_an_interrupt_while_a_child_is_being_started_still_reaches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handled between a child's start and its being known here (CI once saw a child
+    sleep through it) is passed on all the same; one started after it gets it at once."""
+    process_class = multiprocessing.get_context("fork").Process
+    start = process_class.start
+
+    def start_then_interrupt(self: multiprocessing.process.BaseProcess) -> None:
+        start(self)
+        if self.name == "pddemu-a":
+            os.kill(os.getpid(), signal.SIGINT)  # handled here, before run_at_once records "a"
+
+    monkeypatch.setattr(process_class, "start", start_then_interrupt)
+
+    def work(name: str) -> str:
+        try:
+            time.sleep(WAIT_S)
+        except KeyboardInterrupt:
+            return f"{name}: partial"
+        return f"{name}: whole"
+
+    got: dict[str, str] = {}
+    started = time.monotonic()
+    outcome = run_at_once(["a", "b"], work, lambda name, result: got.update({name: result}))
+    assert time.monotonic() - started < WAIT_S / 2, got
+    # each ended what it had: its work interrupted, or interrupted before it began
+    for name in ("a", "b"):
+        assert got.get(name) == f"{name}: partial" or outcome.failed.get(name) == 130
+    assert outcome.interrupted
