@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import fcntl
 import socket
 from collections.abc import Awaitable, Callable
@@ -52,9 +53,10 @@ SIOCOUTQNSD = 0x894B  # ioctl: bytes in a TCP socket's send queue not yet sent (
 def _all_sent(writer: Any, sock: socket.socket) -> bool:
     """Whether everything written on the connection has been sent to the network: nothing
     queued by the writer (a transport's buffer, or `SocketWriter`'s), nothing in the socket
-    not yet sent (SIOCOUTQNSD). A byte written marked then left marked."""
+    not yet sent (SIOCOUTQNSD). A byte written marked then left marked. Not on a closing
+    connection: its writer drops what is written."""
     transport = getattr(writer, "transport", writer)
-    if transport.get_write_buffer_size():
+    if transport.is_closing() or transport.get_write_buffer_size():
         return False
     unsent = array.array("i", [0])
     fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, unsent, True)
@@ -207,16 +209,18 @@ class Channel:
             else:
                 self.writer.writelines([*buffers[:-1], tail[:-1]])
                 last = tail[-1:]
-                let_go = self.hold_until_shaped() if self.hold_until_shaped else None
+                let_go = None
                 left_marked = False
-                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
-                try:
+                try:  # a hold is posted only once the mark is set, and let go if the write fails
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ROUTING_DSCP << 2)
+                    let_go = self.hold_until_shaped() if self.hold_until_shaped else None
                     self.writer.write(last)
                     left_marked = _all_sent(self.writer, sock)
                 finally:
-                    mark_socket(sock, self.purpose)
                     if let_go is not None and not left_marked:  # (or the write failed)
                         let_go()
+                    with contextlib.suppress(OSError):  # the socket closed meanwhile: no mark
+                        mark_socket(sock, self.purpose)
             if handed is not None:
                 handed()
             await self.writer.drain()

@@ -117,3 +117,38 @@ def test_a_routing_message_names_its_connections_slot_as_the_shaper_does() -> No
 
     named, expected = asyncio.run(run())
     assert named == expected
+
+
+@pytest.mark.parametrize(("dated", "error"), [(False, ConnectionResetError), (True, OSError)])
+def test_a_routing_message_sent_on_a_closed_channel_leaves_no_hold_standing(
+    dated: bool, error: type[Exception]
+) -> None:
+    """Closed locally (the connection broke while the send waited for the channel's lock):
+    a closing transport drops the marked byte, a closed socket refuses its mark. Every hold
+    posted is let go (none stands until the shaper's cap, or for good without a shaper), and
+    the send fails as it did. Before, the dated channel posted the hold and then failed to
+    mark the socket, and the transport's dropped byte was judged sent: both left it standing."""
+
+    async def run() -> Holds:
+        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await reader.read(1 << 16):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(peer, "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            channel = await Channel.connect(
+                "127.0.0.1", port, "FE0", "MD0", "control", RunSecret.new(), dated=dated
+            )
+            holds = Holds()
+            channel.hold_until_shaped = holds.hold  # type: ignore[assignment]
+            channel.close()
+            with pytest.raises(error):
+                await channel.control("match", {"rid": "r"})
+        return holds
+
+    holds = asyncio.run(run())
+    assert holds.posted == holds.let_go
+    if not dated:  # the transport's socket is still open: the hold was posted
+        assert holds.posted == 1
