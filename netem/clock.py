@@ -120,6 +120,15 @@ ROUTING_HOLD_CAP_S = 0.25
 # posted at the instant its own message came. A reader that knows no connection (in-process)
 # lets go in ROUTING_SLOT.
 ROUTING_SLOT_PREFIX = "routing "
+# The page has MAX_SLOTS slots for every participant, and connections come and go (a restart
+# reconnects): the shaper gives a connection's slot back once the connection has ended (FIN or
+# RST) and the slot holds for no reader, and keeps at most ROUTING_SLOTS_KEPT of them (beyond,
+# it gives back those holding for no reader first; with none such, a message is not held).
+# A slot given back has its counters added to ROUTING_ENDED_SLOT's (`SharedClock.free_into`),
+# so the routing holds summed over the slots (`pddemu.runtime.timekeeping.routing_holds`)
+# lose none.
+ROUTING_SLOTS_KEPT = MAX_SLOTS // 3
+ROUTING_ENDED_SLOT = ROUTING_SLOT_PREFIX + "ended" + INSTANT
 # And from its sending until the shaper has read it: the shaper dates what it reads by the
 # turn that reads it, so a message it read late would enter the WAN late (its route with it).
 # The sender holds the present for one more reader in INGRESS_SLOT just before its marked
@@ -519,13 +528,36 @@ class SharedClock:
         """Give a slot back (its hold, if any, is released first)."""
         self.release(index)
         with self._locked():
-            # The hold stays at inf throughout (released above), so a kill between these writes
-            # leaves at worst a slot holding nothing, never a nameless one holding at 0.
-            at = _slot_at(index)
-            hold_end = at + SLOT_HOLD_AT + _SLOT_HOLD.size
-            self._page[at : at + SLOT_HOLD_AT] = bytes(SLOT_HOLD_AT)
-            self._page[hold_end : at + SLOT_BYTES] = bytes(at + SLOT_BYTES - hold_end)
-            _SLOT_HOLD.pack_into(self._page, at + SLOT_HOLD_AT, math.inf, 0.0)
+            self._clear(index)
+
+    def free_into(self, index: int, into: int) -> None:
+        """Give a slot back, its holds' counters (posted, binding, wall seconds frozen) added
+        to slot `into`'s first, in one write: a reader summing both slots loses none of them.
+        Its hold, if any, is released first (and counted)."""
+        with self._locked():
+            self._release(index)
+            source, target = _slot_at(index), _slot_at(into)
+            _, frozen = _SLOT_HOLD.unpack_from(self._page, source + SLOT_HOLD_AT)
+            posted, binding = _SLOT_HOLDS.unpack_from(self._page, source + SLOT_HOLDS_AT)
+            held, frozen_before = _SLOT_HOLD.unpack_from(self._page, target + SLOT_HOLD_AT)
+            _SLOT_HOLD.pack_into(self._page, target + SLOT_HOLD_AT, held, frozen_before + frozen)
+            posted_before, binding_before = _SLOT_HOLDS.unpack_from(
+                self._page, target + SLOT_HOLDS_AT
+            )
+            _SLOT_HOLDS.pack_into(
+                self._page, target + SLOT_HOLDS_AT, posted_before + posted, binding_before + binding
+            )
+            self._clear(index)
+
+    def _clear(self, index: int) -> None:
+        """Make a slot whose hold is released free (unnamed, its counters zero). The hold
+        stays at inf throughout, so a kill between these writes leaves at worst a slot holding
+        nothing, never a nameless one holding at 0."""
+        at = _slot_at(index)
+        hold_end = at + SLOT_HOLD_AT + _SLOT_HOLD.size
+        self._page[at : at + SLOT_HOLD_AT] = bytes(SLOT_HOLD_AT)
+        self._page[hold_end : at + SLOT_BYTES] = bytes(at + SLOT_BYTES - hold_end)
+        _SLOT_HOLD.pack_into(self._page, at + SLOT_HOLD_AT, math.inf, 0.0)
 
     def recover(self) -> bool:
         """Make the page whole again if a writer died inside its critical section (SIGKILL,

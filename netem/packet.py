@@ -11,6 +11,7 @@ FlowKey = tuple[int, bytes, bytes, int, int]  # protocol, source, destination, p
 
 TCP = 6
 TCP_PSH = 0x08
+TCP_FIN_OR_RST = 0x01 | 0x04
 UDP = 17
 ECN_MASK = 0x03
 ECN_NOT_ECT = 0x00
@@ -53,6 +54,26 @@ def ends_a_tcp_write(packet: bytes) -> bool:
         return False
     total = (packet[2] << 8) | packet[3]
     return total > header + (packet[header + 12] >> 4) * 4
+
+
+def ends_a_tcp_connection(packet: bytes) -> bool:
+    """Whether the packet is an IPv4 TCP segment with FIN or RST set: its sender will send no
+    more on the connection (RST: neither side will)."""
+    if not _is_ipv4(packet) or packet[9] != TCP:
+        return False
+    flags = (packet[0] & 0x0F) * 4 + 13
+    return len(packet) > flags and bool(packet[flags] & TCP_FIN_OR_RST)
+
+
+def tcp_ends(packet: bytes) -> tuple[bytes, int, bytes, int]:
+    """An IPv4 TCP segment's source address and port, destination address and port."""
+    header = (packet[0] & 0x0F) * 4
+    return (
+        packet[12:16],
+        int.from_bytes(packet[header : header + 2], "big"),
+        packet[16:20],
+        int.from_bytes(packet[header + 2 : header + 4], "big"),
+    )
 
 
 def ecn_capable(packet: bytes) -> bool:

@@ -49,14 +49,17 @@ from netem.clock import (
     INGRESS_SLOT,
     LAG_COUNTED_KINDS,
     ROUTING_DSCP,
+    ROUTING_ENDED_SLOT,
     ROUTING_HOLD_CAP_S,
+    ROUTING_SLOTS_KEPT,
     Anchor,
+    ClockError,
     SharedClock,
     routing_slot,
 )
 from netem.delivery import DeliveryRecord
 from netem.direction import Direction
-from netem.packet import ends_a_tcp_write
+from netem.packet import ends_a_tcp_connection, ends_a_tcp_write, tcp_ends
 from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
 from netem.tun import DEFAULT_TUN_DEVICE, open_tun
@@ -116,6 +119,14 @@ class Shaper:
         # posted there that no reader has let go of yet, oldest first (each to end at its cap).
         self.routing_slots: dict[str, int] = {}
         self.routing_held_since: dict[int, deque[float]] = {}
+        # those whose connection has ended (FIN or RST seen), to give back once they hold for
+        # no reader; the slot that keeps the counters of those given back
+        # (netem.clock.ROUTING_SLOTS_KEPT); routing messages not held for want of a slot
+        self.routing_ended: set[str] = set()
+        self.routing_ended_slot = (
+            self.clock.claim(ROUTING_ENDED_SLOT) if self.clock is not None else None
+        )
+        self.routing_unheld = 0
         # and the slot their senders hold the present in until this shaper has read them
         # (netem.clock.INGRESS_SLOT), with since when (wall) it has stood with none read
         self.ingress_slot = self.clock.claim(INGRESS_SLOT) if self.clock is not None else None
@@ -227,7 +238,7 @@ class Shaper:
                     break
             route.direction.push_many(packets, now)  # all arrived at `now`
             if self.ingress_slot is not None:
-                self._let_senders_go(packets)
+                self._look_at_routing(packets)
         self._follow_schedule(now + early, now)
         self._release(now + early, now)
 
@@ -274,29 +285,74 @@ class Shaper:
         if not ends_a_tcp_write(packet):
             return
         assert self.clock is not None
-        header = (packet[0] & 0x0F) * 4
-        name = routing_slot(
-            packet[12:16],
-            int.from_bytes(packet[header : header + 2], "big"),
-            packet[16:20],
-            int.from_bytes(packet[header + 2 : header + 4], "big"),
-        )
+        name = routing_slot(*tcp_ends(packet))
         slot = self.routing_slots.get(name)
         if slot is None:
-            slot = self.routing_slots[name] = self.clock.claim(name)
-            self.routing_held_since[slot] = deque()
+            slot = self._claim_routing_slot(name)
+            if slot is None:
+                return
         self.clock.hold_for_one_more(slot, now)
         self.routing_held_since[slot].append(time.monotonic())
         self.routing_holds += 1
 
-    def _let_senders_go(self, packets: list[bytes]) -> None:
+    def _claim_routing_slot(self, name: str) -> int | None:
+        """A new connection's routing slot: at most ROUTING_SLOTS_KEPT are kept, and with
+        that many, or the page full, those holding for no reader are given back first. None
+        when there is still none (every kept slot holds for a reader, or the page is full of
+        other participants'): its message is not held, and dated as the turn that reads it
+        (the run goes on; a dying shaper would take the WAN with it)."""
+        assert self.clock is not None
+        for attempt in range(2):
+            if len(self.routing_slots) < ROUTING_SLOTS_KEPT:
+                try:
+                    slot = self.clock.claim(name)
+                except ClockError:
+                    pass
+                else:
+                    self.routing_slots[name] = slot
+                    self.routing_held_since[slot] = deque()
+                    return slot
+            if attempt == 0:
+                for idle in [n for n, i in self.routing_slots.items() if self._holds_none(i)]:
+                    self._give_back(idle)
+        if not self.routing_unheld:
+            print(f"shaper: no clock slot for routing holds ({name}): not held", file=sys.stderr)
+        self.routing_unheld += 1
+        return None
+
+    def _holds_none(self, slot: int) -> bool:
+        """Whether a routing slot's hold stands for no reader (only this shaper posts there,
+        so it stays so until this shaper posts again)."""
+        assert self.clock is not None
+        return not self.clock.readers_held_for(slot)
+
+    def _give_back(self, name: str) -> None:
+        """Free a routing slot that holds for no reader, its counters kept in
+        ROUTING_ENDED_SLOT's."""
+        assert self.clock is not None and self.routing_ended_slot is not None
+        slot = self.routing_slots.pop(name)
+        del self.routing_held_since[slot]
+        self.routing_ended.discard(name)
+        self.clock.free_into(slot, self.routing_ended_slot)
+
+    def _look_at_routing(self, packets: list[bytes]) -> None:
         """Each routing message read (the segment ending its marked write) has entered the
         WAN at `now`: its sender's hold on the present since it sent it can go
-        (netem.clock.INGRESS_SLOT)."""
+        (netem.clock.INGRESS_SLOT). And a connection with a routing slot that ends (FIN or RST,
+        either way): its slots, both ways, are given back once they hold for no reader."""
         assert self.clock is not None and self.ingress_slot is not None
+        routing_slots = self.routing_slots
         for packet in packets:
             if len(packet) > 1 and packet[1] >> 2 == ROUTING_DSCP and ends_a_tcp_write(packet):
                 self.clock.let_go_one(self.ingress_slot)
+            if routing_slots and ends_a_tcp_connection(packet):
+                source, source_port, destination, destination_port = tcp_ends(packet)
+                for name in (
+                    routing_slot(source, source_port, destination, destination_port),
+                    routing_slot(destination, destination_port, source, source_port),
+                ):
+                    if name in routing_slots:
+                        self.routing_ended.add(name)
 
     def _cap_ingress_hold(self, wall: float) -> float | None:
         """End the senders' hold once it has stood ROUTING_HOLD_CAP_S of wall time (as this
@@ -325,6 +381,8 @@ class Shaper:
             if since:
                 assert self.clock is not None
                 self.clock.let_go_overdue(slot, since, wall, ROUTING_HOLD_CAP_S)
+        for name in [n for n in self.routing_ended if self._holds_none(self.routing_slots[n])]:
+            self._give_back(name)
 
     # -- schedules ------------------------------------------------------------------------
 

@@ -39,7 +39,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from netem.clock import LAG_COUNTERS, SharedClock, SlotReport
+from netem.clock import (
+    LAG_COUNTERS,
+    ROUTING_ENDED_SLOT,
+    ROUTING_SLOT_PREFIX,
+    SharedClock,
+    SlotReport,
+)
 from pddemu.runtime.clock import CONTROLLED_KINDS, INSTANT
 
 AUTO_CEILING = 64.0  # the fastest "auto" may run: a bound, far beyond what a laptop reaches
@@ -158,6 +164,7 @@ class Dilation:
             by_slot[report.name] = (tuple(total for _, total in added), stood_here)
             if report.name.endswith(INSTANT):
                 instant += stood_here
+        instant -= self._given_back_frozen(reports)
         stood_wall = max(0.0, frozen - self._frozen - instant)
         for kind in range(LAG_COUNTERS):
             self._run_counts[kind] += counts[kind]
@@ -225,6 +232,21 @@ class Dilation:
         if self._over_at is None:
             return self.policy.ceiling
         return min(self.policy.ceiling, self.policy.decrease * self._over_at)
+
+    def _given_back_frozen(self, reports: list[SlotReport]) -> float:
+        """Wall seconds counted at earlier decisions of the routing slots the shaper gave back
+        since the last one: their counters went into ROUTING_ENDED_SLOT's
+        (`SharedClock.free_into`), whose growth counts them again."""
+        if not any(report.name == ROUTING_ENDED_SLOT for report in reports):
+            return 0.0  # (the shaper's slots freed with it: nothing was added)
+        present = {(report.index, report.name, report.pid) for report in reports}
+        return sum(
+            last.frozen_wall_s
+            for last in self._last.values()
+            if last.name.startswith(ROUTING_SLOT_PREFIX)
+            and last.name != ROUTING_ENDED_SLOT
+            and (last.index, last.name, last.pid) not in present
+        )
 
     def _run_over(self, target: float) -> bool:
         """Whether any kind's mean since the controller began is over `target`."""

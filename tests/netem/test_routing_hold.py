@@ -16,17 +16,18 @@ from pathlib import Path
 import pytest
 
 from netem import shaper as shaper_module
-from netem.clock import ROUTING_DSCP, SharedClock, routing_slot
+from netem.clock import MAX_SLOTS, ROUTING_DSCP, ROUTING_SLOTS_KEPT, SharedClock, routing_slot
 from netem.packet import ends_a_tcp_write
 from netem.shaper import Shaper
 from netem.spec import LinkSpec
 from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.timekeeping import routing_holds
 from tests.netem.test_delivery_record import FakeLink, drain, one_link_config
 
 DELAY_S = 0.005
 
 
-PSH_ACK, ACK = 0x18, 0x10
+PSH_ACK, ACK, FIN_ACK, RST = 0x18, 0x10, 0x11, 0x04
 
 
 SOURCE, DESTINATION = bytes([10, 0, 1, 1]), bytes([10, 0, 2, 1])
@@ -327,6 +328,65 @@ def test_a_message_on_another_connection_lets_none_go(tmp_path: Path) -> None:
         assert reader.let_routing_go(hold, SLOT)
         time.sleep(0.01)
         assert reader.now() > hold
+    finally:
+        shaper.control.close()
+        link.close()
+        reader.close()
+
+
+def test_more_connections_than_the_page_has_slots_each_held_and_counted(tmp_path: Path) -> None:
+    """Connections come and go (a restart reconnects), each with a routing message let go by
+    its reader and none ended by a FIN the shaper saw: it keeps at most ROUTING_SLOTS_KEPT
+    slots, giving back those holding for no reader, so every message is held and the page
+    keeps room for participants; the holds given back still count. Before, each connection
+    kept its slot for good, and the claim past the page's last slot raised ClockError out of
+    the shaper's turn (the shaper died, the WAN with it)."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    reader = ModelledClock(SharedClock(page), None)
+    connections = MAX_SLOTS + 10
+    try:
+        for port in range(2000, 2000 + connections):
+            hold, _, _ = released_hold(
+                shaper, link, segment(ROUTING_DSCP, b'{"kind": "matched"}', source_port=port)
+            )
+            name = routing_slot(SOURCE, port, DESTINATION, 80)
+            assert reader.let_routing_go(hold, name)
+        assert shaper.routing_holds == connections and shaper.routing_unheld == 0
+        assert len(shaper.routing_slots) <= ROUTING_SLOTS_KEPT
+        assert routing_holds(reader.source)["posted"] == connections  # none lost
+        assert len(reader.source.slots()) < MAX_SLOTS - ROUTING_SLOTS_KEPT
+    finally:
+        shaper.control.close()
+        link.close()
+        reader.close()
+
+
+@pytest.mark.parametrize("flags", [FIN_ACK, RST])
+def test_a_connections_slot_is_given_back_when_it_ends_and_holds_for_no_reader(
+    tmp_path: Path, flags: int
+) -> None:
+    """A FIN or RST on a connection with a routing slot: the slot is given back once its
+    reader has let go (not before: the hold stands for it), its counts kept."""
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    reader = ModelledClock(SharedClock(page), None)
+    try:
+        hold, _, _ = released_hold(shaper, link, segment(ROUTING_DSCP, b'{"kind": "match"}'))
+        before = routing_holds(reader.source)
+        link.far["a"].send(segment(18, b"", flags=flags))  # the connection ends
+        shaper.turn([shaper.routes[0].source_fd], shaper.now(), early=0.0)  # read, held
+        shaper._cap_routing_holds(time.monotonic())
+        assert reader.source.slot_named(SLOT) is not None  # its reader has not let go yet
+        assert reader.now() == hold
+        assert reader.let_routing_go(hold, SLOT)
+        shaper._cap_routing_holds(time.monotonic())
+        assert reader.source.slot_named(SLOT) is None and not shaper.routing_slots
+        after = routing_holds(reader.source)
+        assert after["posted"] == before["posted"] == 1
+        assert after["binding"] == 1 and after["frozen_wall_s"] > 0  # counted at its release
     finally:
         shaper.control.close()
         link.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from netem.clock import ClockError, SharedClock
+from netem.clock import ROUTING_ENDED_SLOT, ClockError, SharedClock, routing_slot
 from pddemu.runtime.clock import CONTROLLED_KINDS, PRECISE_WALL_S, SHORT_NAP_S, ModelledClock
 from pddemu.runtime.dilation import AUTO_CEILING, AUTO_START, Dilation, DilationPolicy
 from tests.netem.test_clock import FakeWall
@@ -571,3 +571,25 @@ def test_a_precise_sleep_blocks_its_last_stretch_under_a_promise(tmp_path: Path)
     # a rounding residue may add a poll after it: not the loop's timers, left unchecked).
     assert naps and naps[0] == pytest.approx(0.005 - PRECISE_WALL_S, abs=1e-9)
     assert blocked and blocked[0] == pytest.approx(PRECISE_WALL_S, abs=1e-9)
+
+
+def test_a_routing_slot_given_back_counts_its_frozen_time_once(tmp_path: Path) -> None:
+    """The shaper gives back a connection's routing slot, its counters added to
+    ROUTING_ENDED_SLOT's (`SharedClock.free_into`): the controller counts that slot's instant
+    hold once, so a participant's hold in the same period still slows the clock. Counted
+    twice, it would hide that hold's frozen time."""
+    policy = DilationPolicy(ceiling=8.0, start=8.0, frozen_ok=0.2, cooldown_periods=0)
+    dilation, shared, wall = _dilation(
+        tmp_path, policy, "P0", ROUTING_ENDED_SLOT, routing_slot(bytes(4), 1, bytes(4), 2)
+    )
+    p, ended, connection = 0, 1, 2
+    shared.hold(connection, shared.now())
+    wall.advance(0.2)  # a routing hold: instant, no slow-down
+    shared.release(connection)
+    assert dilation.step() == 8.0
+    shared.free_into(connection, ended)
+    shared.hold(p, shared.now())
+    wall.advance(0.3)  # P0 stands the clock still for most of the window
+    shared.release(p)
+    assert dilation.step() == pytest.approx(8.0 * 0.5)
+    assert dilation.slowed_by == {"hold P0": 1}
