@@ -135,7 +135,8 @@ ROUTING_ENDED_SLOT = ROUTING_SLOT_PREFIX + "ended" + INSTANT
 # write (`hold_for_one_more`), and lets go itself if that write did not leave at once (it
 # then leaves unmarked); the shaper lets go of one for each segment so marked that ends a
 # write as it reads it, and ends the slot's hold once it has stood ROUTING_HOLD_CAP_S of wall
-# time with no such segment read.
+# time (counted from before its posting) still standing for a sender: the count runs until it
+# stands for none, each segment read lets one sender go but does not restart it.
 INGRESS_SLOT = "shaper ingress" + INSTANT
 # A reader's date of its message (the kernel's receive time, moved to modelled time) may fall
 # this far before the instant the hold at its release stands at (the clocks' offset's error):

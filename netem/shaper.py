@@ -128,9 +128,11 @@ class Shaper:
         )
         self.routing_unheld = 0
         # and the slot their senders hold the present in until this shaper has read them
-        # (netem.clock.INGRESS_SLOT), with since when (wall) it has stood with none read
+        # (netem.clock.INGRESS_SLOT), with since when (wall) it has stood, at the latest (the
+        # last look that found it standing for no sender: it was posted after that look)
         self.ingress_slot = self.clock.claim(INGRESS_SLOT) if self.clock is not None else None
         self.ingress_waiting_since: float | None = None
+        self.ingress_none_seen_at = time.monotonic()
         # and the slot it counts its packets' release lag in, for the rate's controller
         self.lag_slot = self.clock.claim(LAG_SLOT) if self.clock is not None else None
         self.routing_holds = 0
@@ -355,23 +357,27 @@ class Shaper:
                         self.routing_ended.add(name)
 
     def _cap_ingress_hold(self, wall: float) -> float | None:
-        """End the senders' hold once it has stood ROUTING_HOLD_CAP_S of wall time (as this
-        loop saw it) without every message it stands for read (one left unmarked and its sender
-        did not know, or never left): the wall seconds left before that while it stands, None
-        when it does not."""
+        """End the senders' hold once it has stood ROUTING_HOLD_CAP_S of wall time without
+        every message it stands for read (one left unmarked and its sender did not know, or
+        never left): the wall seconds left before that while it stands, None when it does not.
+        Counted from this loop's last look that found it standing for no sender (its posting
+        came after): a cap counted from the first look that saw it would let it stand up to
+        the looks' period (INGRESS_LOOK_S) longer."""
         if self.ingress_slot is None:
             return None
         assert self.clock is not None
         if not self.clock.readers_held_for(self.ingress_slot):
             self.ingress_waiting_since = None
+            self.ingress_none_seen_at = wall
             return None
         if self.ingress_waiting_since is None:
-            self.ingress_waiting_since = wall
+            self.ingress_waiting_since = self.ingress_none_seen_at
         left = self.ingress_waiting_since + ROUTING_HOLD_CAP_S - wall
         if left > 0:
             return left
         self.clock.release(self.ingress_slot)
         self.ingress_waiting_since = None
+        self.ingress_none_seen_at = wall
         return None
 
     def _cap_routing_holds(self, wall: float) -> None:

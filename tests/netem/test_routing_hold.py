@@ -306,6 +306,35 @@ def test_a_senders_hold_whose_message_never_reaches_the_shaper_ends_at_the_cap(
         sender.close()
 
 
+def test_a_senders_hold_is_capped_from_before_its_posting_not_from_when_the_loop_saw_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shaper's loop looks at the senders' hold every INGRESS_LOOK_S when idle: a hold
+    posted just after a look is first seen up to that long after. Its cap counts from the
+    last look that found none (it was posted after), so it stands at most ROUTING_HOLD_CAP_S.
+    Before, it counted from the look that first saw it: up to INGRESS_LOOK_S longer."""
+    monkeypatch.setattr(shaper_module, "ROUTING_HOLD_CAP_S", 0.05)
+    page = tmp_path / "clock"
+    SharedClock.create(page, rate=1.0)
+    shaper, link = shaper_on(page, tmp_path)
+    sender = ModelledClock(SharedClock(page), None)
+    try:
+        looked = time.monotonic()
+        assert shaper._cap_ingress_hold(looked) is None  # a look: nothing stands
+        sender.hold_until_shaped()
+        time.sleep(0.03)  # the loop's next look comes later
+        left = shaper._cap_ingress_hold(time.monotonic())
+        assert left is not None and left <= looked + 0.05 - time.monotonic() + 1e-3
+        time.sleep(left + 0.002)
+        assert shaper._cap_ingress_hold(time.monotonic()) is None  # past the cap: ended
+        assert shaper.clock is not None and shaper.ingress_slot is not None
+        assert shaper.clock.readers_held_for(shaper.ingress_slot) == 0
+    finally:
+        shaper.control.close()
+        link.close()
+        sender.close()
+
+
 def test_a_message_on_another_connection_lets_none_go(tmp_path: Path) -> None:
     """Two routing messages released in one turn on two connections, the first unmarked (its
     send buffer was full: no hold) and so dated at the instant the second's hold stands at:
