@@ -106,19 +106,16 @@ INSTANT = "/instant"
 # The routing exchange's messages across the WAN (the frontend's `match`, the decode side's
 # `matched`) end with this DSCP (AF22: the class of control messages, AF21, for the queueing
 # disciplines): the last write of each is marked. The shaper holds modelled time at the release
-# of a segment so marked that carries data and ends a write (PSH), in its slot ROUTING_SLOT,
-# until the message's reader lets go (once it has acted on it, or holds the present itself) or
-# ROUTING_HOLD_CAP_S of wall time has passed: so what the reader does on the message is as of
-# its arrival, however late it reads it. Messages in flight together share the slot's hold,
-# counted: it stands until each reader has let go or each message's cap has passed.
+# of a segment so marked that carries data and ends a write (PSH), in the slot of the
+# message's connection direction (`routing_slot`: its addresses and ports), until the message's
+# reader lets go (once it has acted on it, or holds the present itself) or ROUTING_HOLD_CAP_S
+# of wall time has passed: so what the reader does on the message is as of its arrival, however
+# late it reads it. Messages in flight together on a connection share its slot's hold, counted:
+# it stands until each reader has let go or each message's cap has passed. A reader lets go
+# only in the slot of the connection it read its message on: one whose message left unmarked
+# (no hold) cannot end another connection's hold posted at the instant its own message came.
 ROUTING_DSCP = 20
-ROUTING_SLOT = "shaper routing" + INSTANT
 ROUTING_HOLD_CAP_S = 0.25
-# The hold at a release stands in a slot of the message's connection (`routing_slot`: its
-# direction's addresses and ports), so a reader lets go only of holds for messages on its own
-# connection: one whose message left unmarked (no hold) cannot end another connection's hold
-# posted at the instant its own message came. A reader that knows no connection (in-process)
-# lets go in ROUTING_SLOT.
 ROUTING_SLOT_PREFIX = "routing "
 # The page has MAX_SLOTS slots for every participant, and connections come and go (a restart
 # reconnects): the shaper gives a connection's slot back once the connection has ended (FIN or

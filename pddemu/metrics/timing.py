@@ -49,7 +49,9 @@ def timing_summary(
 ) -> dict[str, Any]:
     """`decode_step_s`: the modelled decode step that bounds the lag when no request has a
     TPOT (None: such a run cannot be judged). `routing_holds`: the shaper's, each from a
-    routing answer's release until its reader had it (netem.clock.ROUTING_SLOT)."""
+    routing message's release until its reader had it (each connection's
+    `netem.clock.routing_slot`, those given back in ROUTING_ENDED_SLOT), and their senders',
+    each until the shaper had read it (INGRESS_SLOT)."""
     # each participant's lag samples with their exact totals (`Reservoir`: bounded samples)
     participants = {
         name: {

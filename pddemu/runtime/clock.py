@@ -37,7 +37,6 @@ from netem.clock import (
     INGRESS_SLOT,
     INSTANT,
     LAG_COUNTED_KINDS,
-    ROUTING_SLOT,
     Anchor,
     SharedClock,
 )
@@ -281,15 +280,15 @@ class ModelledClock:
         """A routing message that crossed the WAN, and `arrived` (modelled: its kernel receive
         time; None if undated), has been acted on: let go of the shaper's hold at its release
         (`netem.clock.ROUTING_DSCP`), in its connection's slot `slot_name`
-        (`Envelope.routing_slot`; ROUTING_SLOT where none is known). The reader has answered
-        it, or holds the present itself (`hold_instant`), so no modelled time passes between
+        (`Envelope.routing_slot`; None where no connection is known: nothing is let go). The
+        reader has answered it, or holds the present itself (`hold_instant`), so no modelled time passes between
         the message's arrival and what is done on it. One reader's let-go ends one message's
         hold (`SharedClock.let_go_one`) on its own connection, and none posted after the
         message had come: one that left unmarked (its send buffer full, a retransmission) held
         nothing, and lets go of no other's. Returns whether it let go."""
-        if not isinstance(self.source, SharedClock):
+        if not isinstance(self.source, SharedClock) or slot_name is None:
             return False
-        slot = self.source.slot_named(slot_name or ROUTING_SLOT)
+        slot = self.source.slot_named(slot_name)
         if slot is None:
             return False
         return self.source.let_go_one(slot, math.inf if arrived is None else arrived)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from netem.clock import INGRESS_SLOT, ROUTING_SLOT, ROUTING_SLOT_PREFIX, SharedClock
+from netem.clock import INGRESS_SLOT, ROUTING_SLOT_PREFIX, SharedClock
 from netem.procstat import process_cpu_s, steal_between, steal_s
 from netem.topology import Network, TopologyError
 from pddemu.config import Config
@@ -181,13 +181,12 @@ class RunTiming:
 
 def routing_holds(page: SharedClock) -> dict[str, float]:
     """The holds of the routing exchange across the WAN so far, the shaper's at each message's
-    release (each connection's `netem.clock.routing_slot`) and its senders' until the shaper read it
+    release (each connection's `netem.clock.routing_slot`, and ROUTING_ENDED_SLOT, which keeps
+    the counts of those given back) and its senders' until the shaper read it
     (`netem.clock.INGRESS_SLOT`): posted, how many stood the clock still, for how long (wall
     seconds); none without such slots."""
     reports = [
-        r
-        for r in page.slots()
-        if r.name in (ROUTING_SLOT, INGRESS_SLOT) or r.name.startswith(ROUTING_SLOT_PREFIX)
+        r for r in page.slots() if r.name == INGRESS_SLOT or r.name.startswith(ROUTING_SLOT_PREFIX)
     ]
     if not reports:
         return {}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from netem.clock import ROUTING_SLOT, SharedClock
+from netem.clock import SharedClock, routing_slot
 from pddemu.config import load_config
 from pddemu.roles.frontend import Frontend
 from pddemu.roles.main_decode import MainDecodeInstance
@@ -30,6 +30,9 @@ from tests.roles.in_process import WireEnd, admit, instance
 
 WAN_ONE_WAY_S = 0.02  # modelled: the answer's arrival, this long after the match leaves
 LATE_S = 0.05  # wall seconds the frontend's loop is blocked before it reads the answer
+# The slot of the shaper's holds at the messages of the connection the reader reads them on
+# (`Envelope.routing_slot`, from its socket's names)
+CONNECTION_SLOT = routing_slot(bytes([10, 0, 1, 1]), 40000, bytes([10, 0, 2, 1]), 7000)
 
 
 @pytest.fixture
@@ -42,9 +45,9 @@ def page(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def shaper(page: Path) -> Iterator[tuple[SharedClock, int]]:
-    """The shaper's view of the page and its ROUTING_SLOT, where it holds at a release."""
+    """The shaper's view of the page and the connection's slot, where it holds at a release."""
     clock = SharedClock(page)
-    yield clock, clock.claim(ROUTING_SLOT)
+    yield clock, clock.claim(CONNECTION_SLOT)
     clock.close()
 
 
@@ -79,7 +82,9 @@ def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(
         arrived.append(shaper.hold_for_one_more(slot, fe.clock.now()))
         time.sleep(LATE_S)  # the frontend's loop is busy elsewhere: it reads the answer late
         body = {"rid": rid, "hit": 0, "instance": "MD0"}
-        await fe.on_matched(Envelope("matched", body, [], WireEnd("MD0", None)))
+        await fe.on_matched(
+            Envelope("matched", body, [], WireEnd("MD0", None), routing_slot=CONNECTION_SLOT)
+        )
 
     async def tell(name: str, kind: str, body: dict, *attachments: Any) -> int:
         fe.told.append((name, kind, body))
@@ -138,7 +143,9 @@ def test_a_late_read_of_the_match_does_not_move_mds_answer(
         arrived = shaper.hold_for_one_more(slot, md.clock.now())
         time.sleep(LATE_S)  # MD's loop is busy elsewhere: it reads the match late
         ids = [TokenIds.from_ints("r", 0, [1, 2, 3])]
-        await md.on_match(Envelope("match", {"rid": "r"}, ids, frontend))
+        await md.on_match(
+            Envelope("match", {"rid": "r"}, ids, frontend, routing_slot=CONNECTION_SLOT)
+        )
         return arrived
 
     arrived = asyncio.run(run())
@@ -174,7 +181,9 @@ def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(
     async def match(frontend: StalledFrontendEnd, rid: str) -> asyncio.Future[None]:
         shaper.hold_for_one_more(slot, md.clock.now())  # the match released: the shaper holds
         ids = [TokenIds.from_ints(rid, 0, [1, 2, 3])]
-        answer = md.on_match(Envelope("match", {"rid": rid}, ids, frontend))
+        answer = md.on_match(
+            Envelope("match", {"rid": rid}, ids, frontend, routing_slot=CONNECTION_SLOT)
+        )
         answering = asyncio.ensure_future(answer)
         await asyncio.sleep(0.01)
         return answering
@@ -223,7 +232,7 @@ def test_the_time_stood_still_for_a_late_read_answer_is_capped_from_its_arrival(
         arrived.append((shaper.hold_for_one_more(slot, fe.clock.now()), time.monotonic()))
         time.sleep(2 * LATE_S)  # the frontend reads it 0.1 s late
         body = {"rid": rid, "hit": 0, "instance": "MD0"}
-        answer = Envelope("matched", body, [], WireEnd("MD0", None))
+        answer = Envelope("matched", body, [], WireEnd("MD0", None), routing_slot=CONNECTION_SLOT)
         answer.received_wall = arrived[0][1]
         await fe.on_matched(answer)
 
