@@ -35,7 +35,7 @@ def reflow(text: str, width: int) -> list[str]:
             lead = ITEM_INDENT if in_item else ""
             filled = textwrap.wrap(
                 " ".join(words), width - len(lead), break_long_words=False, break_on_hyphens=False
-            )
+            ) or [""]  # an item with no words (a bare dash) is still a line
             first, *rest = filled
             out.append((ITEM if in_item else "") + first)
             out.extend(lead + line for line in rest)

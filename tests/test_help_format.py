@@ -40,3 +40,8 @@ def test_words_are_not_split_at_hyphens_or_inside() -> None:
         "Extend-Decode",
         "prefill/decode-disaggregated",
     ]
+
+
+def test_a_list_item_with_no_words_is_kept_as_a_bare_dash() -> None:
+    """Before, filling its no words (textwrap.wrap("") is []) raised ValueError."""
+    assert reflow("- \nend", 40) == ["- ", "end"]
