@@ -760,7 +760,7 @@ class Frontend(Instance):
         p_hit: int,
         md_hit: int,
         meta: dict[str, Any],
-        held_for_s: float = INSTANT_HOLD_CAP_S,
+        held_for_s: float,
     ) -> None:
         """Choose the pipeline and tell P; on P's host, wait until P says its sends are under
         way, or `held_for_s` of wall time (what is left of the hold over the exchange: the wait
