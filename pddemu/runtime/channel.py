@@ -217,10 +217,15 @@ class Channel:
                     self.writer.write(last)
                     left_marked = _all_sent(self.writer, sock)
                 finally:
-                    if let_go is not None and not left_marked:  # (or the write failed)
-                        let_go()
+                    # The mark set back first, at once: a byte judged unsent but queued in the
+                    # socket (not the writer's buffer, sent only once this returns) may still
+                    # leave marked until then, and the shaper let go of the hold too: one
+                    # let-go extra, which ends another message's hold early (a small error in
+                    # its date, never a clock left standing). The window is this line's.
                     with contextlib.suppress(OSError):  # the socket closed meanwhile: no mark
                         mark_socket(sock, self.purpose)
+                    if let_go is not None and not left_marked:  # (or the write failed)
+                        let_go()
             if handed is not None:
                 handed()
             await self.writer.drain()
