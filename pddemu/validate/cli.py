@@ -232,7 +232,7 @@ def _over(analytic_result: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "Over the bound (probe, metric: error; the route's lateness; the error with the route "
-        "on time):",
+        "on time, estimated):",
         "",
     ]
     for cell in over:
@@ -243,6 +243,9 @@ def _over(analytic_result: dict[str, Any]) -> list[str]:
             f"{cell['metric']}: {_pct(cell['relative_error'])}; route {late}; "
             f"{_pct(cell['relative_error_without_late_route'])} with it on time"
         )
+    is_ = analytic_result.get("without_late_route_is")
+    if is_:
+        lines += ["", f"The error with the route on time is {is_}."]
     return [*lines, ""]
 
 

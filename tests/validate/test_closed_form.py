@@ -146,6 +146,9 @@ def test_a_cell_over_its_bound_says_how_late_its_route_was_and_its_error_without
     table = markdown({"analytic": result, "invariance": {"time": nothing, "tokens": nothing}})
     assert "- pdd P-MD 65536 tokens, 58944 hit, kv_transfer_s: -2.2%; route +10.0 ms; " in table
     assert "+0.0% with it on time" in table
+    # an estimate under its assumption, said so in both (not a measurement)
+    assert result["without_late_route_is"].startswith("an estimate, not a measurement")
+    assert f"The error with the route on time is {result['without_late_route_is']}." in table
 
 
 def _no_variants(metrics: dict) -> dict:
