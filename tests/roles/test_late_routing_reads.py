@@ -60,19 +60,26 @@ def md(page: Path) -> Iterator[MainDecodeInstance]:
     decode.clock.close()
 
 
+@pytest.fixture
+def fe(page: Path) -> Iterator[Frontend]:
+    """The frontend on the page, P0 and RLD0 beside it, MD0 a WAN crossing away, all up."""
+    config = load_config()
+    frontend = instance(Frontend, "FE", config, clock=str(page))
+    frontend.p_names, frontend.decode_names, frontend.rld_names = ["P0"], ["MD0"], ["RLD0"]
+    frontend.relay_cost = cost_model(config, "pdd", "RLD")
+    frontend.load = {name: 0 for name in ["P0", "MD0", "RLD0"]}
+    frontend.liveness = Liveness(list(frontend.load), 0.3, 2.0)
+    for name in frontend.load:
+        frontend.liveness.state[name] = UP
+    frontend.transit = {"P0": (0.0, True), "RLD0": (0.0, True), "MD0": (WAN_ONE_WAY_S, False)}
+    yield frontend
+    frontend.clock.close()
+
+
 def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(
-    page: Path, shaper: tuple[SharedClock, int]
+    shaper: tuple[SharedClock, int], fe: Frontend
 ) -> None:
     shaper, slot = shaper
-    config = load_config()
-    fe = instance(Frontend, "FE", config, clock=str(page))
-    fe.p_names, fe.decode_names, fe.rld_names = ["P0"], ["MD0"], ["RLD0"]
-    fe.relay_cost = cost_model(config, "pdd", "RLD")
-    fe.load = {name: 0 for name in ["P0", "MD0", "RLD0"]}
-    fe.liveness = Liveness(list(fe.load), 0.3, 2.0)
-    for name in fe.load:
-        fe.liveness.state[name] = UP
-    fe.transit = {"P0": (0.0, True), "RLD0": (0.0, True), "MD0": (WAN_ONE_WAY_S, False)}
     arrived: list[float] = []  # where the shaper's hold stood the clock (the answer's arrival)
     routed: list[float] = []
 
@@ -109,12 +116,9 @@ def test_a_late_read_of_the_decode_sides_answer_does_not_move_the_route(
         await asyncio.wait_for(routing, 5)
         return flight
 
-    try:
-        flight = asyncio.run(run())
-        assert flight.record.routed_s == routed[0] == arrived[0], (arrived, routed)
-        assert shaper.anchor().hold == math.inf  # the shaper's hold let go, and the frontend's
-    finally:
-        fe.clock.close()
+    flight = asyncio.run(run())
+    assert flight.record.routed_s == routed[0] == arrived[0], (arrived, routed)
+    assert shaper.anchor().hold == math.inf  # the shaper's hold let go, and the frontend's
 
 
 class FrontendEnd:
@@ -207,7 +211,7 @@ def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(
 
 
 def test_the_time_stood_still_for_a_late_read_answer_is_capped_from_its_arrival(
-    page: Path, shaper: tuple[SharedClock, int]
+    shaper: tuple[SharedClock, int], fe: Frontend
 ) -> None:
     """The shaper holds the clock from the answer's release until the frontend reads it, and
     the frontend then holds the present until P says its sends are under way: with the
@@ -216,15 +220,6 @@ def test_the_time_stood_still_for_a_late_read_answer_is_capped_from_its_arrival(
     frontend's hold took a cap of its own from its late reading, and its wait for P one more
     from the route's sending: the clock stood 0.35 s."""
     shaper, slot = shaper
-    config = load_config()
-    fe = instance(Frontend, "FE", config, clock=str(page))
-    fe.p_names, fe.decode_names, fe.rld_names = ["P0"], ["MD0"], ["RLD0"]
-    fe.relay_cost = cost_model(config, "pdd", "RLD")
-    fe.load = {name: 0 for name in ["P0", "MD0", "RLD0"]}
-    fe.liveness = Liveness(list(fe.load), 0.3, 2.0)
-    for name in fe.load:
-        fe.liveness.state[name] = UP
-    fe.transit = {"P0": (0.0, True), "RLD0": (0.0, True), "MD0": (WAN_ONE_WAY_S, False)}
     arrived: list[tuple[float, float]] = []  # (modelled, wall) of the answer's arrival
 
     async def answer_across_the_wan(rid: str) -> None:
@@ -259,8 +254,5 @@ def test_the_time_stood_still_for_a_late_read_answer_is_capped_from_its_arrival(
         await asyncio.wait_for(routing, 5)
         return stood
 
-    try:
-        stood = asyncio.run(run())
-        assert INSTANT_HOLD_CAP_S - 0.01 < stood < INSTANT_HOLD_CAP_S + 0.03, stood
-    finally:
-        fe.clock.close()
+    stood = asyncio.run(run())
+    assert INSTANT_HOLD_CAP_S - 0.01 < stood < INSTANT_HOLD_CAP_S + 0.03, stood

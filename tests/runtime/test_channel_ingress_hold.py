@@ -15,6 +15,7 @@ import pytest
 from netem.clock import routing_slot
 from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.channel import Channel
+from tests.runtime.loopback import channel_to, swallow
 
 
 class Holds:
@@ -46,12 +47,7 @@ async def sent(dated: bool, kind: str, peer_reads: bool) -> Holds:
             await stalled.wait()
         writer.close()
 
-    server = await asyncio.start_server(peer, "127.0.0.1", 0)
-    async with server:
-        port = server.sockets[0].getsockname()[1]
-        channel = await Channel.connect(
-            "127.0.0.1", port, "FE0", "MD0", "control", RunSecret.new(), dated=dated
-        )
+    async with channel_to(peer, dated) as channel:
         holds = Holds()
         channel.hold_until_shaped = holds.hold  # type: ignore[assignment]
         if not peer_reads:
@@ -130,17 +126,7 @@ def test_a_routing_message_sent_on_a_closed_channel_leaves_no_hold_standing(
     mark the socket, and the transport's dropped byte was judged sent: both left it standing."""
 
     async def run() -> Holds:
-        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while await reader.read(1 << 16):
-                pass
-            writer.close()
-
-        server = await asyncio.start_server(peer, "127.0.0.1", 0)
-        async with server:
-            port = server.sockets[0].getsockname()[1]
-            channel = await Channel.connect(
-                "127.0.0.1", port, "FE0", "MD0", "control", RunSecret.new(), dated=dated
-            )
+        async with channel_to(swallow, dated) as channel:
             holds = Holds()
             channel.hold_until_shaped = holds.hold  # type: ignore[assignment]
             channel.close()

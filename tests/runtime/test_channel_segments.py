@@ -10,27 +10,15 @@ import asyncio
 import pytest
 
 from netem.tcp import tcp_info
-from pddemu.runtime.auth import RunSecret
-from pddemu.runtime.channel import Channel
 from pddemu.wire import TokenIds
+from tests.runtime.loopback import channel_to, swallow
 
 PROMPT_IDS = 512  # a 16K-token prompt's genuine ids at the default token scale (32)
 
 
 async def segments_sent(dated: bool, kind: str) -> int:
     """Data segments the sender's socket sent for one `kind` message carrying a prompt's ids."""
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(1 << 16):
-            pass
-        writer.close()
-
-    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
-    async with server:
-        port = server.sockets[0].getsockname()[1]
-        channel = await Channel.connect(
-            "127.0.0.1", port, "FE0", "MD0", "control", RunSecret.new(), dated=dated
-        )
+    async with channel_to(swallow, dated) as channel:
         sock = channel.writer.get_extra_info("socket")
         before = tcp_info(sock)["data_segs_out"]
         ids = TokenIds.from_ints("r", 0, range(PROMPT_IDS))
