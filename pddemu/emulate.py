@@ -25,7 +25,9 @@ Exit status:
   3    a stream differs from the reference, or the replayer could not read
        the frontend's answer (an emulator defect)
   4    a run is not valid: the emulator fell behind the model by more than
-       `scale.max_lag` (summary.json's invalid_reason says how)
+       `scale.max_lag`, or routed requests with no decode-side hit because
+       the WAN held their match too long (summary.json's invalid_reason says
+       how)
   5    the results are written but partial: an instance died unplanned, did
        not start, or its stats could not be read (summary.json's
        partial_reasons says which)
@@ -73,6 +75,7 @@ from pddemu.metrics import (
     InstanceReport,
     RequestRecord,
     format_table,
+    judge_unmatched,
     summarize,
     write_report,
     write_requests_csv,
@@ -93,7 +96,8 @@ from pddemu.workload.synthetic import SyntheticShape
 REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and the first arrival
 INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
 DEFECT_EXIT = 3  # a stream differs from the reference, or an answer could not be read
-INVALID_EXIT = 4  # the emulator fell behind the model more than the run's lag bound allows
+INVALID_EXIT = 4  # the emulator fell behind the model more than the run's lag bound allows, or
+# routed requests unmatched (`judge_unmatched`)
 PARTIAL_EXIT = 5  # the results are written but incomplete: see "partial_reasons"
 INTERRUPTED_EXIT = 130
 
@@ -572,6 +576,7 @@ def write_outputs(
             else None
         )
         summaries[system].update(run.timing)
+        judge_unmatched(summaries[system])
         summaries[system]["partial"] = bool(run.partial)
         summaries[system]["partial_reasons"] = run.partial
         summaries[system]["events_dropped"] = run.events_dropped

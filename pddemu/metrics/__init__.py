@@ -16,7 +16,7 @@ from pddemu.metrics.outputs import (
 )
 from pddemu.metrics.records import InstanceReport, RequestRecord
 from pddemu.metrics.report import REPORT_FILE, write_report
-from pddemu.metrics.summary import SLO, summarize
+from pddemu.metrics.summary import SLO, judge_unmatched, summarize
 from pddemu.metrics.table import format_markdown_table, format_table
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "format_markdown_table",
     "format_table",
     "read_requests_csv",
+    "judge_unmatched",
     "summarize",
     "write_report",
     "write_requests_csv",

@@ -64,6 +64,7 @@ class RequestRecord:
     # first token)
     failovers: int = 0  # times its stream moved to another instance (the one it was on lost)
     failover_path: str = ""  # what was done, when, e.g. "31.20 s: MD0 lost: moved to MD1 ..."
+    unmatched: bool = False  # routed with no decode-side hit: its answer to the match was late
 
     @property
     def ttft_s(self) -> float | None:

@@ -152,6 +152,27 @@ def summarize(
     }
 
 
+def judge_unmatched(summary: dict[str, Any]) -> None:
+    """A run that routed requests with no decode-side hit because MD's answer to their match
+    came later than the WAN can hold a question and its answer (`requests.unmatched`, of the
+    measured requests and the warm-up's, `Frontend.decode_side_hit`) is not valid, whatever
+    its lag: the modelled system has the answer in a round trip, and the emulated WAN held
+    the match for seconds (docs/validation.md, "Which lag counts"), so those requests' TTFT,
+    hit and WAN bytes are not the modelled system's. `summary`: a system's, with its timing
+    keys (`valid`, `invalid_reason`) and its `warmup` in."""
+    measured = summary["requests"].get("unmatched", 0)
+    warm = (summary.get("warmup") or {}).get("requests", {}).get("unmatched", 0)
+    if not measured + warm:
+        return
+    reason = (
+        f"{measured} measured and {warm} warm-up requests routed with no decode-side hit: "
+        "MD's answer to their match came later than the WAN can hold it (requests.unmatched)"
+    )
+    lag = summary.get("invalid_reason")
+    summary["valid"] = False
+    summary["invalid_reason"] = f"{lag}; {reason}" if lag else reason
+
+
 def run_duration(records: Sequence[RequestRecord]) -> float | None:
     """Last finish minus first arrival (modelled s); None when no request finished."""
     finishes = [r.finish_s for r in records if r.finish_s is not None]
@@ -187,6 +208,7 @@ def _request_counts(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "completed": len(records) - len(failed),
         "failed": len(failed),
         "unrouted": sum(1 for r in records if not r.pipeline),
+        "unmatched": sum(1 for r in records if r.unmatched),
         "failure_reasons": dict(Counter(r.failure_reason or "unspecified" for r in failed)),
     }
 

@@ -414,12 +414,9 @@ class Frontend(Instance):
         flight.replies = {"matched": loop.create_future()}
         await self.tell(target, "match", {"rid": leg}, TokenIds.from_ints(leg, 0, flight.prompt))
         try:
-            reply = await self.answer(flight, "matched", target)
-        except Unanswered:
-            return 0
+            hit = await self.decode_side_hit(flight, target)
         finally:
             self.drop_answer_hold(flight)
-        hit = int(reply["hit"])
         flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
         return hit
 
@@ -703,13 +700,29 @@ class Frontend(Instance):
                 match.cancel()
             elif not match.cancelled():
                 match.exception()  # raised above when it failed; retrieved either way
-        md_hit = (await self.answer(flight, "matched", flight.decode))["hit"]
+        md_hit = await self.decode_side_hit(flight, flight.decode)
         if hold.released and self.exact(flight.p):  # the decision and the route take no time
             hold, flight.answer_hold = flight.answer_hold or self.clock.hold_instant(), None
         try:
             await self.decide_and_route(flight, p_hit, md_hit, meta, hold.wall_left())
         finally:
             hold.release()
+
+    async def decode_side_hit(self, flight: Flight, instance: str) -> int:
+        """How much of the prompt `instance`'s DRC holds for the flight's leg (pinned there);
+        0 when its answer does not come within the patience (`answer`). The instance is heard
+        from (it is not down), so it is routed to all the same, with the whole prompt: a cache
+        lookup that comes late costs the request its hit, as with a real router, not its
+        routing. Its late answer, if it comes, is not waited for. The record says so
+        (`unmatched`): the modelled WAN holds an answer no longer than the patience, so such a
+        run is not valid (`pddemu.metrics.summary.judge_unmatched`)."""
+        try:
+            return int((await self.answer(flight, "matched", instance))["hit"])
+        except Unanswered as error:
+            flight.replies["matched"].cancel()
+            flight.record.unmatched = True
+            flight.note(self.clock.now(), f"{error}: routed with no hit there")
+            return 0
 
     async def answer(self, flight: Flight, kind: str, instance: str) -> dict[str, Any]:
         """`instance`'s reply `kind` for the flight's leg, waited for no longer than the router

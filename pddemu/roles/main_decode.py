@@ -62,6 +62,9 @@ class MainDecodeInstance(DecodeInstance):
         self.part_delays: dict[str, float] = {}  # relay -> how long its last part took to come
         self.pending_resume: dict[str, dict[str, Any]] = {}  # relay lost before the KV came
         self.etas: dict[str, float] = {}  # the last `md_eta` told the relay, by request
+        # whose KV began to come: a match read after that was given up by the frontend (routed
+        # with no hit here), and pins nothing (nothing after it would let the pin go)
+        self.kv_begun: Recent[None] = Recent()
 
     # -- the frontend's questions ---------------------------------------------------------
 
@@ -72,9 +75,12 @@ class MainDecodeInstance(DecodeInstance):
         rid = message.body["rid"]
         prompt = message.token_ids()
         length, node, handles = (
-            self.store.match(prompt) if self.config.policy.drc else (0, None, [])
+            self.store.match(prompt)
+            if self.config.policy.drc and rid not in self.kv_begun
+            else (0, None, [])
         )
-        self.matches[rid] = Pinned(prompt, length, node, handles)
+        if rid not in self.kv_begun:
+            self.matches[rid] = Pinned(prompt, length, node, handles)
         answer = {"rid": rid, "hit": length, "instance": self.name}
         if self.exact(message.channel.peer):
             await message.channel.control("matched", answer)
@@ -93,6 +99,10 @@ class MainDecodeInstance(DecodeInstance):
         # deployment's long-lived one is. Opened on first use, its handshake held the run's
         # first token back by a WAN round trip.
         self.connect_early(message.channel.peer)
+
+    async def on_kv_begin(self, message: Envelope) -> None:
+        self.kv_begun.add(message.body["rid"])
+        await super().on_kv_begin(message)
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,

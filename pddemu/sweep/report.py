@@ -538,8 +538,8 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
         + (f", {wall / len(finished):.0f} s a point" if finished else "")
         + ")"
         + (
-            f"; {not_valid} of the points not valid (the emulator's lag over its bound: "
-            "`valid` and `invalid_reason` in their summaries)"
+            f"; {not_valid} of the points not valid (the emulator's lag over its bound, or "
+            "requests routed unmatched: `valid` and `invalid_reason` in their summaries)"
             if not_valid
             else ""
         )

@@ -16,7 +16,7 @@ from metrics_samples import (
     sample_records,
 )
 
-from pddemu.metrics import SLO, MetricsError, RequestRecord, summarize
+from pddemu.metrics import SLO, MetricsError, RequestRecord, judge_unmatched, summarize
 from pddemu.metrics.records import InstanceReport
 
 # The per-system object of summary.json as the design notes' interface section fixes it;
@@ -101,6 +101,7 @@ def test_requests_goodput_cost_and_bcr() -> None:
         "completed": 4,
         "failed": 1,
         "unrouted": 0,
+        "unmatched": 0,
         "failure_reasons": {"timeout": 1},
     }
     assert s["duration_s"] == pytest.approx(6.0)
@@ -270,6 +271,7 @@ def test_all_failed_run_gives_zero_goodput() -> None:
         "completed": 0,
         "failed": 3,
         "unrouted": 3,
+        "unmatched": 0,
         "failure_reasons": {"no capacity": 3},
     }
     assert s["goodput_rps"] == 0.0 and s["bcr"] == 0.0
@@ -363,3 +365,31 @@ def test_inconsistent_record_is_named_in_the_error(changes: dict, message: str) 
 def test_bad_parameters_raise(call, message: str) -> None:
     with pytest.raises(MetricsError, match=message):
         call()
+
+
+@pytest.mark.parametrize(
+    ("lag_reason", "warm_unmatched", "reason"),
+    [
+        (None, 0, "1 measured and 0 warm-up requests routed with no decode-side hit"),
+        ("mean step lag", 2, "mean step lag; 1 measured and 2 warm-up requests routed"),
+    ],
+)
+def test_a_run_that_routed_requests_unmatched_is_not_valid(
+    lag_reason: str | None, warm_unmatched: int, reason: str
+) -> None:
+    """A request routed with no decode-side hit because MD's answer to its match came too late
+    (the emulated WAN held the match: docs/validation.md, "Which lag counts") makes the run
+    not valid, its lag within bounds or not; the count says it, measured and warm-up apart.
+    None such: the run's validity is its lag's."""
+    records = sample_records()
+    records[0].unmatched = True
+    s = pdd_summary(records)
+    assert s["requests"]["unmatched"] == 1
+    s.update(valid=lag_reason is None, invalid_reason=lag_reason)
+    s["warmup"] = {"requests": {"unmatched": warm_unmatched}}
+    judge_unmatched(s)
+    assert s["valid"] is False and s["invalid_reason"].startswith(reason)
+    clean = pdd_summary()
+    clean.update(valid=True, invalid_reason=None, warmup=None)
+    judge_unmatched(clean)
+    assert (clean["valid"], clean["invalid_reason"]) == (True, None)

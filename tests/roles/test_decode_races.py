@@ -687,3 +687,43 @@ def test_a_copy_of_a_record_keeps_its_bound_and_entries() -> None:
     assert (copy.kept, list(copy.items())) == (2, [("a", 1), ("b", 2)])
     copy["c"] = 3
     assert (list(copy), list(record)) == (["b", "c"], ["a", "b"])
+
+
+def test_a_match_read_after_its_requests_kv_pins_nothing() -> None:
+    """The frontend gave up waiting for MD's answer to a leg's match and routed it with no hit
+    here (its answer late, `Frontend.decode_side_hit`); the match itself is read only after
+    the request's KV came and the request finished on MD. Its prompt is in the DRC (an earlier
+    turn's, matched on time), and the late match pins nothing: those pages stay evictable.
+    On the code before, the late match pinned them for good (no message after it lets a pin
+    go: MD ends a P-MD request itself)."""
+
+    async def scenario() -> tuple[int, list[str], int]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        prompt = list(range(1, 4 * md.page_tokens + 1))
+        kv, _ = md.model.prefill(prompt, None, len(prompt))
+        ids = [TokenIds.from_ints("a", 0, prompt)]
+
+        async def served(rid: str) -> None:
+            connection = KvConnection()
+            meta = {**META, "pipeline": "P-MD", "output_tokens": 2, "predicted_output_tokens": 2}
+            begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
+            await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
+            await md.on_kv_chunk(kv_chunk_from_tensor(rid, 0, 0, kv.tensor), connection)
+            end = {"rid": rid, "first_token": 7}
+            await md.on_kv_end(Envelope("kv_end", end, [], connection))
+            deadline = time.monotonic() + 10
+            while rid not in md.ended:
+                assert time.monotonic() < deadline, f"{rid} never finished"
+                await asyncio.sleep(0.02)
+
+        await md.on_match(Envelope("match", {"rid": "a"}, ids, Answers()))  # on time
+        await served("a")
+        await served("r")  # routed with no hit: its match still on its way
+        ids = [TokenIds.from_ints("r", 0, prompt)]
+        await md.on_match(Envelope("match", {"rid": "r"}, ids, Answers()))
+        return md.store.cache.pinned_size, sorted(md.matches), md.store.size_tokens
+
+    pinned, matches, cached = asyncio.run(scenario())
+    assert cached > 0, "the prompt never reached the DRC: nothing to pin"
+    assert (pinned, matches) == (0, [])

@@ -113,8 +113,6 @@ async def served(silent: set[str], lose_p0: bool = False) -> tuple[bool, Fronten
         ({"P0", "P1"}, True, "P1 did not answer p_hit for r~1 within {} modelled s"),
         # neither P answers: the retried leg goes to the other, P1
         ({"P0", "P1"}, False, "P1 did not answer p_hit for r~1 within {} modelled s"),
-        # neither MD answers its match
-        ({"MD0", "MD1"}, False, "MD1 did not answer matched for r~1 within {} modelled s"),
     ],
 )
 def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
@@ -139,16 +137,12 @@ def test_a_routing_answer_that_never_comes_fails_the_request_and_releases_it(
     assert set(fe.load.values()) == {0}
 
 
-@pytest.mark.parametrize(
-    ("silent", "served_by"), [({"P0"}, ("P1", "MD0")), ({"MD0"}, ("P0", "MD1"))]
-)
-def test_a_request_routed_again_after_an_unanswered_exchange_goes_to_another_instance(
-    silent: set[str], served_by: tuple[str, str]
-) -> None:
-    """An instance that did not answer the routing exchange is left out of the request's next
+def test_a_request_routed_again_after_an_unanswered_exchange_goes_to_another_instance() -> None:
+    """A P that did not answer the routing exchange is left out of the request's next
     routing while another is up: the request completes there. On the code before, the retry
     went to the silent instance again (least loaded by name, or the session's), waited as
     long, and failed the request, other instances healthy."""
+    silent, served_by = {"P0"}, ("P1", "MD0")
     done, fe, flight = asyncio.run(served(silent))
     assert done, "still waiting"
     assert (flight.record.state, flight.record.retries, flight.legs) == (
@@ -163,6 +157,26 @@ def test_a_request_routed_again_after_an_unanswered_exchange_goes_to_another_ins
     # code before, kv_expected=True: MD kept the leg's id in `released` for good)
     (release,) = [body for name, kind, body in fe.told if (kind, body["rid"]) == ("release", "r")]
     assert release["kv_expected"] is False
+
+
+@pytest.mark.parametrize("silent", [{"MD0"}, {"MD0", "MD1"}])
+def test_a_match_unanswered_in_time_routes_the_request_with_no_hit_there(silent: set[str]) -> None:
+    """MD0 (the session's decode instance) is up, heard from, but its answer to the match does
+    not come within the patience (at full load the emulated WAN can hold a match for seconds:
+    docs/validation.md, "Which lag counts"): the request is routed on its first leg all the same,
+    to MD0 with the whole prompt (no hit there), and completes; the record says it was routed
+    unmatched. On the code before, it was routed again from the start (to MD1, after another
+    wait), and with MD1 as late failed unrouted: "MD1 did not answer matched for r~1"."""
+    done, fe, flight = asyncio.run(served(silent))
+    assert done, "still waiting"
+    record = flight.record
+    assert (record.state, record.retries, flight.legs) == ("completed", 0, ["r"])
+    assert record.unmatched and record.md_hit_tokens == 0
+    assert "MD0 did not answer matched for r within" in record.failover_path
+    (route,) = [body for name, kind, body in fe.told if kind == "route"]
+    md = [d for d in route["destinations"] if d["name"] == "MD0"]
+    assert [d["offset"] for d in md] == [0]
+    assert flight.replies["matched"].cancelled()  # an answer read later is not waited for
 
 
 def test_a_move_whose_target_never_answers_its_match_sends_the_whole_prompt() -> None:
