@@ -48,7 +48,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "kv_arrived_s": "585e1b5",
     "dropped_stale_tokens": "a90286c",
     "kv_first_chunk_s": "6561da1",
-    "unmatched": "COMMIT",
+    "unmatched": "93d6258",
 }
 
 
