@@ -4,7 +4,9 @@ per-request lists in seconds, throughputs per second).
 
 Times are the emulator's modelled seconds. Following vLLM, the latency statistics, token
 totals and peaks (output tokens per second, concurrent requests) are over successful requests, a failed request is listed with TTFT 0, no ITLs and its
-error text, and TPOT is per request over those with more than one output token.
+error text, and TPOT is per request over those with more than one output token. vLLM's
+`queue_times` (each request's wait in the client for a concurrency slot) are 0: the replayer
+sends each request at its arrival; `rtfx` (speech models only) is vLLM's 0 for text.
 """
 
 from __future__ import annotations
@@ -93,12 +95,14 @@ def vllm_result(run: SystemRun) -> dict[str, Any]:
         ],
         "latencies": [r.e2el_s if r.state == "completed" else 0.0 for r in records],
         "start_times": [r.arrival_s - start for r in records],
+        "queue_times": [0.0 for _ in records],
         "generated_texts": ["" for _ in records],  # the emulator keeps ids, not texts
         "errors": [
             "" if r.state == "completed" else (r.failure_reason or "failed") for r in records
         ],
         "max_output_tokens_per_s": _max_output_tokens_per_s(ok),
         "max_concurrent_requests": _max_concurrent(ok),
+        "rtfx": 0.0,
     }
     result.update(_stats("ttft", [r.ttft_s for r in ok]))
     result.update(_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]))

@@ -34,8 +34,8 @@ VLLM_KEYS = {
     "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
     "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
     "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
-    "latencies", "start_times", "generated_texts", "errors", "max_output_tokens_per_s",
-    "max_concurrent_requests",
+    "latencies", "start_times", "queue_times", "generated_texts", "errors",
+    "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
     *(f"{s}_{m}_ms" for s in ("mean", "median", "std", "p99") for m in ("ttft", "tpot", "itl")),
 }  # fmt: skip
 
@@ -96,6 +96,8 @@ def test_vllm_result_has_its_keys_and_units(run_dir: Path, tmp_path: Path) -> No
     assert result["median_ttft_ms"] == pytest.approx(1000.0)
     assert result["ttfts"] == pytest.approx([1.0, 2.0, 0.5, 0.0, 1.0])  # seconds, failed: 0
     assert result["errors"][3] == "timeout" and result["errors"][0] == ""
+    # vLLM's client-side wait for a concurrency slot: the replayer sends each at its arrival
+    assert result["queue_times"] == [0.0] * 5 and result["rtfx"] == 0.0
     assert result["itls"][0] == pytest.approx([0.1, 0.1, 0.1])
     assert result["total_output_tokens"] == 12 and result["duration"] == pytest.approx(6.0)
     assert result["output_throughput"] == pytest.approx(2.0)
