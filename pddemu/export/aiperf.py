@@ -105,6 +105,7 @@ def aiperf_summary(run: SystemRun, records: list[dict[str, Any]]) -> dict[str, A
     duration = run.summary.get("duration_s") or 0.0
     per_second = (lambda n: n / duration) if duration > 0 else (lambda n: 0.0)
     output_total = sum(r.output_tokens for r in ok)
+    input_total = sum(r.input_tokens for r in ok)
 
     def pooled(name: str) -> list[float]:
         values: list[float] = []
@@ -129,9 +130,14 @@ def aiperf_summary(run: SystemRun, records: list[dict[str, Any]]) -> dict[str, A
             "avg": 100.0 * failed / len(run.records) if run.records else 0.0,
         },
         "output_token_throughput": {"unit": "tokens/sec", "avg": per_second(output_total)},
+        "input_token_throughput": {"unit": "tokens/sec", "avg": per_second(input_total)},
+        "total_token_throughput": {
+            "unit": "tokens/sec",
+            "avg": per_second(input_total + output_total),
+        },
         "total_output_tokens": {"unit": "tokens", "avg": float(output_total)},
         "total_osl": {"unit": "tokens", "avg": float(output_total)},
-        "total_isl": {"unit": "tokens", "avg": float(sum(r.input_tokens for r in ok))},
+        "total_isl": {"unit": "tokens", "avg": float(input_total)},
         "benchmark_duration": {"unit": "sec", "avg": float(duration)},
         "good_request_count": {
             "unit": "requests",

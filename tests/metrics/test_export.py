@@ -120,6 +120,14 @@ def test_aiperf_export_layout(run_dir: Path, tmp_path: Path) -> None:
     # AIPerf's inter_token_latency is pddemu's TPOT: r1, r2, r5 = 100, 1000, 200 ms
     assert summary["inter_token_latency"]["count"] == 3
     assert summary["inter_token_latency"]["p50"] == pytest.approx(200.0)
+    # AIPerf's system throughputs: the completed requests' tokens over the run's duration
+    duration = summary["benchmark_duration"]["avg"]
+    isl, osl = summary["total_isl"]["avg"], summary["total_osl"]["avg"]
+    assert summary["input_token_throughput"] == {"unit": "tokens/sec", "avg": isl / duration}
+    total = summary["total_token_throughput"]
+    assert total == {"unit": "tokens/sec", "avg": pytest.approx((isl + osl) / duration)}
+    ours = json.loads((run_dir / "summary.json").read_text())["systems"]["pdd"]
+    assert total["avg"] == pytest.approx(ours["total_token_throughput_tps"])
     assert len(records) == 5 and records[3]["error"]["message"] == "timeout"
     assert records[0]["metrics"]["inter_chunk_latency"]["value"] == pytest.approx([100.0] * 3)
     venv = ROOT / ".venv-aiperf" / "bin" / "python"
