@@ -576,7 +576,6 @@ def write_outputs(
             else None
         )
         summaries[system].update(run.timing)
-        judge_unmatched(summaries[system])
         summaries[system]["partial"] = bool(run.partial)
         summaries[system]["partial_reasons"] = run.partial
         summaries[system]["events_dropped"] = run.events_dropped
@@ -600,6 +599,7 @@ def write_outputs(
                 run.replay_start_s,
             ),
         }
+        judge_unmatched(summaries[system])
     reasons = {system: run.partial for system, run in runs.items() if run.partial}
     meta = {
         "partial": bool(reasons or not_run),

@@ -158,8 +158,13 @@ def judge_unmatched(summary: dict[str, Any]) -> None:
     measured requests and the warm-up's, `Frontend.decode_side_hit`) is not valid, whatever
     its lag: the modelled system has the answer in a round trip, and the emulated WAN held
     the match for seconds (docs/validation.md, "Which lag counts"), so those requests' TTFT,
-    hit and WAN bytes are not the modelled system's. `summary`: a system's, with its timing
-    keys (`valid`, `invalid_reason`) and its `warmup` in."""
+    hit and WAN bytes are not the modelled system's. Not a run with scheduled faults or link
+    events (`faults`): an outage or a slower link may hold the answer in the modelled system
+    too. `summary`: a system's, with its timing keys (`valid`, `invalid_reason`), its
+    `warmup` and its `faults` in."""
+    faults = summary.get("faults") or {}
+    if faults.get("scheduled") or faults.get("link_events"):
+        return
     measured = summary["requests"].get("unmatched", 0)
     warm = (summary.get("warmup") or {}).get("requests", {}).get("unmatched", 0)
     if not measured + warm:

@@ -393,3 +393,15 @@ def test_a_run_that_routed_requests_unmatched_is_not_valid(
     clean.update(valid=True, invalid_reason=None, warmup=None)
     judge_unmatched(clean)
     assert (clean["valid"], clean["invalid_reason"]) == (True, None)
+
+
+def test_a_run_with_scheduled_faults_is_not_judged_on_its_unmatched_requests() -> None:
+    """An outage or a slower link the run schedules may hold MD's answer in the modelled
+    system too: its unmatched requests are counted, the run's validity left to its lag."""
+    records = sample_records()
+    records[0].unmatched = True
+    s = pdd_summary(records)
+    s.update(valid=True, invalid_reason=None, warmup=None)
+    s["faults"] = {"scheduled": [], "link_events": [{"at_s": 1.0, "actions": []}]}
+    judge_unmatched(s)
+    assert (s["requests"]["unmatched"], s["valid"], s["invalid_reason"]) == (1, True, None)
