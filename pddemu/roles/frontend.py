@@ -715,12 +715,15 @@ class Frontend(Instance):
         lookup that comes late costs the request its hit, as with a real router, not its
         routing. Its late answer, if it comes, is not waited for. The record says so
         (`unmatched`): the modelled WAN holds an answer no longer than the patience, so such a
-        run is not valid (`pddemu.metrics.summary.judge_unmatched`)."""
+        run is not valid (`pddemu.metrics.summary.judge_unmatched`). An instance found down
+        meanwhile (a move's target lost while asked) was silent for its loss, not for the WAN:
+        that is a failover's, not counted."""
         try:
             return int((await self.answer(flight, "matched", instance))["hit"])
         except Unanswered as error:
             flight.replies["matched"].cancel()
-            flight.record.unmatched = True
+            if not self.liveness.down(instance):
+                flight.record.unmatched = True
             flight.note(self.clock.now(), f"{error}: routed with no hit there")
             return 0
 

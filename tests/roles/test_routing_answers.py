@@ -299,3 +299,32 @@ def test_an_answer_the_wans_queue_may_hold_beyond_down_after_is_waited_for() -> 
     assert done, "still waiting"
     assert fe.answer_patience_s() > DOWN_AFTER_S + 2 * 0.3
     assert (flight.record.state, flight.legs) == ("completed", ["r"]), flight.record.failover_path
+
+
+def test_a_move_target_lost_while_its_match_is_asked_is_not_counted_unmatched() -> None:
+    """MD0, streaming a P-MD request, is lost; the move asks MD1 its match, and MD1 is lost
+    too before it answers (a partition of the decode side's datacenter): its silence is its
+    loss, not the WAN holding its answer, so the request is not counted `unmatched` and the
+    run is not judged invalid for it (`judge_unmatched`). On the code before, it was: the
+    run's `invalid_reason` blamed the WAN for a fault the run injected."""
+
+    async def scenario() -> Flight:
+        fe = deployment({"MD1"})
+        flight = admit(fe, "r")
+        flight.record.pipeline = "P-MD"
+        flight.p, flight.decode = "P0", "MD0"
+        await fe.on_tokens(tokens("r", 0, "MD"))
+        fe.liveness_changed(fe.liveness.lost("MD0", fe.clock.now(), "killed"))
+        await asyncio.wait_for(until_told(fe, "MD1", "match"), WALL_BOUND_S)
+        fe.liveness_changed(fe.liveness.lost("MD1", fe.clock.now(), "killed"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WALL_BOUND_S
+        while not any(kind == "route" for _, kind, _ in fe.told) and loop.time() < deadline:
+            if flight.abandoned:
+                break
+            await asyncio.sleep(0.01)
+        return flight
+
+    flight = asyncio.run(scenario())
+    assert "MD1 did not answer matched for r~1" in flight.record.failover_path
+    assert not flight.record.unmatched
