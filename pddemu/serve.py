@@ -17,7 +17,9 @@ until SIGINT or SIGTERM, then prints one last JSON line (`"stopped": true`, with
 streamed chunks written and how many were late, later than their tokens' modelled times by more
 than `late_after_s`; the records' TTFT p50 and p90, modelled (`ttft_p50_s`) and as served
 (`served_ttft_p50_s`: the door's, streamed requests); `valid`, `invalid_reason` and `lag`: the
-emulator's lag judged as `pddemu emulate` judges it; `late_requests`: how many requests carry more of it than the bound)
+emulator's lag judged as `pddemu emulate` judges it, and `unmatched`, the requests routed with no
+decode-side hit (their match answered too late), which make it not valid as there;
+`late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
 `as_of_s`, the seconds since ready it was judged at (every few seconds), and `missing_stats`
@@ -49,6 +51,7 @@ from pddemu.emulated_network import ReplayConditions, network_for, replay_condit
 from pddemu.help_format import HelpFormatter
 from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
+from pddemu.metrics.summary import UNMATCHED_CAUSE
 from pddemu.metrics.timing import timing_summary
 from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
@@ -134,7 +137,9 @@ def lag_verdict(
     In real time nothing holds the clock for the host, so what the host did late is in the
     records. It is judged by emulate's rule (`pddemu.metrics.timing`: each exact kind's mean lag
     within `max_lag` x the TPOT p50 of the requests served, or, while none has a TPOT, x the
-    modelled decode step `decode_step_s`): `valid`, `invalid_reason`, `lag`.
+    modelled decode step `decode_step_s`): `valid`, `invalid_reason`, `lag`; and, as emulate's
+    `judge_unmatched`, not valid when the frontend routed requests with no decode-side hit, the
+    WAN holding their match too long (`unmatched`, the frontend's count).
     `late_requests` counts the requests whose steps ran later than that bound, summed over the
     steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it (any
     request that was in a step, failed ones too, so `count` may exceed the `of` completed; None
@@ -152,13 +157,19 @@ def lag_verdict(
         for leg, lag in report.get("carried_lag_s", {}).items():
             rid = leg.split(LEG_SEPARATOR, 1)[0]
             carried[rid] = carried.get(rid, 0.0) + lag
-    reason = timing["invalid_reason"]
+    # the reason names whose lag it is (`whose_lag`); serve says why no hold can take it
+    # out: the routing exchange's messages, held in `pddemu emulate`, take their handling
+    # time here, so the records and the client both carry it
+    lag_reason = timing["invalid_reason"] and timing["invalid_reason"] + REAL_TIME_CAUSE
+    unmatched = int(router.get("unmatched", 0))
+    reasons = [
+        *([lag_reason] if lag_reason else []),
+        *([f"{unmatched} requests {UNMATCHED_CAUSE} (unmatched)"] if unmatched else []),
+    ]
     return {
-        "valid": timing["valid"],
-        # the reason names whose lag it is (`whose_lag`); serve says why no hold can take it
-        # out: the routing exchange's messages, held in `pddemu emulate`, take their handling
-        # time here, so the records and the client both carry it
-        "invalid_reason": reason and reason + REAL_TIME_CAUSE,
+        "valid": timing["valid"] and not unmatched,
+        "invalid_reason": "; ".join(reasons) or None,
+        "unmatched": unmatched,
         "lag": {
             key: timing["lag"][key]
             for key in ("bound_s", "bound_from", "max_lag", "mean_by_kind", "by_participant")

@@ -152,6 +152,12 @@ def summarize(
     }
 
 
+# why requests routed unmatched make a run not valid (emulate's `judge_unmatched`, serve's verdict)
+UNMATCHED_CAUSE = (
+    "routed with no decode-side hit: MD's answer to their match came later than the WAN can hold it"
+)
+
+
 def judge_unmatched(summary: dict[str, Any]) -> None:
     """A run that routed requests with no decode-side hit because MD's answer to their match
     came later than the WAN can hold a question and its answer (`requests.unmatched`, of the
@@ -170,8 +176,7 @@ def judge_unmatched(summary: dict[str, Any]) -> None:
     if not measured + warm:
         return
     reason = (
-        f"{measured} measured and {warm} warm-up requests routed with no decode-side hit: "
-        "MD's answer to their match came later than the WAN can hold it (requests.unmatched)"
+        f"{measured} measured and {warm} warm-up requests {UNMATCHED_CAUSE} (requests.unmatched)"
     )
     lag = summary.get("invalid_reason")
     summary["valid"] = False

@@ -185,6 +185,7 @@ class Frontend(Instance):
         self.liveness_changes: list[Change] = []
         self.predictor = OutputLengthPredictor()
         self.inexact_dates = 0
+        self.unmatched = 0  # requests routed with no decode-side hit (`decode_side_hit`)
 
     def request_token_limit(self) -> int:
         """Modelled tokens (prompt and output) one request may have: what the smallest instance
@@ -722,8 +723,9 @@ class Frontend(Instance):
             return int((await self.answer(flight, "matched", instance))["hit"])
         except Unanswered as error:
             flight.replies["matched"].cancel()
-            if not self.liveness.down(instance):
+            if not self.liveness.down(instance) and not flight.record.unmatched:
                 flight.record.unmatched = True
+                self.unmatched += 1
             flight.note(self.clock.now(), f"{error}: routed with no hit there")
             return 0
 
@@ -1260,5 +1262,6 @@ class Frontend(Instance):
             "liveness_view": self.liveness.view(self.clock.now()),
             "failovers": self.failover_log,
             "door": self.door.stats(),
+            "unmatched": self.unmatched,  # serve's verdict judges them (emulate: the records)
             "verdict": self.verdict,  # pddemu serve's lag verdict so far (None elsewhere)
         }

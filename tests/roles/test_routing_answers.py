@@ -172,6 +172,7 @@ def test_a_match_unanswered_in_time_routes_the_request_with_no_hit_there(silent:
     record = flight.record
     assert (record.state, record.retries, flight.legs) == ("completed", 0, ["r"])
     assert record.unmatched and record.md_hit_tokens == 0
+    assert fe.stats()["unmatched"] == 1  # what serve's verdict judges
     assert "MD0 did not answer matched for r within" in record.failover_path
     (route,) = [body for name, kind, body in fe.told if kind == "route"]
     md = [d for d in route["destinations"] if d["name"] == "MD0"]

@@ -202,3 +202,24 @@ def test_the_frontends_stats_carry_serves_verdict_so_far(
     assert verdict.pop("missing_stats") == {"RLD0": "stats unreadable: TimeoutError: "}
     assert verdict == json.loads(json.dumps(lag_verdict(stats, 0.05, STEP_S)))
     assert verdict["valid"] is False and verdict["late_requests"]["count"] == 1
+
+
+def test_serve_judges_requests_routed_unmatched_as_emulate_does() -> None:
+    """The frontend routed requests with no decode-side hit, their match answered later than
+    the WAN can hold it (its stats' `unmatched`, `Frontend.decode_side_hit`): serve's verdict
+    is not valid, its lag within bounds or not, as emulate's `judge_unmatched` judges. On the
+    code before, serve judged the lag only and said valid."""
+    stats = _stats([0.0002, 0.0], {"r1": 0.0002})
+    stats["FE0"]["unmatched"] = 2
+    verdict = served_summary(stats, 0.05, STEP_S)
+    assert verdict["valid"] is False and verdict["unmatched"] == 2
+    assert verdict["invalid_reason"].startswith("2 requests routed with no decode-side hit")
+    late = _stats([0.05, 0.0], {"r1": 0.05})
+    late["FE0"]["unmatched"] = 1
+    both = served_summary(late, 0.05, STEP_S)["invalid_reason"]
+    assert both.startswith("mean step lag") and both.endswith(
+        "; 1 requests routed with no decode-side hit: MD's answer to their match came later "
+        "than the WAN can hold it (unmatched)"
+    )
+    on_time = served_summary(_stats([0.0002, 0.0], {"r1": 0.0002}), 0.05, STEP_S)
+    assert (on_time["valid"], on_time["unmatched"]) == (True, 0)
