@@ -45,9 +45,15 @@ import aiohttp
 import uvloop
 
 from pddemu.cli import add_rootless_flag
-from pddemu.config import SYSTEMS, load_config
+from pddemu.config import SYSTEMS, Config, load_config
 from pddemu.deployment import STATS_TIMEOUT_S, Deployment
-from pddemu.emulated_network import ReplayConditions, network_for, replay_conditions, scale_model
+from pddemu.emulated_network import (
+    ReplayConditions,
+    network_for,
+    replay_conditions,
+    scale_model,
+    timeline_of,
+)
 from pddemu.help_format import HelpFormatter
 from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
@@ -97,12 +103,24 @@ async def serve(
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
         summary = served_summary(
-            await deployment.stats(), deployment.config.scale.max_lag, decode_step(deployment)
+            await deployment.stats(),
+            deployment.config.scale.max_lag,
+            decode_step(deployment),
+            unmatched_judged(deployment.config),
         )
         summary["missing_stats"] = dict(deployment.missing_stats)
         print(json.dumps(summary), flush=True)
     finally:
         await deployment.stop()
+
+
+def unmatched_judged(config: Config) -> bool:
+    """Whether requests routed unmatched make the run not valid: as emulate's
+    `judge_unmatched`, not when it schedules faults or link events (an outage or a slower link
+    may hold MD's answer in the modelled system too)."""
+    timeline = timeline_of(config)
+    links = timeline.link_events
+    return not timeline.instance_faults and not (links is not None and links.to_dict()["steps"])
 
 
 def decode_step(deployment: Deployment) -> float:
@@ -112,7 +130,10 @@ def decode_step(deployment: Deployment) -> float:
 
 
 def served_summary(
-    stats: dict[str, dict[str, Any]], max_lag: float, decode_step_s: float | None
+    stats: dict[str, dict[str, Any]],
+    max_lag: float,
+    decode_step_s: float | None,
+    judge_unmatched: bool = True,
 ) -> dict[str, Any]:
     """serve's last line: what its door wrote, how many chunks it wrote later than their
     tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`: what a client measures
@@ -124,13 +145,16 @@ def served_summary(
     return {
         "stopped": True,
         "door": router.get("door"),
-        **lag_verdict(stats, max_lag, decode_step_s),
+        **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched),
         "errors": router.get("errors", []),
     }
 
 
 def lag_verdict(
-    stats: dict[str, dict[str, Any]], max_lag: float, decode_step_s: float | None
+    stats: dict[str, dict[str, Any]],
+    max_lag: float,
+    decode_step_s: float | None,
+    judge_unmatched: bool = True,
 ) -> dict[str, Any]:
     """Whether the records so far are the modelled system's, from every instance's stats.
 
@@ -139,7 +163,8 @@ def lag_verdict(
     within `max_lag` x the TPOT p50 of the requests served, or, while none has a TPOT, x the
     modelled decode step `decode_step_s`): `valid`, `invalid_reason`, `lag`; and, as emulate's
     `judge_unmatched`, not valid when the frontend routed requests with no decode-side hit, the
-    WAN holding their match too long (`unmatched`, the frontend's count).
+    WAN holding their match too long (`unmatched`, the frontend's count), if `judge_unmatched`
+    (`unmatched_judged`).
     `late_requests` counts the requests whose steps ran later than that bound, summed over the
     steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it (any
     request that was in a step, failed ones too, so `count` may exceed the `of` completed; None
@@ -162,12 +187,13 @@ def lag_verdict(
     # time here, so the records and the client both carry it
     lag_reason = timing["invalid_reason"] and timing["invalid_reason"] + REAL_TIME_CAUSE
     unmatched = int(router.get("unmatched", 0))
+    judged = unmatched if judge_unmatched else 0
     reasons = [
         *([lag_reason] if lag_reason else []),
-        *([f"{unmatched} requests {UNMATCHED_CAUSE} (unmatched)"] if unmatched else []),
+        *([f"{unmatched} requests {UNMATCHED_CAUSE} (unmatched)"] if judged else []),
     ]
     return {
-        "valid": timing["valid"] and not unmatched,
+        "valid": timing["valid"] and not judged,
         "invalid_reason": "; ".join(reasons) or None,
         "unmatched": unmatched,
         "lag": {
@@ -200,13 +226,14 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
     takes more than that share of the host from the system it watches."""
     max_lag = deployment.config.scale.max_lag
     step = decode_step(deployment)
+    judged = unmatched_judged(deployment.config)
     period = VERDICT_PERIOD_S
     async with aiohttp.ClientSession(headers=deployment.headers) as session:
         while True:
             await asyncio.sleep(period)
             started = time.monotonic()
             try:
-                await post_verdict(deployment, session, started - time_zero, max_lag, step)
+                await post_verdict(deployment, session, started - time_zero, max_lag, step, judged)
             except Exception as error:  # one bad round must not end the watch: say so, go on
                 print(
                     f"pddemu serve: verdict not updated: {type(error).__name__}: {error}",
@@ -222,6 +249,7 @@ async def post_verdict(
     as_of_s: float,
     max_lag: float,
     decode_step_s: float,
+    judge_unmatched: bool = True,
 ) -> None:
     """One round of the watch: the verdict from every instance's stats, with the instances
     whose stats could not be read (`missing_stats`: name -> why), to the frontend."""
@@ -231,7 +259,7 @@ async def post_verdict(
         return  # the frontend's own stats are unreadable: it keeps the last verdict
     verdict = {
         "as_of_s": as_of_s,
-        **lag_verdict(stats, max_lag, decode_step_s),
+        **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched),
         "missing_stats": dict(deployment.missing_stats),
     }
     try:

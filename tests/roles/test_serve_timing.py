@@ -223,3 +223,35 @@ def test_serve_judges_requests_routed_unmatched_as_emulate_does() -> None:
     )
     on_time = served_summary(_stats([0.0002, 0.0], {"r1": 0.0002}), 0.05, STEP_S)
     assert (on_time["valid"], on_time["unmatched"]) == (True, 0)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "faults", "judged"),
+    [
+        (None, None, True),
+        ("10 link=down\n12 link=up\n", None, False),
+        (None, "5 kill=MD0\n", False),
+    ],
+)
+def test_serve_leaves_unmatched_requests_unjudged_when_it_schedules_faults_or_link_events(
+    tmp_path: Any, schedule: str | None, faults: str | None, judged: bool
+) -> None:
+    """As emulate's `judge_unmatched`: an outage or a slower link the run schedules may hold
+    MD's answer in the modelled system too, so its unmatched requests are counted, not judged."""
+    config = load_config()
+    files = {}
+    for name, text in (("wan.txt", schedule), ("faults.txt", faults)):
+        if text is not None:
+            (tmp_path / name).write_text(text)
+            files[name] = str(tmp_path / name)
+    config = config.model_copy(
+        update={
+            "wan": config.wan.model_copy(update={"schedule": files.get("wan.txt")}),
+            "faults": config.faults.model_copy(update={"schedule": files.get("faults.txt")}),
+        }
+    )
+    assert serve.unmatched_judged(config) is judged
+    stats = _stats([0.0002, 0.0], {"r1": 0.0002})
+    stats["FE0"]["unmatched"] = 1
+    verdict = served_summary(stats, 0.05, STEP_S, serve.unmatched_judged(config))
+    assert (verdict["valid"], verdict["unmatched"]) == (not judged, 1)
