@@ -1,8 +1,8 @@
 """The run's figures, as PNG files, each meant to be read at a glance: TTFT's CDF with the SLO
 and p50/p90/p99 marked; ITL as a complementary CDF on log axes (the rare stalls are the visible
 tail, not a sliver at the top of a linear axis); one relayed request's token timeline with the
-handoff zoomed in; the WAN's utilisation and the KV transfers in flight over time; the P-side /
-MD-side hit-rate histogram.
+handoff zoomed in; the WAN's utilisation and its backlog (KV offered, not yet arrived) over
+time; the P-side / MD-side hit-rate histogram.
 
 Figures are drawn on `matplotlib.figure.Figure` objects rendered by the Agg canvas: no pyplot, so
 no global figure state and no display is needed. Every function writes one file and returns its
@@ -55,6 +55,10 @@ class WanTransfer:
     genuine_bytes: int
     chunks: Sequence[tuple[float, int]] = ()
     request_id: str = ""
+    # its sender P's prefill steps for it (step end, modelled tokens computed), its leg's alone
+    prefill_steps: Sequence[tuple[float, int]] = ()
+    # when each part of it was offered to the WAN (modelled s, genuine bytes); empty: unknown
+    offered: Sequence[tuple[float, int]] = ()
 
 
 @dataclass(frozen=True)
@@ -372,22 +376,25 @@ def _bits_sent_by(
     return sent
 
 
-def in_flight(
+def wan_backlog(
     transfers: Sequence[WanTransfer], origin: float
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The transfers in flight over time from `origin` (a step function's times and counts,
-    from 0 s), each from its first byte to its last; at one instant the transfers that start
-    are counted before those that end, so a transfer of no duration is not a dip below 0.
-    A transfer dated to end before it starts cannot be placed: it is left out and counted
-    (the third value), for the figure to say."""
-    placed = [t for t in transfers if t.start_s <= t.end_s]
-    moments = sorted(
-        [(t.start_s - origin, 1) for t in placed] + [(t.end_s - origin, -1) for t in placed],
-        key=lambda moment: (moment[0], -moment[1]),
-    )
-    times = np.asarray([0.0] + [at for at, _ in moments])
-    counts = np.cumsum([0] + [step for _, step in moments])
-    return times, counts, len(transfers) - len(placed)
+    """The WAN's backlog over time from `origin` (a step function's times and genuine bytes,
+    from 0 s): the KV offered to the WAN (`WanTransfer.offered`) and not yet arrived at its
+    receiver (`WanTransfer.chunks`). What is offered and what arrives at one instant are
+    netted, so a part offered as another arrives is neither a dip nor a spike. A transfer
+    whose offering is unknown cannot be placed: it is left out and counted (the third value),
+    for the figure to say."""
+    placed = [t for t in transfers if t.offered]
+    moments = [(at - origin, size) for t in placed for at, size in t.offered] + [
+        (at - origin, -size) for t in placed for at, size in t.chunks
+    ]
+    dates = np.asarray([at for at, _ in moments], dtype=np.float64)
+    changes = np.asarray([size for _, size in moments], dtype=np.float64)
+    instants, which = np.unique(dates, return_inverse=True)
+    net = np.zeros(instants.size)
+    np.add.at(net, which, changes)
+    return np.r_[0.0, instants], np.cumsum(np.r_[0.0, net]), len(transfers) - len(placed)
 
 
 def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
@@ -398,8 +405,8 @@ def plot_wan_use(path: Path | str, wan: WanUse, bins: int = 100) -> Path:
 def wan_use_figure(wan: WanUse, bins: int = 100) -> Figure:
     """The WAN over the run, per system that crosses it: top, its utilisation (modelled bits
     of the KV chunks P->MD per modelled second over the modelled rate, `_bits_sent_by`);
-    bottom, the transfers in flight (first to last byte), the queue the link works through.
-    Times from each system's first arrival."""
+    bottom, its backlog (`wan_backlog`) in modelled GB, with the seconds the modelled rate
+    takes to carry it on the right. Times from each system's first arrival."""
     figure = Figure(figsize=(8.0, 5.2), dpi=DPI)
     FigureCanvasAgg(figure)
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -416,7 +423,7 @@ def wan_use_figure(wan: WanUse, bins: int = 100) -> Figure:
     )
     edges = np.linspace(0.0, max(end, 1e-3), bins + 1)
     width = edges[1] - edges[0]
-    unplaced = 0  # transfers dated to end before they start, over every system
+    unplaced = 0  # transfers with no record of when their KV was offered, over every system
     for number, (system, transfers) in enumerate(wan.transfers.items()):
         style = {"ls": ("-", "--", ":")[number % 3], "lw": 2.2 - 0.6 * (number % 3)}
         origin = wan.origins.get(system, 0.0)
@@ -428,14 +435,14 @@ def wan_use_figure(wan: WanUse, bins: int = 100) -> Figure:
             top.step(edges[:-1], rate / wan.rate_bps * 100, where="post", label=system, **style)
         else:
             top.step(edges[:-1], rate / 1e9, where="post", label=system, **style)
-        times, counts, backwards = in_flight(transfers, origin)
-        unplaced += backwards
+        times, backlog, unknown = wan_backlog(transfers, origin)
+        unplaced += unknown
         label = system + (
-            f": {backwards} transfer(s) dated to end before they start, not counted"
-            if backwards
+            f": {unknown} transfer(s) with no record of when P offered their KV, not counted"
+            if unknown
             else ""
         )
-        bottom.step(times, counts, where="post", label=label, **style)
+        bottom.step(times, backlog / wan.byte_scale / 1e9, where="post", label=label, **style)
     if wan.rate_bps:
         top.set_ylabel(f"utilisation of {wan.rate_bps / 1e9:g} Gbit/s (%)")
         top.axhline(100, color="grey", lw=0.8, ls=":")
@@ -454,8 +461,17 @@ def wan_use_figure(wan: WanUse, bins: int = 100) -> Figure:
     )
     if unplaced:  # the figure says what it could not draw
         bottom.legend(loc="best", fontsize="small")
-    bottom.set_ylabel("transfers in flight")
-    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.set_ylabel("backlog: KV offered,\nnot yet at MD (GB)")
+    bottom.set_ylim(bottom=0)
+    if wan.rate_bps:  # the same backlog as the time the link takes to carry it
+        line_time = bottom.secondary_yaxis(
+            "right",
+            functions=(
+                lambda gb: gb * 8e9 / wan.rate_bps,
+                lambda seconds: seconds * wan.rate_bps / 8e9,
+            ),
+        )
+        line_time.set_ylabel(f"s at {wan.rate_bps / 1e9:g} Gbit/s")
     bottom.set_xlabel("time since the system's first arrival (modelled seconds)")
     bottom.grid(True, alpha=0.3)
     return figure

@@ -19,7 +19,6 @@ from pddemu.metrics.plots import (
     WanUse,
     _bits_sent_by,
     handoff_timeline_figure,
-    in_flight,
     pick_handoff_request,
     plot_handoff_timeline,
     plot_hit_rate_histogram,
@@ -27,6 +26,7 @@ from pddemu.metrics.plots import (
     plot_ttft_cdf,
     plot_wan_use,
     share_at_least,
+    wan_backlog,
     wan_use_figure,
     write_plots,
 )
@@ -227,25 +227,26 @@ def test_ttft_and_wan_figures_are_read_at_a_glance(tmp_path: Path) -> None:
     assert_png(plot_wan_use(tmp_path / "wan.png", wan), 8.0)
 
 
-def test_transfers_in_flight_never_go_below_zero_and_backward_ones_are_counted() -> None:
-    """A transfer of no duration starts before it ends (no dip below 0, as one sorted by
-    (time, step) alone made); one dated to end before it starts is left out, counted and
-    named in the figure's legend."""
-    transfers = [
-        WanTransfer(1.0, 3.0, 1000, [(3.0, 1000)]),
-        WanTransfer(2.0, 2.0, 1000, [(2.0, 1000)]),  # no duration
-        WanTransfer(3.0, 4.0, 1000, [(4.0, 1000)]),  # starts as the first ends
-        WanTransfer(5.0, 4.5, 1000, [(4.5, 1000)]),  # ends before it starts
-    ]
-    times, counts, backwards = in_flight(transfers, origin=1.0)
-    assert backwards == 1 and counts.min() == 0
-    assert list(zip(times.tolist(), counts.tolist(), strict=True)) == [
-        (0.0, 0), (0.0, 1), (1.0, 2), (1.0, 1), (2.0, 2), (2.0, 1), (3.0, 0)
+def test_the_wan_backlog_is_what_was_offered_and_has_not_arrived() -> None:
+    """Two transfers on a link of 1000 B/s: A offers 2000 B at 0 s (arriving 1000 B at 1 s
+    and 2 s), B offers 1000 B at 1 s (arriving at 3 s). The backlog is 2000 B until 2 s (at
+    1 s B's offer and A's first arrival meet: neither dip nor spike), 1000 B until 3 s, then 0; a transfer
+    with no record of its offering is left out, counted and named in the figure's legend."""
+    a = WanTransfer(0.0, 2.0, 2000, [(1.0, 1000), (2.0, 1000)], "a", offered=[(0.0, 2000)])
+    b = WanTransfer(1.0, 3.0, 1000, [(3.0, 1000)], "b", offered=[(1.0, 1000)])
+    unknown = WanTransfer(1.0, 2.0, 500, [(2.0, 500)], "c")
+    times, backlog, left_out = wan_backlog([a, b, unknown], origin=-1.0)
+    assert left_out == 1 and backlog.min() == 0
+    assert list(zip(times.tolist(), backlog.tolist(), strict=True)) == [
+        (0.0, 0.0), (1.0, 2000.0), (2.0, 2000.0), (3.0, 1000.0), (4.0, 0.0)
     ]  # fmt: skip
-    figure = wan_use_figure(WanUse({"pdd": transfers}, {"pdd": 1.0}, 8e3, 1.0))
-    legend = figure.axes[1].get_legend()
-    assert [text.get_text() for text in legend.get_texts()] == [
-        "pdd: 1 transfer(s) dated to end before they start, not counted"
+    figure = wan_use_figure(WanUse({"pdd": [a, b, unknown]}, {"pdd": -1.0}, 8e3, 0.5))
+    bottom = figure.axes[1]
+    line = bottom.get_lines()[0]
+    assert line.get_ydata().max() == pytest.approx(4000 / 1e9)  # modelled GB: genuine / 0.5
+    assert "offered" in bottom.get_ylabel()
+    assert [text.get_text() for text in bottom.get_legend().get_texts()] == [
+        "pdd: 1 transfer(s) with no record of when P offered their KV, not counted"
     ]
 
 
