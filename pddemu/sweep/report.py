@@ -519,8 +519,11 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
         code += f"; recorded commits this checkout's history does not hold: {', '.join(stray)}"
     seeds = sorted({e["seed"] for e in finished})
     quick = bool(meta.get("quick"))
-    # exit 4: the emulator fell behind the model by more than its bound (summary's `valid`)
-    not_valid = sum(1 for e in finished if e["point"].get("exit_status") == 4)
+    # the summary's `valid` (exit 4 says it only when no defect or partial result outranks it);
+    # exit 4 for results from before the entries carried it
+    not_valid = sum(
+        1 for e in finished if e.get("valid") is False or e["point"].get("exit_status") == 4
+    )
     warmup = meta.get("warmup_requests") or 0  # results from before warm-ups had none
     requests = sum(metric(e, "requests.total") or 0 for e in finished)
     failed = sum(metric(e, "requests.failed") or 0 for e in finished)

@@ -128,6 +128,8 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
                 )
             )
     load[1]["point"]["exit_status"] = 4  # one point not valid (the emulator's lag)
+    # one not valid whose exit said partial results (5 outranks 4): its summary says not valid
+    load[5]["point"]["exit_status"], load[5]["valid"] = 5, False
     load[2]["requests"] = {"total": 10, "failed": 4}  # a point with failed requests
     load[3]["requests"] = {"total": 10, "failed": 0}
     write_sweep(results / "demo" / "load", load)
@@ -153,7 +155,7 @@ def test_every_kind_of_claim_reads_its_figure_and_spread(experiment: Path, tmp_p
     assert "| 1.0 | 1.00 s (1.00 s to 1.00 s, 3 seeds) |" in text
     assert "code at 0123456789" in text and "quick variant" in text
     assert "6.0 min of emulation" in text  # 12 points of 30 s in part load
-    assert "30 s a point); 1 of the points not valid" in text
+    assert "30 s a point); 2 of the points not valid" in text
     assert "; 4 of the points' 20 measured requests failed, in 1 point (" in text
     load_line, base_line = (line for line in text.splitlines() if line.startswith("- part "))
     assert "no warm-up (every point from empty caches)" in load_line
