@@ -24,6 +24,7 @@ from typing import Any
 
 from netem import nsutil
 from netem.addressing import Addresses
+from netem.direction import SEED_LIMIT
 from netem.registry import (
     Registry,
     RunError,
@@ -71,6 +72,16 @@ def _run_name(text: str) -> str:
         return check_name(text)
     except RunError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= seed < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be in [0, {SEED_LIMIT}), got {seed}")
+    return seed
 
 
 def _assignments(text: str) -> dict[str, Any]:
@@ -175,7 +186,9 @@ def build_parser() -> OneLineParser:
     up.add_argument(
         "--tun-device", default="/dev/net/tun", help="TUN clone device (userspace backend)"
     )
-    up.add_argument("--seed", type=int, default=0, help="seed of the loss and jitter draws")
+    up.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the loss and jitter draws (0 to 2^31 - 1)"
+    )
     up.add_argument(
         "--rootless", action="store_true", help="use a private user namespace even as root"
     )

@@ -15,6 +15,8 @@ from netem.elements import DelayLine, Element, Gate, LossProcess, RateQueue, Sin
 from netem.qdisc import make_qdisc
 from netem.spec import LinkSpec
 
+SEED_LIMIT = 2**31  # a run's seed is below it, so each link's seeds keep a range of their own
+
 
 class Direction:
     def __init__(self, spec: LinkSpec, seed: int) -> None:

@@ -58,7 +58,7 @@ from netem.clock import (
     routing_slot,
 )
 from netem.delivery import DeliveryRecord
-from netem.direction import Direction
+from netem.direction import SEED_LIMIT, Direction
 from netem.packet import ends_a_tcp_connection, ends_a_tcp_write, tcp_ends
 from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
@@ -594,8 +594,13 @@ class _Stop(Exception):
 
 
 def direction_seeds(seed: int, index: int) -> dict[str, int]:
-    """The seeds of the two directions of the config's `index`-th link, for the run's `seed`."""
-    first = seed * 2 + index * 1000
+    """The seeds of the two directions of the config's `index`-th link, for the run's `seed`:
+    distinct for every (seed, link, direction), so no run's link draws as another's does (the
+    WAN, link 0, keeps `seed * 2` and `seed * 2 + 1`; each later link a range of 2 * SEED_LIMIT
+    above it)."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"the seed must be in [0, {SEED_LIMIT}), got {seed}")
+    first = seed * 2 + index * 2 * SEED_LIMIT
     return {"a2b": first, "b2a": first + 1}
 
 

@@ -33,6 +33,7 @@ from pydantic import (
 
 from netem.crosstraffic.spec import ARRIVALS as CROSS_ARRIVALS
 from netem.crosstraffic.spec import SIZES as CROSS_SIZES
+from netem.direction import SEED_LIMIT
 from netem.spec import JITTER_DISTRIBUTIONS, LossModel
 from netem.units import UnitError, parse_duration, parse_percent, parse_rate, parse_size
 
@@ -500,7 +501,10 @@ class WorkloadConfig(Section):
         "docs/validation.md)",
     )
     seed: int = Field(
-        0, ge=0, description="the same seed gives the same requests, arrivals and link draws"
+        0,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="the same seed gives the same requests, arrivals and link draws",
     )
     block_size: int | None = Field(
         None,

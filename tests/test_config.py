@@ -48,6 +48,7 @@ def test_arrival_rate_trace_keeps_the_trace_timestamps() -> None:
         ("workload.arrival_rate=poisson", "arrival_rate: must be a positive rate"),
         ("workload.requests=0", "requests: must be a count"),
         ("workload.requests=some", "requests: must be a count"),
+        ("workload.seed=2147483648", "workload.seed: .*less than 2147483648"),
     ],
 )
 def test_bad_workload_values_are_named(override: str, named: str) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from netem.direction import Direction
-from netem.shaper import Shaper
+from netem.direction import SEED_LIMIT, Direction
+from netem.shaper import Shaper, direction_seeds
 from netem.spec import LinkSpec, LossModel
 from tests.netem.test_delivery_record import FakeLink, one_link_config
 
@@ -101,3 +101,23 @@ def test_a_direction_restarted_draws_as_one_just_made(loss: str) -> None:
     again = through(used, 10.0)
     assert [i for i, _ in again] == [i for i, _ in first]
     assert [t for _, t in again] == pytest.approx([t for _, t in first])
+
+
+def test_no_two_links_of_any_runs_draw_alike() -> None:
+    """Every (seed, link, direction) has a seed of its own: seed 500's WAN once drew as seed 0's
+    intra-DC path did (`seed * 2 + index * 1000`)."""
+    seeds = [0, 1, 499, 500, 501, 1000, SEED_LIMIT - 1]
+    drawn = [
+        value
+        for seed in seeds
+        for index in (0, 1)
+        for value in direction_seeds(seed, index).values()
+    ]
+    assert len(drawn) == len(set(drawn))
+    assert direction_seeds(7, 0) == {"a2b": 14, "b2a": 15}  # the WAN's draws as before
+
+
+@pytest.mark.parametrize("seed", [-1, SEED_LIMIT])
+def test_a_seed_out_of_range_is_refused(seed: int) -> None:
+    with pytest.raises(ValueError, match="seed must be in"):
+        direction_seeds(seed, 0)
