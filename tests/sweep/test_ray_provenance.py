@@ -19,8 +19,13 @@ from pddemu.sweep.driver import Sweep
 from pddemu.sweep.grid import expand, parse_grid
 from pddemu.sweep.progress import Progress
 from pddemu.sweep.provenance import UNRECORDED, mixed_code_note
+from tests.conftest import require_ray
 
-pytest.importorskip("ray")
+
+@pytest.fixture(autouse=True)
+def _needs_ray() -> None:
+    require_ray()
+
 
 DRIVER = {"commit": "3" * 40, "dirty": False}
 

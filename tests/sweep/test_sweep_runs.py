@@ -20,7 +20,7 @@ import pytest
 from netem.registry import list_namespaces
 from pddemu.sweep.executors import host_cpus
 from pddemu.sweep.provenance import code_version
-from tests.conftest import require_namespaces
+from tests.conftest import require_namespaces, require_ray
 
 SWEEP = [sys.executable, "-m", "pddemu.cli", "sweep"]
 TIMEOUT_S = 600
@@ -149,6 +149,7 @@ def field(entry: dict, name: str) -> float:
 def test_local_and_ray_give_the_same_streams_and_summaries(
     small_scenario: Path, tmp_path: Path
 ) -> None:
+    require_ray()
     # the first request is a warm-up: the next two meet its blocks and each other's in the caches
     common = ["--config", str(small_scenario), "--system", "naive", "--seeds", "2", "--warmup", "1"]
     # every CPU per point: Ray runs its points one at a time, as the local executor does, so
