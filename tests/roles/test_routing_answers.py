@@ -83,6 +83,26 @@ async def until_told(fe: Frontend, name: str, kind: str) -> None:
         await asyncio.sleep(0.01)
 
 
+async def streaming_on_lost_md0(fe: Frontend) -> Flight:
+    """Request "r", a P-MD request streaming from MD0, whose MD0 is then lost: it moves."""
+    flight = admit(fe, "r")
+    flight.record.pipeline = "P-MD"
+    flight.p, flight.decode = "P0", "MD0"
+    await fe.on_tokens(tokens("r", 0, "MD"))
+    fe.liveness_changed(fe.liveness.lost("MD0", fe.clock.now(), "killed"))
+    return flight
+
+
+async def until_routed_or_abandoned(fe: Frontend, flight: Flight) -> None:
+    """Until the frontend has routed a request or `flight` was given up, within the wall bound."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WALL_BOUND_S
+    while not any(kind == "route" for _, kind, _ in fe.told) and loop.time() < deadline:
+        if flight.abandoned:
+            break
+        await asyncio.sleep(0.01)
+
+
 async def ended(fe: Frontend, flight: Flight, task: asyncio.Task) -> bool:
     """Whether the request ended within the wall bound (it is stopped if not)."""
     try:
@@ -188,17 +208,8 @@ def test_a_move_whose_target_never_answers_its_match_sends_the_whole_prompt() ->
 
     async def scenario() -> tuple[Flight, list[tuple[str, str, dict]]]:
         fe = deployment({"MD1"}, time_scale=None)
-        flight = admit(fe, "r")
-        flight.record.pipeline = "P-MD"
-        flight.p, flight.decode = "P0", "MD0"
-        await fe.on_tokens(tokens("r", 0, "MD"))
-        fe.liveness_changed(fe.liveness.lost("MD0", fe.clock.now(), "killed"))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WALL_BOUND_S
-        while not any(kind == "route" for _, kind, _ in fe.told) and loop.time() < deadline:
-            if flight.abandoned:
-                break
-            await asyncio.sleep(0.01)
+        flight = await streaming_on_lost_md0(fe)
+        await until_routed_or_abandoned(fe, flight)
         return flight, fe.told
 
     flight, told = asyncio.run(scenario())
@@ -311,19 +322,10 @@ def test_a_move_target_lost_while_its_match_is_asked_is_not_counted_unmatched() 
 
     async def scenario() -> Flight:
         fe = deployment({"MD1"})
-        flight = admit(fe, "r")
-        flight.record.pipeline = "P-MD"
-        flight.p, flight.decode = "P0", "MD0"
-        await fe.on_tokens(tokens("r", 0, "MD"))
-        fe.liveness_changed(fe.liveness.lost("MD0", fe.clock.now(), "killed"))
+        flight = await streaming_on_lost_md0(fe)
         await asyncio.wait_for(until_told(fe, "MD1", "match"), WALL_BOUND_S)
         fe.liveness_changed(fe.liveness.lost("MD1", fe.clock.now(), "killed"))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WALL_BOUND_S
-        while not any(kind == "route" for _, kind, _ in fe.told) and loop.time() < deadline:
-            if flight.abandoned:
-                break
-            await asyncio.sleep(0.01)
+        await until_routed_or_abandoned(fe, flight)
         return flight
 
     flight = asyncio.run(scenario())
