@@ -454,15 +454,18 @@ def search_table(results: list[dict[str, Any]], target: float) -> str:
     lines = [
         f"max goodput with SLO attainment >= {target:.0%}:",
         "| system | settings | status | arrival rate | attainment | goodput (req/s) | "
-        "cost per hour | BCR | probes |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "cost per hour | BCR | probes | points not valid |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "-"
+        not_valid = sum(p["points_not_valid"] for p in r["probes"])
+        points = sum(len(p["points"]) for p in r["probes"])
         lines.append(
             f"| {r['system']} | {settings} | {r['status']} | {number(r['arrival_rate'])} | "
             f"{number(r.get('slo_attainment'))} | {number(r.get('goodput_rps'))} | "
-            f"{number(r.get('cost_per_hour'), 4)} | {number(r.get('bcr'))} | {len(r['probes'])} |"
+            f"{number(r.get('cost_per_hour'), 4)} | {number(r.get('bcr'))} | {len(r['probes'])} | "
+            f"{not_valid} of {points} |"
         )
     return "\n".join(lines)
 

@@ -169,6 +169,10 @@ def group_result(sweep: Sweep, group: SearchGroup) -> dict[str, Any]:
                 "slo_attainment": probe.attainment,
                 "passed": probe.passed,
                 "points": [point.id for point in group.probe_points[probe.rate]],
+                "points_not_valid": sum(
+                    sweep.records[point.id]["summary"].get("valid") is False
+                    for point in group.probe_points[probe.rate]
+                ),
             }
             for probe in sorted(search.probes, key=lambda p: p.rate)
         ],

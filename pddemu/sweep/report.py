@@ -359,10 +359,16 @@ def measure(claim: dict[str, Any], runs: dict[str | None, Run], name: str) -> tu
             for side in (system, claim["versus"])
             if results[side].get("status") not in (None, "found")
         ]
+        doubtful = [
+            f"{side}: {rests}"
+            for side in (system, claim["versus"])
+            if (rests := _bracket_not_valid(results[side], entries))
+        ]
+        notes = unresolved + doubtful
         return (
             f"{change_cell(at_max[system], at_max[claim['versus']], name)} "
             f"(max goodput at {rates[system]:g} vs {rates[claim['versus']]:g} req/s"
-            f"{'; ' + ', '.join(unresolved) if unresolved else ''})",
+            f"{'; ' + ', '.join(notes) if notes else ''})",
             [],
         )
     key = claim["key"]
@@ -626,6 +632,22 @@ def write_report(experiments: Path, results: Sequence[Path], out: Path) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     out.write_text(text)
+
+
+def _bracket_not_valid(result: dict[str, Any], entries: list[dict[str, Any]]) -> str:
+    """Which ends of a search's bracket rest on points not valid (their attainment is partly
+    the emulator's), as the report says it; "" when none does. Read from the points' own
+    summaries, so a search.json written before probes counted them is judged too."""
+    valid = {e["point"]["id"]: e.get("valid") for e in entries}
+    probes = {p["arrival_rate"]: p for p in result.get("probes", [])}
+    told = []
+    for end, rate in zip(("passing", "failing"), result.get("bracket") or (), strict=False):
+        points = probes.get(rate, {}).get("points", []) if rate is not None else []
+        not_valid = sum(valid.get(point) is False for point in points)
+        if not_valid:
+            told.append(f"{not_valid} of {len(points)} points at its {end} {rate:g} not valid")
+
+    return "bracket " + " and ".join(told) if told else ""
 
 
 def _search_state(result: dict[str, Any]) -> str:

@@ -238,6 +238,47 @@ def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: 
     assert "indc: probe-limit, maximum in [2, 6) req/s)" in text
 
 
+def test_a_bracket_resting_on_points_not_valid_is_said(tmp_path: Path) -> None:
+    """A search's answer is only as good as its probes: a bracket end whose points were judged
+    not valid is named in the row, read from the points' own summaries."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "b.toml").write_text(
+        '[experiment]\nsystems = ["pdd", "indc"]\nseeds = 1\nsearch = "goodput"\n'
+        '[[claim]]\nclaim = "bcr"\npaper = "+37.5 %"\nkind = "search-change"\n'
+        'system = "pdd"\nversus = "indc"\nmetric = "bcr"\nexplain = "why"\n'
+    )
+    run = tmp_path / "results" / "b"
+    at = {"workload.arrival_rate": "2"}
+    above = {"workload.arrival_rate": "3"}
+    pdd_at, pdd_above = entry("pdd", 0, at, bcr=3.0), entry("pdd", 0, above, bcr=1.0)
+    pdd_above["point"]["id"], pdd_above["valid"] = "pdd-above", False
+    write_sweep(run, [pdd_at, pdd_above, entry("indc", 0, at, bcr=4.0, valid=True)])
+    probes = [
+        {"arrival_rate": 2.0, "points": ["pdd-0"]},
+        {"arrival_rate": 3.0, "points": ["pdd-above"]},
+    ]
+    results = [
+        {"system": "pdd", "arrival_rate": 2.0, "status": "found", "bracket": [2, 3],
+         "probes": probes},
+        {"system": "indc", "arrival_rate": 2.0, "status": "found", "bracket": [2, 3],
+         "probes": [{"arrival_rate": 2.0, "points": ["indc-0"]}]},
+    ]  # fmt: skip
+    (run / "search.json").write_text(json.dumps({"results": results}))
+    text = render(experiments, [tmp_path / "results"])
+    said = "(max goodput at 2 vs 2 req/s; pdd: bracket 1 of 1 points at its failing 3 not valid)"
+    assert said in text
+    pdd_at["valid"] = False
+    again = tmp_path / "again" / "b"
+    write_sweep(again, [pdd_at, pdd_above, entry("indc", 0, at, bcr=4.0)])
+    (again / "search.json").write_text(json.dumps({"results": results}))
+    text = render(experiments, [tmp_path / "again"])
+    assert (
+        "pdd: bracket 1 of 1 points at its passing 2 not valid and 1 of 1 points at its "
+        "failing 3 not valid)" in text
+    )
+
+
 def test_transfer_rows_set_each_value_beside_its_closed_form(tmp_path: Path) -> None:
     """Against a baseline (the WAN's share of TTFT, round trip) and alone (a transfer time,
     one way or the bytes' serialisation alone), per value of the key, at that value's delay."""

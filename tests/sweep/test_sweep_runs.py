@@ -236,6 +236,8 @@ def test_goodput_search_on_a_tiny_system(tmp_path: Path) -> None:
     assert probes[passing]["passed"] and not probes[failing]["passed"]
     assert all(p["slo_attainment"] < 0.9 for p in probes.values() if not p["passed"])
     by_id = entries(out)
+    for probe in probes.values():  # counted from the points' own summaries
+        assert probe["points_not_valid"] == sum(by_id[i]["valid"] is False for i in probe["points"])
     (at_answer,) = (by_id[i] for i in probes[passing]["points"])
     assert at_answer["values"]["workload.arrival_rate"] == passing
     assert result["goodput_rps"] == at_answer["goodput_rps"] > 0
