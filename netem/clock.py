@@ -412,8 +412,13 @@ class SharedClock:
         """Wall seconds the clock has stood still at a hold since it was made."""
         return _FROZEN.unpack_from(self._page, FROZEN_AT)[0]
 
-    def slots(self) -> list[SlotReport]:
-        """Every claimed slot's counters."""
+    def slots(self, locked: bool = False) -> list[SlotReport]:
+        """Every claimed slot's counters. `locked`: read under the writers' lock, for a reader
+        that sums counters across slots: a slot given back moves its counters into another in
+        several writes (`free_into`), between which an unlocked reader may count them twice."""
+        if locked:
+            with self._locked():
+                return self.slots()
         reports = []
         for index in range(MAX_SLOTS):
             fields = _SLOT.unpack_from(self._page, _slot_at(index))

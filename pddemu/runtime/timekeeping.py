@@ -186,7 +186,9 @@ def routing_holds(page: SharedClock) -> dict[str, float]:
     (`netem.clock.INGRESS_SLOT`): posted, how many stood the clock still, for how long (wall
     seconds); none without such slots."""
     reports = [
-        r for r in page.slots() if r.name == INGRESS_SLOT or r.name.startswith(ROUTING_SLOT_PREFIX)
+        r
+        for r in page.slots(locked=True)
+        if r.name == INGRESS_SLOT or r.name.startswith(ROUTING_SLOT_PREFIX)
     ]
     if not reports:
         return {}

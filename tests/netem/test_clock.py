@@ -3,9 +3,11 @@ and many processes reading it while it is written."""
 
 from __future__ import annotations
 
+import fcntl
 import math
 import multiprocessing
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -383,3 +385,22 @@ def test_readers_go_with_their_hold_however_it_is_released(page: Path, wall: Fak
     assert clock.let_go_one(slot, held)
     wall.advance(1.0)
     assert clock.now() == pytest.approx(held + 1.0)
+
+
+def test_a_locked_read_of_the_slots_waits_for_a_writer(page: Path, wall: FakeWall) -> None:
+    """A reader summing counters across slots reads under the writers' lock: while another
+    process's writer holds it (a slot's counters half moved by `free_into`), the read waits."""
+    clock = SharedClock.create(page, rate=1.0, monotonic=wall)
+    slot = clock.claim("routing a")
+    clock.hold(slot, clock.now())
+    read: list[int] = []
+    with open(page, "rb") as writer:
+        fcntl.flock(writer, fcntl.LOCK_EX)  # another mapping's writer in its critical section
+        reader = threading.Thread(target=lambda: read.append(len(clock.slots(locked=True))))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and not read  # waiting for the lock, not reading past it
+        assert len(clock.slots()) == 1  # an unlocked read does not wait
+        fcntl.flock(writer, fcntl.LOCK_UN)
+    reader.join(10)
+    assert read == [1]
