@@ -411,6 +411,9 @@ class Frontend(Instance):
     async def held_prefix(self, flight: Flight, target: str, leg: str) -> int:
         """How much of the prompt `target`'s DRC holds (pinned for the leg), asked with a
         deadline: a target that does not answer in time gets the whole prompt."""
+        if not self.asks_decode_side:
+            flight.record.md_hit_tokens = 0
+            return 0
         loop = asyncio.get_running_loop()
         flight.replies = {"matched": loop.create_future()}
         await self.tell(target, "match", {"rid": leg}, TokenIds.from_ints(leg, 0, flight.prompt))
@@ -420,6 +423,13 @@ class Frontend(Instance):
             self.drop_answer_hold(flight)
         flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
         return hit
+
+    @property
+    def asks_decode_side(self) -> bool:
+        """Whether the decode side is asked how much of a prompt it holds (`match`): only
+        with a DRC. Without one it holds nothing, its answer is 0 whatever the prompt, and the
+        question would still cross the WAN (at full load late enough to route `unmatched`)."""
+        return self.config.policy.drc
 
     def resume_point(self, flight: Flight) -> tuple[list[int], int]:
         """The genuine ids of every output whose tokens the user has begun to get, and the
@@ -678,30 +688,32 @@ class Frontend(Instance):
         flight.decode = self.pick(self.answering(flight, self.decode_names), flight.session)
         meta = self.leg_meta(flight)
         loop = asyncio.get_running_loop()
-        flight.replies = {
-            "p_hit": loop.create_future(),
-            "matched": loop.create_future(),
-            "routed": loop.create_future(),
-        }
+        flight.replies = {"p_hit": loop.create_future(), "routed": loop.create_future()}
         prompt = TokenIds.from_ints(rid, 0, flight.prompt)
         self.add_load(flight, flight.p)
         # Both leave now; the match is not waited for under the hold: across the WAN, a
         # connection still to open takes modelled time (the run's first request to an MD).
-        match = asyncio.ensure_future(self.tell(flight.decode, "match", {"rid": rid}, prompt))
+        # With no DRC there is nothing to ask: the route waits for P alone.
+        match = None
+        if self.asks_decode_side:
+            flight.replies["matched"] = loop.create_future()
+            message = self.tell(flight.decode, "match", {"rid": rid}, prompt)
+            match = asyncio.ensure_future(message)
         try:
             await self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt)
             if not self.exact(flight.p):
                 hold.release()
             p_hit = (await self.answer(flight, "p_hit", flight.p))["hit"]
-            if not self.exact(flight.decode):
-                hold.release()  # its answer crosses modelled time (the WAN)
-            await match
+            if match is not None:
+                if not self.exact(flight.decode):
+                    hold.release()  # its answer crosses modelled time (the WAN)
+                await match
         finally:
-            if not match.done():
+            if match is not None and not match.done():
                 match.cancel()
-            elif not match.cancelled():
+            elif match is not None and not match.cancelled():
                 match.exception()  # raised above when it failed; retrieved either way
-        md_hit = await self.decode_side_hit(flight, flight.decode)
+        md_hit = 0 if match is None else await self.decode_side_hit(flight, flight.decode)
         if hold.released and self.exact(flight.p):  # the decision and the route take no time
             hold, flight.answer_hold = flight.answer_hold or self.clock.hold_instant(), None
         try:
@@ -819,7 +831,8 @@ class Frontend(Instance):
             if decided == "RLD-only":  # the anomaly filter's choice, not a failover's
                 record.anomaly_filtered = True
                 record.wan_bytes_cancelled = increment * self.target_kv_bytes
-            await self.tell(flight.decode, "release", {"rid": rid, "kv_expected": False})
+            if self.asks_decode_side:  # it pinned the prompt's hit for the leg
+                await self.tell(flight.decode, "release", {"rid": rid, "kv_expected": False})
         flight.transfers = {d["name"] for d in destinations}
         record.routed_s = self.clock.now()
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})

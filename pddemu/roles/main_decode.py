@@ -102,6 +102,10 @@ class MainDecodeInstance(DecodeInstance):
 
     async def on_kv_begin(self, message: Envelope) -> None:
         self.kv_begun.add(message.body["rid"])
+        # With no DRC the frontend asks no match: the connection to it (see `on_match`) is
+        # opened at the first KV's beginning, which comes a transfer before any token.
+        for frontend in self.spec.peers_with_role("FE"):
+            self.connect_early(frontend.name)
         await super().on_kv_begin(message)
 
     async def on_release(self, message: Envelope) -> None:

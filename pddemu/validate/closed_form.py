@@ -105,7 +105,9 @@ class ClosedForm:
         prompt = -(-request.input_tokens // g)  # genuine tokens
         hit = request.hit_tokens // g
         across_wan = request.system in WAN_SYSTEMS
-        route = self._route_time(request, prompt) if across_wan else 0.0
+        # with no DRC the frontend asks the decode side nothing: it routes on P's hit alone
+        asks = across_wan and self.config.policy.drc
+        route = self._route_time(request, prompt) if asks else 0.0
         steps = self._prefill_steps(request, prompt, hit)
         prefill_end = steps[-1][0]
         kv = self._kv_arrival(request, prompt, hit, steps, route, across_wan)

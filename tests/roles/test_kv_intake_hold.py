@@ -11,6 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from netem.clock import SharedClock
 from pddemu.config import Config, load_config
 from pddemu.roles.main_decode import MainDecodeInstance, Pinned
@@ -161,10 +163,18 @@ def test_an_intake_while_a_step_waits_for_its_end_lets_time_go_on(tmp_path: Path
     assert md.errors == []
 
 
-def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match() -> None:
+@pytest.mark.parametrize("asked", ["match", "kv_begin"])
+def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match(asked: str) -> None:
     """Not at the request's first token: its handshake, a WAN round trip, would hold that
-    token back (and, before the intake was held, the request's first step)."""
-    md = instance(MainDecodeInstance, "MD")
+    token back (and, before the intake was held, the request's first step). With no DRC the
+    frontend asks no match: the connection opens at the first KV's beginning (on the code
+    before, only a match opened it)."""
+    config = load_config()
+    if asked == "kv_begin":
+        config = config.model_copy(
+            update={"policy": config.policy.model_copy(update={"drc": False})}
+        )
+    md = instance(MainDecodeInstance, "MD", config)
     accepted: list[str] = []
 
     async def scenario() -> None:
@@ -175,9 +185,12 @@ def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match() -> Non
         server = await asyncio.start_server(frontend, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         md.spec.peers["FE0"] = Address("FE0", "FE", "127.0.0.1", port, port + 1)
-        asked = SimpleNamespace(peer="FE0", control=lambda *_, **__: asyncio.sleep(0))
-        ids = [TokenIds.from_ints("r1", 0, PROMPT)]
-        await md.on_match(Envelope("match", {"rid": "r1"}, ids, asked))
+        if asked == "match":
+            channel = SimpleNamespace(peer="FE0", control=lambda *_, **__: asyncio.sleep(0))
+            ids = [TokenIds.from_ints("r1", 0, PROMPT)]
+            await md.on_match(Envelope("match", {"rid": "r1"}, ids, channel))
+        else:
+            await transfer(md, "r1")
         for _ in range(100):
             if accepted:
                 break
@@ -186,7 +199,7 @@ def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match() -> Non
         for channel in md._peers.values():
             channel.close()
 
-    asyncio.run(scenario())
+    run_started([md], scenario)
     assert accepted == ["FE0"]
 
 

@@ -29,11 +29,12 @@ def deployment(
     time_scale: float | None = None,
     streaming: bool = False,
     queue_ms: float | None = None,
+    drc: bool = True,
 ) -> Frontend:
     """A frontend routing to P0, P1, RLD0, MD0 and MD1, all up; the instances named in `silent`
     never answer, the others answer at once with no hit; `streaming`: a P that answered
     streams a route's request at once (each destination's transfer reported, every token from
-    the decode side); `queue_ms`: the WAN's bottleneck queue."""
+    the decode side); `queue_ms`: the WAN's bottleneck queue; `drc`: the decode side's cache."""
     config = load_config()
     config = config.model_copy(
         update={
@@ -42,6 +43,7 @@ def deployment(
             ),
             "scale": config.scale.model_copy(update={"time_scale": time_scale}),
             "wan": config.wan.model_copy(update={"queue_ms": queue_ms}),
+            "policy": config.policy.model_copy(update={"drc": drc}),
         }
     )
     fe = instance(Frontend, "FE", config)
@@ -114,10 +116,12 @@ async def ended(fe: Frontend, flight: Flight, task: asyncio.Task) -> bool:
         return False
 
 
-async def served(silent: set[str], lose_p0: bool = False) -> tuple[bool, Frontend, Flight]:
+async def served(
+    silent: set[str], lose_p0: bool = False, drc: bool = True
+) -> tuple[bool, Frontend, Flight]:
     """Request "r" served by `deployment(silent)` (P0 lost once it was asked to prefill):
     whether it ended within the wall bound, the frontend, its flight."""
-    fe = deployment(silent, streaming=True)
+    fe = deployment(silent, streaming=True, drc=drc)
     flight = admit(fe, "r")
     task = asyncio.ensure_future(fe.serve_flight(flight))
     await until_told(fe, "P0", "prefill")
@@ -331,3 +335,45 @@ def test_a_move_target_lost_while_its_match_is_asked_is_not_counted_unmatched() 
     flight = asyncio.run(scenario())
     assert "MD1 did not answer matched for r~1" in flight.record.failover_path
     assert not flight.record.unmatched
+
+
+@pytest.mark.parametrize("silent", [set(), {"MD0"}])
+def test_with_no_drc_the_decode_side_is_not_asked_and_the_route_waits_for_p_alone(
+    silent: set[str],
+) -> None:
+    """With `policy.drc = false` MD holds nothing of any prompt: the frontend sends it no
+    match (which would cross the WAN for an answer known to be 0) and routes on P's hit
+    alone, the whole prompt to the decode side, even one that would never answer a match. On
+    the code before, the match was sent all the same, and at full load came seconds late:
+    such requests were routed `unmatched` and the run judged not valid."""
+    done, fe, flight = asyncio.run(served(silent, drc=False))
+    assert done, "still waiting"
+    record = flight.record
+    assert (record.state, record.retries, flight.legs) == ("completed", 0, ["r"])
+    assert not record.unmatched and record.md_hit_tokens == 0
+    assert fe.stats()["unmatched"] == 0
+    assert [kind for _, kind, _ in fe.told if kind in ("match", "release")] == []
+    (route,) = [body for name, kind, body in fe.told if kind == "route"]
+    assert [d["offset"] for d in route["destinations"] if d["name"].startswith("MD")] == [0]
+
+
+def test_with_no_drc_a_move_asks_its_target_nothing() -> None:
+    """MD0, streaming a P-MD request, is lost; with no DRC the move sends MD1 the whole
+    prompt at once, asking it no match (MD1 would never answer one here: on the code before,
+    the move waited the patience for it)."""
+
+    async def scenario() -> tuple[Flight, list[tuple[str, str, dict]], float]:
+        fe = deployment({"MD1"}, drc=False)
+        flight = await streaming_on_lost_md0(fe)
+        started = time.monotonic()
+        await until_routed_or_abandoned(fe, flight)
+        return flight, fe.told, time.monotonic() - started
+
+    flight, told, took = asyncio.run(scenario())
+    assert flight.abandoned == "", flight.abandoned
+    assert not [name for name, kind, _ in told if kind == "match"]
+    (route,) = [body for name, kind, body in told if kind == "route"]
+    assert route["rid"] == "r~1" and route["destinations"][0]["name"] == "MD1"
+    assert route["destinations"][0]["offset"] == 0
+    assert took < DOWN_AFTER_S
+    assert flight.record.md_hit_tokens == 0 and not flight.record.unmatched
