@@ -461,7 +461,8 @@ class PolicyConfig(Section):
     )
     drc: bool = Field(
         True,
-        description="MD keeps its decode-side radix cache (DRC); false sends every prompt whole",
+        description="MD keeps its decode-side radix cache (DRC); false sends every prompt whole "
+        "(and the frontend asks the decode side no match)",
     )
 
 
