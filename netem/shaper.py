@@ -16,7 +16,8 @@ wall time left at the clock's rate, never longer than MAX_WALL_WAIT_S while the 
 How late each packet leaves, in the clock's time, is counted (`release_lag`); asked for
 (`record_interval_s`), what each direction delivered per interval is recorded too, both by
 when it was due and by when it was written (`netem.delivery`: a host's stall of the shaper
-shows there, apart from the link's own schedule).
+shows there, apart from the link's own schedule), and how many TCP flows sent data through
+each direction per window, with its drops (`flow_window_s`, `netem.flow_count`).
 
 Each turn of the loop (`turn`) runs at one reading of the time: first the schedule's steps due
 by then, each after everything due before it has left (so a late turn still changes the link
@@ -59,6 +60,7 @@ from netem.clock import (
 )
 from netem.delivery import DeliveryRecord
 from netem.direction import SEED_LIMIT, Direction
+from netem.flow_count import FlowCount
 from netem.packet import ends_a_tcp_connection, ends_a_tcp_write, tcp_ends
 from netem.schedule import Cursor, Schedule, Step, apply_step
 from netem.spec import LinkSpec, SpecError, changes_from_dict
@@ -95,6 +97,7 @@ class Route:
     sink_fd: int
     write_errors: int = 0
     record: DeliveryRecord | None = None
+    flows: FlowCount | None = None
 
 
 class Shaper:
@@ -139,6 +142,7 @@ class Shaper:
         self.now = now or (self.clock.now if self.clock is not None else time.monotonic)
         self.release_lag = ReleaseLag()
         self.record_interval_s: float | None = config.get("record_interval_s")
+        self.flow_window_s: float | None = config.get("flow_window_s")
         for index, link in enumerate(config["links"]):
             fd_a = open_end(link["a"]["ifname"], link["a"]["netns"], tun_device)
             fd_b = open_end(link["b"]["ifname"], link["b"]["netns"], tun_device)
@@ -170,6 +174,9 @@ class Shaper:
         self.cursor: Cursor | None = None
         self.before_schedule: list[tuple[Route, LinkSpec, bool]] = []
         self.restart_records(self.now())
+        if self.flow_window_s is not None:  # never restarted: a reader picks its windows
+            for route in self.routes:
+                route.flows = FlowCount(self.flow_window_s, self.now())
         if config.get("schedule"):
             self.start_schedule(Schedule.from_dict(config["schedule"]), self.now())
 
@@ -239,6 +246,8 @@ class Shaper:
                 except BlockingIOError:
                     break
             route.direction.push_many(packets, now)  # all arrived at `now`
+            if route.flows is not None:
+                route.flows.count(packets, now, route.direction.rate.dropped_total)
             if self.ingress_slot is not None:
                 self._look_at_routing(packets)
         self._follow_schedule(now + early, now)
@@ -479,6 +488,7 @@ class Shaper:
                     "links": self.stats(),
                     "release_lag": self.release_lag.to_dict(),
                     **({"delivery": self.deliveries()} if self.record_interval_s else {}),
+                    **({"flows": self.flow_counts()} if self.flow_window_s else {}),
                 }
             if op == "restart_draws":  # every link's
                 self.restart_draws(int(request["seed"]))
@@ -539,6 +549,14 @@ class Shaper:
         """Each direction's delivery record (`netem.delivery`), by link and direction."""
         return {
             name: {d: r.record.to_dict() for d, r in routes.items() if r.record is not None}
+            for name, routes in self.links.items()
+        }
+
+    def flow_counts(self) -> dict[str, dict[str, Any]]:
+        """Each direction's data flows and drops per window (`netem.flow_count`), by link and
+        direction."""
+        return {
+            name: {d: r.flows.to_dict() for d, r in routes.items() if r.flows is not None}
             for name, routes in self.links.items()
         }
 

@@ -112,6 +112,9 @@ class Network:
     # the shaper records what each direction delivered per interval this wide (netem.delivery;
     # `deliveries()`): for measurement runs, it grows with the run
     record_interval_s: float | None = None
+    # the shaper counts each direction's TCP flows with data, and its drops, per window this
+    # wide (netem.flow_count; `flow_counts()`): a judged run's, it grows with the run
+    flow_window_s: float | None = None
     # A clock page (netem.clock) in the run's directory, which the shaper follows: the links'
     # rates, delays and schedules are then in the clock's time, not the wall's.
     clock: bool = False
@@ -325,6 +328,14 @@ class Network:
             raise TopologyError(f"run {self.name} records no deliveries")
         return control.request(record.control, {"op": "stats"})["delivery"]
 
+    def flow_counts(self) -> dict[str, Any]:
+        """The shaper's flow counts by link and direction (`netem.flow_count`); the run must
+        have been made with `flow_window_s`."""
+        record = self._require_record()
+        if not record.control or self.flow_window_s is None:
+            raise TopologyError(f"run {self.name} counts no flows")
+        return control.request(record.control, {"op": "stats"})["flows"]
+
     def stats(self) -> dict[str, Any]:
         record = self._require_record()
         if record.control:
@@ -516,6 +527,7 @@ class Network:
             "die_with_parent": threading.current_thread() is threading.main_thread(),
             "realtime": self.realtime_shaper,
             "record_interval_s": self.record_interval_s,
+            "flow_window_s": self.flow_window_s,
         }
         self.shaper = subprocess.Popen(
             [sys.executable, "-m", "netem.shaper"],

@@ -26,8 +26,8 @@ Exit status:
        the frontend's answer (an emulator defect)
   4    a run is not valid: the emulator fell behind the model by more than
        `scale.max_lag`, or routed requests with no decode-side hit because
-       the WAN held their match too long (summary.json's invalid_reason says
-       how)
+       the WAN held their match too long, or its WAN left TCP too few
+       packets per flow (summary.json's invalid_reason says how)
   5    the results are written but partial: an instance died unplanned, did
        not start, or its stats could not be read (summary.json's
        partial_reasons says which)
@@ -54,7 +54,7 @@ import uvloop
 
 from netem.signals import on_termination, raise_keyboard_interrupt
 from netem.spec import LinkSpec
-from netem.topology import Network
+from netem.topology import Network, TopologyError
 from pddemu.at_once import run_at_once
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, ConfigError, load_config
@@ -62,6 +62,7 @@ from pddemu.deployment import Deployment, DeploymentError, InstanceEvent
 from pddemu.emulated_network import (
     ReplayConditions,
     network_for,
+    path_packets,
     replay_conditions,
     scale_model,
     timeline_of,
@@ -83,6 +84,7 @@ from pddemu.metrics import (
 )
 from pddemu.metrics.distribution import percentile
 from pddemu.metrics.reservoir import Reservoir
+from pddemu.metrics.wan_flows import judge_wan_flows, wan_flows_summary
 from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from pddemu.replay import ReplayResult, replay
@@ -97,7 +99,7 @@ REPLAY_LEAD_S = 1.0  # modelled seconds between the deployment being ready and t
 INTERRUPT_STATS_TIMEOUT_S = 5.0  # wall seconds an interrupted run waits for each instance's stats
 DEFECT_EXIT = 3  # a stream differs from the reference, or an answer could not be read
 INVALID_EXIT = 4  # the emulator fell behind the model more than the run's lag bound allows, or
-# routed requests unmatched (`judge_unmatched`)
+# routed requests unmatched (`judge_unmatched`), or its WAN starved TCP (`judge_wan_flows`)
 PARTIAL_EXIT = 5  # the results are written but incomplete: see "partial_reasons"
 INTERRUPTED_EXIT = 130
 
@@ -121,6 +123,7 @@ class SystemRun:
     events_dropped: dict[str, int] = field(default_factory=dict)  # instance -> timeline events
     # it dropped (oldest first, past its bound): the WAN figure and exports miss them
     phases_wall_s: dict[str, float] = field(default_factory=dict)  # where its wall time went
+    wan_flows: dict[str, Any] | None = None  # the WAN's flows per window over the replay
 
 
 async def until_interrupted(work: Coroutine[Any, Any, SystemRun]) -> SystemRun:
@@ -248,9 +251,28 @@ async def run_system(
     run.events_dropped = dropped_events(stats)
     if "end" in timing.marks:
         run.timing = timing.report(stats, completed_tpot_p50(result))
+        run.wan_flows = replay_wan_flows(network, config, run, timing.marks["end"][1], out)
     for reason in run.partial:
         print(f"[{system}] partial: {reason}", file=sys.stderr)
     return run
+
+
+def replay_wan_flows(
+    network: Network, config: Config, run: SystemRun, end_s: float, out: Path
+) -> dict[str, Any] | None:
+    """The WAN's flows over the replay (`pddemu.metrics.wan_flows`), from the shaper's count,
+    whose windows are kept in `wan-flows-<system>.json`; None for an unshaped WAN. A count
+    that cannot be read leaves the results partial."""
+    packets = path_packets(config, scale_model(config))
+    if packets is None or network.flow_window_s is None:
+        return None
+    try:
+        records = network.flow_counts()["wan"]
+    except (OSError, KeyError, TopologyError) as error:
+        run.partial.append(f"the WAN's flow count could not be read: {error}")
+        return None
+    (out / f"wan-flows-{run.system}.json").write_text(json.dumps(records))
+    return wan_flows_summary(records, run.replay_start_s, end_s, packets)
 
 
 class Phases:
@@ -516,7 +538,6 @@ def run_in_own_network(
     (a child's work in `pddemu.at_once`). A network that cannot be set up is said in one line
     (exit status 1)."""
     from netem.registry import RunError
-    from netem.topology import TopologyError
 
     up = Phases("network_up")
     try:
@@ -599,7 +620,10 @@ def write_outputs(
                 run.replay_start_s,
             ),
         }
+        if run.wan_flows is not None:
+            summaries[system]["wan_flows"] = run.wan_flows
         judge_unmatched(summaries[system])
+        judge_wan_flows(summaries[system])
     reasons = {system: run.partial for system, run in runs.items() if run.partial}
     meta = {
         "partial": bool(reasons or not_run),

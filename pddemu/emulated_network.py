@@ -27,6 +27,7 @@ from pddemu.scale import ScaleModel
 from pddemu.timeline import Timeline
 
 LINUX_RTO_MIN_S = 0.2  # the kernel's floor of the retransmission timeout (TCP_RTO_MIN)
+MIN_FLOW_WINDOW_S = 0.001  # a WAN with no delay and no queue still counts its flows
 TCP_HEADERS = 52  # IPv4, TCP and its timestamps option: what a segment carries besides data
 
 
@@ -59,6 +60,28 @@ def queue_bytes(config: Config, scale: ScaleModel) -> int | None:
     return max(mtu, math.ceil(wan.rate_bps * scale.byte_scale * queue_s / 8))
 
 
+def path_packets(config: Config, scale: ScaleModel) -> float | None:
+    """The emulated WAN's path in MTU-sized packets: its queue limit plus the bandwidth-delay
+    product of the round trip, what the flows that share it may have in flight together (None
+    when the WAN is unshaped)."""
+    wan = config.wan
+    if wan.rate_bps is None:
+        return None
+    mtu = LinkSpec().mtu
+    queue = (queue_bytes(config, scale) or mtu) / mtu
+    return wan.rate_bps * scale.byte_scale * 2 * wan.delay_s / 8 / mtu + queue
+
+
+def flow_window(config: Config) -> float | None:
+    """The window the shaper counts the WAN's flows in (`netem.flow_count`): one round trip
+    with the queue full (modelled s), within which every flow with data in flight sends; None
+    when the WAN is unshaped."""
+    queue_s = queue_seconds(config)
+    if queue_s is None:
+        return None
+    return max(2 * config.wan.delay_s + queue_s, MIN_FLOW_WINDOW_S)
+
+
 def tcp_tuning(config: Config, scale: ScaleModel) -> TcpTuning:
     """TCP on the emulated WAN as on the modelled path (what each parameter does, and what it
     was measured to change: `netem.tcp`, docs/netem.md): the kernel's 200 ms RTO floor in
@@ -70,11 +93,11 @@ def tcp_tuning(config: Config, scale: ScaleModel) -> TcpTuning:
     wan = config.wan
     mtu = LinkSpec().mtu
     burst = path = None
-    if wan.rate_bps is not None:
+    packets = path_packets(config, scale)
+    if packets is not None:
         queue = (queue_bytes(config, scale) or mtu) / mtu  # packets
         burst = max(1, math.floor(queue))  # what the queue takes at once: it comes unpaced
-        pipe = wan.rate_bps * scale.byte_scale * 2 * wan.delay_s / 8 / mtu
-        path = max(burst, math.ceil(pipe + queue))
+        path = max(burst, math.ceil(packets))
     return TcpTuning(
         rto_min_s=LINUX_RTO_MIN_S,
         quickack=True,
@@ -125,9 +148,11 @@ def network_for(config: Config, scale: ScaleModel, clock: bool = True, **kwargs:
     """The scenario's network (not yet up), with TCP tuned to the modelled path, on a clock
     page (`clock`; without one, in real time: wall seconds are modelled ones). A timeline's
     link events are its schedule, started with each replay (`replay_conditions`), so the
-    links they touch go through the shaper. Its random draws (loss, jitter) are seeded by
-    `[workload] seed` unless `kwargs` say otherwise."""
+    links they touch go through the shaper, which counts the WAN's flows per window
+    (`flow_window`) for the run's judgement (`pddemu.metrics.wan_flows`). Its random draws
+    (loss, jitter) are seeded by `[workload] seed` unless `kwargs` say otherwise."""
     kwargs.setdefault("seed", config.workload.seed)
+    kwargs.setdefault("flow_window_s", flow_window(config))
     return Network(
         LinkConfig.symmetric(wan_link(config, scale)),
         intra=intra_link(config, scale),

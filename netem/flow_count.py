@@ -1,0 +1,97 @@
+"""How many TCP flows sent data through one direction of a shaped link at once, window by
+window of the shaper's time, and how many packets its rate queue dropped in each window.
+
+Why: a link scaled in bytes keeps its queue's seconds but not its packets, while the flows that
+share it are not scaled (each connection is the modelled system's own). With too many flows
+for the path's packets each flow's window falls under the few packets TCP needs to recover a
+loss by fast retransmit, and the emulator's TCP (timeouts), not the modelled system's, sets the
+results. Only the bottleneck sees every flow however the senders carry their data (a connection
+per transfer or shared ones), so it counts them here.
+
+A flow is a TCP 5-tuple (protocol, addresses, ports) with a data segment (not a bare ACK, SYN or
+FIN) reaching the direction in the window: a flow with data in flight sends within a round
+trip, so windows about one round trip wide see every active flow. Counted at arrival, before
+loss and the queue's limit: what the flows offered the bottleneck. A drop is counted in the
+window of the first arrival after it: exact for drops at arrival (drop-tail, fq's over-limit
+drop), within a window for those at dequeue (CoDel's). Opt-in (`flow_window_s` in the shaper's
+config): a run that is judged asks for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from netem.packet import TCP
+
+
+def tcp_data_flow(packet: bytes) -> bytes | None:
+    """An IPv4 TCP segment's flow (addresses and ports, as bytes) when it carries data; None
+    for a bare ACK, SYN, FIN or any other packet."""
+    if len(packet) < 40 or packet[0] >> 4 != 4 or packet[9] != TCP:
+        return None
+    header = (packet[0] & 0x0F) * 4
+    if len(packet) < header + 13:
+        return None
+    total = (packet[2] << 8) | packet[3]
+    if total <= header + (packet[header + 12] >> 4) * 4:
+        return None
+    return packet[12:20] + packet[header : header + 4]
+
+
+class FlowCount:
+    def __init__(self, window_s: float, origin: float) -> None:
+        if not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"the flow count's window must be positive, got {window_s}")
+        self.window_s = window_s
+        self.origin = origin
+        self.flows: dict[int, int] = {}  # window -> distinct data flows, once it has passed
+        self.drops: dict[int, int] = {}  # window -> packets the rate queue dropped
+        self.current: int | None = None  # the window whose flows are being collected
+        self.current_flows: set[bytes] = set()
+        self.dropped_seen = 0  # the queue's drop counter at the last arrival
+
+    def count(self, packets: list[bytes], now: float, dropped_total: int) -> None:
+        """`packets` reached the direction at `now`; its queue has dropped `dropped_total`
+        packets since it was made (read after they were queued)."""
+        index = math.floor((now - self.origin) / self.window_s)
+        if index != self.current:
+            self._close()
+            self.current = index
+        flows = self.current_flows
+        for packet in packets:
+            flow = tcp_data_flow(packet)
+            if flow is not None:
+                flows.add(flow)
+        if dropped_total > self.dropped_seen:
+            self.drops[index] = self.drops.get(index, 0) + dropped_total - self.dropped_seen
+        self.dropped_seen = dropped_total
+
+    def _close(self) -> None:
+        if self.current is not None and self.current_flows:
+            self.flows[self.current] = len(self.current_flows)
+        self.current_flows = set()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Dense lists from the first window with data or drops (`first`) to the last."""
+        flows = dict(self.flows)
+        if self.current is not None and self.current_flows:
+            flows[self.current] = len(self.current_flows)
+        indices = [*flows, *self.drops]
+        if not indices:
+            return {
+                "window_s": self.window_s,
+                "origin": self.origin,
+                "first": 0,
+                "flows": [],
+                "drops": [],
+            }
+        first, last = min(indices), max(indices)
+        span = range(first, last + 1)
+        return {
+            "window_s": self.window_s,
+            "origin": self.origin,
+            "first": first,
+            "flows": [flows.get(i, 0) for i in span],
+            "drops": [self.drops.get(i, 0) for i in span],
+        }
