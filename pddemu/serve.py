@@ -19,6 +19,8 @@ than `late_after_s`; the records' TTFT p50 and p90, modelled (`ttft_p50_s`) and 
 (`served_ttft_p50_s`: the door's, streamed requests); `valid`, `invalid_reason` and `lag`: the
 emulator's lag judged as `pddemu emulate` judges it, and `unmatched`, the requests routed with no
 decode-side hit (their match answered too late), which make it not valid as there;
+`wan_flows`, the WAN's TCP flows against its packets since ready, judged as there (null when
+the kernel's netem carries the WAN, which counts no flows, or the run schedules link events);
 `late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
@@ -50,6 +52,7 @@ from pddemu.deployment import STATS_TIMEOUT_S, Deployment
 from pddemu.emulated_network import (
     ReplayConditions,
     network_for,
+    path_packets,
     replay_conditions,
     scale_model,
     timeline_of,
@@ -59,6 +62,7 @@ from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
 from pddemu.metrics.summary import UNMATCHED_CAUSE
 from pddemu.metrics.timing import timing_summary
+from pddemu.metrics.wan_flows import STARVED_SHARE_MAX, flows_reason, wan_flows_summary
 from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
 from pddemu.runtime.timekeeping import expected_tpot
@@ -107,6 +111,9 @@ async def serve(
             deployment.config.scale.max_lag,
             decode_step(deployment),
             unmatched_judged(deployment.config),
+            await served_wan_flows(deployment, time_zero)
+            if flows_judged(deployment.config)
+            else None,
         )
         summary["missing_stats"] = dict(deployment.missing_stats)
         print(json.dumps(summary), flush=True)
@@ -123,6 +130,27 @@ def unmatched_judged(config: Config) -> bool:
     return not timeline.instance_faults and not (links is not None and links.to_dict()["steps"])
 
 
+def flows_judged(config: Config) -> bool:
+    """Whether the WAN's flows are judged: as emulate's `judge_wan_flows`, not when the run
+    schedules link events (they change the path the share is taken of)."""
+    links = timeline_of(config).link_events
+    return not (links is not None and links.to_dict()["steps"])
+
+
+async def served_wan_flows(deployment: Deployment, time_zero: float) -> dict[str, Any] | None:
+    """The WAN's flows since `time_zero` (`pddemu.metrics.wan_flows`; the shaper runs in wall
+    time here), None when no userspace shaper carries the WAN (the kernel's netem counts no
+    flows) or the WAN is unshaped."""
+    network = deployment.network
+    config = deployment.config
+    packets = path_packets(config, scale_model(config))
+    record = network.record
+    if packets is None or network.flow_window_s is None or record is None or not record.control:
+        return None
+    records = await asyncio.to_thread(network.flow_counts)
+    return wan_flows_summary(records["wan"], time_zero, time.monotonic(), packets)
+
+
 def decode_step(deployment: Deployment) -> float:
     """The modelled decode step that bounds the lag while no request has a TPOT, as emulate
     takes it (`expected_tpot`; serve has no workload: the typical context)."""
@@ -134,6 +162,7 @@ def served_summary(
     max_lag: float,
     decode_step_s: float | None,
     judge_unmatched: bool = True,
+    wan_flows: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """serve's last line: what its door wrote, how many chunks it wrote later than their
     tokens' modelled times (`pddemu.roles.openai_api.WriteTiming`: what a client measures
@@ -145,7 +174,7 @@ def served_summary(
     return {
         "stopped": True,
         "door": router.get("door"),
-        **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched),
+        **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched, wan_flows),
         "errors": router.get("errors", []),
     }
 
@@ -155,6 +184,7 @@ def lag_verdict(
     max_lag: float,
     decode_step_s: float | None,
     judge_unmatched: bool = True,
+    wan_flows: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Whether the records so far are the modelled system's, from every instance's stats.
 
@@ -164,7 +194,9 @@ def lag_verdict(
     modelled decode step `decode_step_s`): `valid`, `invalid_reason`, `lag`; and, as emulate's
     `judge_unmatched`, not valid when the frontend routed requests with no decode-side hit, the
     WAN holding their match too long (`unmatched`, the frontend's count), if `judge_unmatched`
-    (`unmatched_judged`).
+    (`unmatched_judged`); and, as emulate's `judge_wan_flows`, not valid when the WAN's flows
+    (`wan_flows`, `served_wan_flows`: given only when judged, `flows_judged`) were left too
+    few packets each over more than its share of the time.
     `late_requests` counts the requests whose steps ran later than that bound, summed over the
     steps each was in (`Instance.carried_lag_s`): requests whose recorded times carry it (any
     request that was in a step, failed ones too, so `count` may exceed the `of` completed; None
@@ -188,14 +220,17 @@ def lag_verdict(
     lag_reason = timing["invalid_reason"] and timing["invalid_reason"] + REAL_TIME_CAUSE
     unmatched = int(router.get("unmatched", 0))
     judged = unmatched if judge_unmatched else 0
+    starved = wan_flows is not None and wan_flows["starved_share"] > STARVED_SHARE_MAX
     reasons = [
         *([lag_reason] if lag_reason else []),
         *([f"{unmatched} requests {UNMATCHED_CAUSE} (unmatched)"] if judged else []),
+        *([flows_reason(wan_flows)] if starved and wan_flows is not None else []),
     ]
     return {
-        "valid": timing["valid"] and not judged,
+        "valid": timing["valid"] and not judged and not starved,
         "invalid_reason": "; ".join(reasons) or None,
         "unmatched": unmatched,
+        "wan_flows": wan_flows,
         "lag": {
             key: timing["lag"][key]
             for key in ("bound_s", "bound_from", "max_lag", "mean_by_kind", "by_participant")
@@ -233,7 +268,7 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
             await asyncio.sleep(period)
             started = time.monotonic()
             try:
-                await post_verdict(deployment, session, started - time_zero, max_lag, step, judged)
+                await post_verdict(deployment, session, time_zero, max_lag, step, judged)
             except Exception as error:  # one bad round must not end the watch: say so, go on
                 print(
                     f"pddemu serve: verdict not updated: {type(error).__name__}: {error}",
@@ -246,20 +281,25 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
 async def post_verdict(
     deployment: Deployment,
     session: aiohttp.ClientSession,
-    as_of_s: float,
+    time_zero: float,
     max_lag: float,
     decode_step_s: float,
     judge_unmatched: bool = True,
 ) -> None:
-    """One round of the watch: the verdict from every instance's stats, with the instances
-    whose stats could not be read (`missing_stats`: name -> why), to the frontend."""
+    """One round of the watch: the verdict from every instance's stats and the WAN's flows
+    since `time_zero` (ready), with the instances whose stats could not be read
+    (`missing_stats`: name -> why), to the frontend."""
+    as_of_s = time.monotonic() - time_zero
     stats = await deployment.stats()
     router = next((name for name, r in stats.items() if r.get("role") == "FE"), None)
     if router is None:
         return  # the frontend's own stats are unreadable: it keeps the last verdict
+    flows = (
+        await served_wan_flows(deployment, time_zero) if flows_judged(deployment.config) else None
+    )
     verdict = {
         "as_of_s": as_of_s,
-        **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched),
+        **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched, flows),
         "missing_stats": dict(deployment.missing_stats),
     }
     try:

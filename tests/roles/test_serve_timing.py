@@ -137,6 +137,7 @@ class _Serving:
         self.gathered = 0
         self.failures = failures  # the first gatherings that raise
         self.missing_stats = {"RLD0": "stats unreadable: TimeoutError: "}
+        self.network = SimpleNamespace(record=None, flow_window_s=None)  # the kernel's netem
 
     async def stats(self) -> dict[str, dict[str, Any]]:
         self.gathered += 1
@@ -255,3 +256,29 @@ def test_serve_leaves_unmatched_requests_unjudged_when_it_schedules_faults_or_li
     stats["FE0"]["unmatched"] = 1
     verdict = served_summary(stats, 0.05, STEP_S, serve.unmatched_judged(config))
     assert (verdict["valid"], verdict["unmatched"]) == (not judged, 1)
+
+
+def test_serve_judges_the_wans_flows_as_emulate_does(tmp_path: Any) -> None:
+    """The WAN's flows left each under 4 packets, with losses, over more of the time than
+    `judge_wan_flows` allows: serve's verdict is not valid, with emulate's reason; not judged
+    (None given) when the run schedules link events."""
+    flows = {
+        "flows_peak": 30,
+        "path_packets": 42.0,
+        "bound_packets": 4,
+        "packets_per_flow_min": 1.4,
+        "starved_share": 0.2,
+    }
+    stats = _stats([0.0002, 0.0], {"r1": 0.0002})
+    verdict = served_summary(stats, 0.05, STEP_S, True, flows)
+    assert verdict["valid"] is False and verdict["wan_flows"] == flows
+    assert verdict["invalid_reason"].startswith("the emulated WAN left TCP too few packets")
+    fine = served_summary(stats, 0.05, STEP_S, True, {**flows, "starved_share": 0.0})
+    assert (fine["valid"], fine["invalid_reason"]) == (True, None)
+    assert serve.flows_judged(load_config())
+    (tmp_path / "wan.txt").write_text("10 a2b.rate=1gbit\n")
+    config = load_config()
+    config = config.model_copy(
+        update={"wan": config.wan.model_copy(update={"schedule": str(tmp_path / "wan.txt")})}
+    )
+    assert not serve.flows_judged(config)
