@@ -88,8 +88,8 @@ class Sweep:
     def exit_status(self) -> int:
         """1 when a point produced no results; else 3 when a point's emulation found a token
         mismatch (a defect outranks the rest); else the first non-zero exit status of a point
-        (4: not valid, the emulator's lag over its bound or requests routed unmatched; 5:
-        partial results); else 0."""
+        (4: not valid, the emulator's lag over its bound, requests routed unmatched or the WAN
+        too few packets per TCP flow; 5: partial results); else 0."""
         records = [self.records.get(point.id) for point in self.order]
         if any(record is None or record["status"] != "done" for record in records):
             return 1

@@ -547,8 +547,9 @@ def how_it_ran(name: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -
         + (f", {wall / len(finished):.0f} s a point" if finished else "")
         + ")"
         + (
-            f"; {not_valid} of the points not valid (the emulator's lag over its bound, or "
-            "requests routed unmatched: `valid` and `invalid_reason` in their summaries)"
+            f"; {not_valid} of the points not valid (the emulator's lag over its bound, "
+            "requests routed unmatched, or the WAN too few packets per TCP flow: `valid` and "
+            "`invalid_reason` in their summaries)"
             if not_valid
             else ""
         )
