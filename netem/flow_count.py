@@ -11,10 +11,16 @@ per transfer or shared ones), so it counts them here.
 A flow is a TCP 5-tuple (protocol, addresses, ports) with a data segment (not a bare ACK, SYN or
 FIN) reaching the direction in the window: a flow with data in flight sends within a round
 trip, so windows about one round trip wide see every active flow. Counted at arrival, before
-loss and the queue's limit: what the flows offered the bottleneck. A drop is counted in the
-window of the first arrival after it: exact for drops at arrival (drop-tail, fq's over-limit
-drop), within a window for those at dequeue (CoDel's). Opt-in (`flow_window_s` in the shaper's
-config): a run that is judged asks for it.
+loss and the queue's limit: what the flows offered the bottleneck, in bytes each. Each window
+keeps its flows and their max-min fair share of the bytes the link carries in a window
+(`fair_share`): a short flow (a control message, another tenant's small transfer) keeps what it
+offered and leaves the rest to the others, so only flows that want more than their share divide
+it. With windows one loaded round trip wide (the base round trip plus the queue's time), what
+the link carries in one is its path's packets (bandwidth-delay product plus queue), and a flow's
+share is the window TCP can keep in flight. A drop is counted in the window of the first arrival
+after it: exact for drops at arrival (drop-tail, fq's over-limit drop), within a window for
+those at dequeue (CoDel's). Opt-in (`flow_window_s` in the shaper's config): a run that is judged
+asks for it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,20 @@ def tcp_data_flow(packet: bytes) -> bytes | None:
     return packet[12:20] + packet[header : header + 4]
 
 
+def fair_share(offered: list[int], capacity: float) -> float:
+    """The max-min fair share of `capacity` among flows that offered `offered` (bytes each): the
+    level L at which the offers, each capped at L, fill the capacity, which is what fair
+    queueing gives each flow that offers more (a flow offering less keeps its own); the whole
+    capacity when the offers fit in it."""
+    left, flows = capacity, len(offered)
+    for offer in sorted(offered):
+        if offer * flows > left:
+            return left / flows
+        left -= offer
+        flows -= 1
+    return capacity
+
+
 class FlowCount:
     def __init__(self, window_s: float, origin: float) -> None:
         if not (window_s > 0 and math.isfinite(window_s)):
@@ -46,37 +66,61 @@ class FlowCount:
         self.window_s = window_s
         self.origin = origin
         self.flows: dict[int, int] = {}  # window -> distinct data flows, once it has passed
+        self.shares: dict[int, float | None] = {}  # window -> its fair share, in packets
         self.drops: dict[int, int] = {}  # window -> packets the rate queue dropped
         self.current: int | None = None  # the window whose flows are being collected
-        self.current_flows: set[bytes] = set()
+        self.offered: dict[bytes, int] = {}  # its flows' bytes so far
         self.dropped_seen = 0  # the queue's drop counter at the last arrival
 
-    def count(self, packets: list[bytes], now: float, dropped_total: int) -> None:
+    def count(
+        self,
+        packets: list[bytes],
+        now: float,
+        dropped_total: int,
+        rate_bps: float | None,
+        mtu: int,
+    ) -> None:
         """`packets` reached the direction at `now`; its queue has dropped `dropped_total`
-        packets since it was made (read after they were queued)."""
+        packets since it was made (read after they were queued); its rate is `rate_bps` (None:
+        unlimited) with packets of `mtu` bytes at most, as now."""
         index = math.floor((now - self.origin) / self.window_s)
         if index != self.current:
-            self._close()
+            self._close(rate_bps, mtu)
             self.current = index
-        flows = self.current_flows
+        offered = self.offered
         for packet in packets:
             flow = tcp_data_flow(packet)
             if flow is not None:
-                flows.add(flow)
+                offered[flow] = offered.get(flow, 0) + len(packet)
         if dropped_total > self.dropped_seen:
             self.drops[index] = self.drops.get(index, 0) + dropped_total - self.dropped_seen
         self.dropped_seen = dropped_total
 
-    def _close(self) -> None:
-        if self.current is not None and self.current_flows:
-            self.flows[self.current] = len(self.current_flows)
-        self.current_flows = set()
+    def _close(self, rate_bps: float | None, mtu: int) -> None:
+        """The window under way has passed: its flows and their fair share are kept."""
+        if self.current is not None and self.offered:
+            self.flows[self.current] = len(self.offered)
+            self.shares[self.current] = self._share(rate_bps, mtu)
+        self.offered = {}
 
-    def to_dict(self) -> dict[str, Any]:
-        """Dense lists from the first window with data or drops (`first`) to the last."""
-        flows = dict(self.flows)
-        if self.current is not None and self.current_flows:
-            flows[self.current] = len(self.current_flows)
+    def _share(self, rate_bps: float | None, mtu: int) -> float | None:
+        """The window under way's fair share of what the link carries in a window at
+        `rate_bps`, in packets of `mtu` (None for an unlimited link)."""
+        if rate_bps is None:
+            return None
+        capacity = rate_bps / 8 * self.window_s
+        return round(fair_share(list(self.offered.values()), capacity) / mtu, 3)
+
+    def to_dict(self, rate_bps: float | None, mtu: int) -> dict[str, Any]:
+        """Dense lists from the first window with data or drops (`first`) to the last (the
+        window under way taken at `rate_bps`): each window's data flows (`flows`), their fair
+        share of what the link carries in a window, in packets of `mtu` (`share_packets`; the
+        whole window's when their offers fit, null for an unlimited link or a window without
+        data), and the packets dropped (`drops`)."""
+        flows, shares = dict(self.flows), dict(self.shares)
+        if self.current is not None and self.offered:
+            flows[self.current] = len(self.offered)
+            shares[self.current] = self._share(rate_bps, mtu)
         indices = [*flows, *self.drops]
         if not indices:
             return {
@@ -84,6 +128,7 @@ class FlowCount:
                 "origin": self.origin,
                 "first": 0,
                 "flows": [],
+                "share_packets": [],
                 "drops": [],
             }
         first, last = min(indices), max(indices)
@@ -93,5 +138,6 @@ class FlowCount:
             "origin": self.origin,
             "first": first,
             "flows": [flows.get(i, 0) for i in span],
+            "share_packets": [shares.get(i) for i in span],
             "drops": [self.drops.get(i, 0) for i in span],
         }

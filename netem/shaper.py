@@ -247,7 +247,10 @@ class Shaper:
                     break
             route.direction.push_many(packets, now)  # all arrived at `now`
             if route.flows is not None:
-                route.flows.count(packets, now, route.direction.rate.dropped_total)
+                spec = route.direction.spec
+                route.flows.count(
+                    packets, now, route.direction.rate.dropped_total, spec.rate_bps, spec.mtu
+                )
             if self.ingress_slot is not None:
                 self._look_at_routing(packets)
         self._follow_schedule(now + early, now)
@@ -556,7 +559,11 @@ class Shaper:
         """Each direction's data flows and drops per window (`netem.flow_count`), by link and
         direction."""
         return {
-            name: {d: r.flows.to_dict() for d, r in routes.items() if r.flows is not None}
+            name: {
+                d: r.flows.to_dict(r.direction.spec.rate_bps, r.direction.spec.mtu)
+                for d, r in routes.items()
+                if r.flows is not None
+            }
             for name, routes in self.links.items()
         }
 

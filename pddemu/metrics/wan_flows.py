@@ -6,19 +6,24 @@ its packets (21 on the default deployment, where the modelled one holds ~33,000)
 flows that share it are not scaled. A path of P packets (queue limit + bandwidth-delay product,
 in MTU-sized packets) shared fairly by N flows leaves each P / N packets of window. TCP
 recovers a loss by fast retransmit only when three duplicate ACKs come back (RFC 5681, section
-3.2), i.e. with at least 4 packets in flight (the lost one and three behind it; RFC 3042's
-limited transmit does not help a window that cannot hold them). Under that, losses are
-recovered by retransmission timeouts, of 200 ms (Linux's floor) or more, five round trips of
-the default WAN, which the modelled flows, with hundreds of packets each, would not suffer:
-then the emulator's TCP, not the modelled system's, sets the run's times.
+3.2), i.e. with at least 4 packets in flight (the lost one and three behind it); RFC 3042
+(section 1) names a window under four segments as a case where fast retransmit cannot be
+invoked (its limited transmit, and Linux's loss probes, save some such losses, not a path whose
+share stays under it). Under that, losses are recovered by retransmission timeouts, of 200 ms
+(Linux's floor) or more, five round trips of the default WAN, which the modelled flows, with
+hundreds of packets each, would not suffer: then the emulator's TCP, not the modelled
+system's, sets the run's times.
 
-The shaper counts, per direction and window of about one loaded round trip (`netem.
-flow_count`), the TCP flows that sent data in it, and the packets its queue dropped. A window
-is *starved* when its flows' fair share is under FAST_RETRANSMIT_PACKETS and its queue dropped
-packets: only a loss needs recovery, so crowded windows without drops do not distort (a
-crowded queue with no drop is a fair share of a path TCP keeps full). A run whose starved
-windows are more than STARVED_SHARE_MAX of its replay's time (either direction) is not valid.
-docs/validation.md ("Points flagged not valid") gives the measurements behind the share.
+The shaper counts, per direction and window of one loaded round trip (the base round trip plus
+the queue's time, so what the link carries in a window is the path's P packets), the TCP flows
+that sent data in it, their max-min fair share of those P packets (`netem.flow_count.
+fair_share`: a flow offering less than the share, a control message or another tenant's short
+transfer, keeps its own, and the flows that want more divide the rest; with N equal bulk flows
+it is P / N) and the packets its queue dropped. A window is *starved* when that share is under
+FAST_RETRANSMIT_PACKETS and the queue dropped packets in it: only a loss needs recovering, so a
+crowded window without drops does not distort. A run whose starved windows are more than
+STARVED_SHARE_MAX of its replay's (either direction) is not valid. docs/validation.md ("Points
+flagged not valid") gives the measurements behind the share.
 """
 
 from __future__ import annotations
@@ -37,37 +42,30 @@ FLOWS_CAUSE = (
 )
 
 
-def fair_share(path_packets: float, flows: int) -> float:
-    """Each of `flows` flows' fair share of a path of `path_packets` packets (the whole path
-    for no flow)."""
-    return path_packets / flows if flows else path_packets
+def starved(share_packets: float | None, drops: int) -> bool:
+    """Whether a window's flows had a fair share under FAST_RETRANSMIT_PACKETS and lost packets
+    (a window without data, or on an unlimited link, has no share: None)."""
+    return drops > 0 and share_packets is not None and share_packets < FAST_RETRANSMIT_PACKETS
 
 
-def starved(path_packets: float, flows: int, drops: int) -> bool:
-    """Whether a window's flows had under FAST_RETRANSMIT_PACKETS each and lost packets."""
-    return drops > 0 and fair_share(path_packets, flows) < FAST_RETRANSMIT_PACKETS
-
-
-def direction_summary(
-    record: Mapping[str, Any], start: float, end: float, path_packets: float
-) -> dict[str, Any]:
+def direction_summary(record: Mapping[str, Any], start: float, end: float) -> dict[str, Any]:
     """One direction's windows that begin within [start, end) (the replay, in the shaper's
-    time): their peak flows, drops, and the windows crowded (fair share under the bound) and
-    starved (crowded, with drops)."""
+    time): their peak flows, least fair share, drops, and the windows crowded (share under the
+    bound) and starved (crowded, with drops)."""
     width, origin, first = record["window_s"], record["origin"], record["first"]
-    lo = math.ceil((start - origin) / width) - first
-    hi = math.ceil((end - origin) / width) - first
-    flows = record["flows"][max(lo, 0) : max(hi, 0)]
-    drops = record.get("drops", [])[max(lo, 0) : max(hi, 0)]
-    peak = max(flows, default=0)
+    lo = max(math.ceil((start - origin) / width) - first, 0)
+    hi = max(math.ceil((end - origin) / width) - first, 0)
+    flows = record["flows"][lo:hi]
+    shares = record["share_packets"][lo:hi]
+    drops = record["drops"][lo:hi]
+    known = [share for share in shares if share is not None]
     return {
-        "flows_peak": peak,
+        "flows_peak": max(flows, default=0),
+        "share_min_packets": min(known, default=None),
         "drops": sum(drops),
-        "windows_crowded": sum(
-            1 for n in flows if fair_share(path_packets, n) < FAST_RETRANSMIT_PACKETS
-        ),
+        "windows_crowded": sum(1 for share in known if share < FAST_RETRANSMIT_PACKETS),
         "windows_starved": sum(
-            1 for n, d in zip(flows, drops, strict=True) if starved(path_packets, n, d)
+            1 for share, d in zip(shares, drops, strict=True) if starved(share, d)
         ),
     }
 
@@ -76,22 +74,22 @@ def wan_flows_summary(
     records: Mapping[str, Mapping[str, Any]], start: float, end: float, path_packets: float
 ) -> dict[str, Any]:
     """summary.json's `wan_flows` from the shaper's WAN records by direction (`a2b`, `b2a`)
-    over the replay [start, end) (modelled s on the shaper's clock)."""
+    over the replay [start, end) (modelled s on the shaper's clock); `path_packets`, the
+    path's packets as configured (queue limit + bandwidth-delay product), is reported beside."""
     width = next(iter(records.values()))["window_s"] if records else None
     windows = max(1, math.ceil((end - start) / width)) if width else 0
     directions = {
-        name: direction_summary(record, start, end, path_packets)
-        for name, record in sorted(records.items())
+        name: direction_summary(record, start, end) for name, record in sorted(records.items())
     }
-    peak = max((d["flows_peak"] for d in directions.values()), default=0)
+    shares = [d["share_min_packets"] for d in directions.values()]
     starved_windows = max((d["windows_starved"] for d in directions.values()), default=0)
     return {
         "window_s": width,
         "windows": windows,
         "path_packets": path_packets,
         "bound_packets": FAST_RETRANSMIT_PACKETS,
-        "flows_peak": peak,
-        "packets_per_flow_min": fair_share(path_packets, peak),
+        "flows_peak": max((d["flows_peak"] for d in directions.values()), default=0),
+        "share_min_packets": min((s for s in shares if s is not None), default=None),
         "starved_share": starved_windows / windows if windows else 0.0,
         "starved_share_max": STARVED_SHARE_MAX,
         "directions": directions,
@@ -116,8 +114,8 @@ def judge_wan_flows(summary: dict[str, Any]) -> None:
 def flows_reason(flows: Mapping[str, Any]) -> str:
     """The judgement in a user's words, with its figures."""
     return (
-        f"{FLOWS_CAUSE} (up to {flows['flows_peak']} flows shared a path of "
-        f"{flows['path_packets']:.0f} packets, {flows['packets_per_flow_min']:.1f} each; under "
-        f"{flows['bound_packets']} with losses in {flows['starved_share']:.0%} of the replay: "
-        f"wan_flows)"
+        f"{FLOWS_CAUSE} (a path of {flows['path_packets']:.0f} packets, up to "
+        f"{flows['flows_peak']} flows at once; their fair share under {flows['bound_packets']} "
+        f"packets each, down to {flows['share_min_packets']:.1f}, with losses in "
+        f"{flows['starved_share']:.0%} of the replay: wan_flows)"
     )

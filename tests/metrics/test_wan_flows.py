@@ -1,8 +1,8 @@
-"""The closed form the WAN's flows are judged by (`pddemu.metrics.wan_flows`): a path of P
-packets shared by N flows leaves each P / N; under 4 (three duplicate ACKs behind a lost
-packet, RFC 5681 section 3.2) a window with drops is starved, and a run starved over more
-than 1 % of its replay is not valid, unless it schedules link events. On synthetic records as
-the shaper writes them (`netem.flow_count`)."""
+"""The closed form the WAN's flows are judged by (`pddemu.metrics.wan_flows`): a window whose
+flows' fair share is under 4 packets (three duplicate ACKs behind a lost packet, RFC 5681
+section 3.2) and whose queue dropped packets is starved, and a run starved over more than 1 %
+of its replay is not valid, unless it schedules link events. On synthetic records as the
+shaper writes them (`netem.flow_count`)."""
 
 from __future__ import annotations
 
@@ -10,42 +10,60 @@ from typing import Any
 
 import pytest
 
+from netem.flow_count import fair_share
 from pddemu.metrics.wan_flows import (
     FAST_RETRANSMIT_PACKETS,
     STARVED_SHARE_MAX,
-    fair_share,
     judge_wan_flows,
     starved,
     wan_flows_summary,
 )
 
 PATH = 42.0  # the default deployment's: 21 packets of queue and 21 of bandwidth-delay product
-
-
-def record(flows: list[int], drops: list[int], first: int = 0) -> dict[str, Any]:
-    return {"window_s": 0.1, "origin": 0.0, "first": first, "flows": flows, "drops": drops}
+BULK = 1000.0  # a flow that offers more than any share
 
 
 def test_the_bound_is_four_packets_a_flow_with_drops() -> None:
     assert FAST_RETRANSMIT_PACKETS == 4
-    assert fair_share(PATH, 10) == pytest.approx(4.2) and not starved(PATH, 10, drops=5)
-    assert fair_share(PATH, 11) < 4 and starved(PATH, 11, drops=1)
-    assert not starved(PATH, 60, drops=0)  # crowded, but nothing to recover
-    assert fair_share(PATH, 0) == PATH
+    ten, eleven = fair_share([BULK] * 10, PATH), fair_share([BULK] * 11, PATH)
+    assert ten == pytest.approx(4.2) and not starved(ten, drops=5)
+    assert eleven < 4 and starved(eleven, drops=1)
+    assert not starved(fair_share([BULK] * 60, PATH), drops=0)  # crowded, nothing to recover
+    # 50 one-packet flows (other tenants' short transfers) beside 2 bulk ones: not crowded
+    assert not starved(fair_share([1.0] * 30 + [BULK] * 2, PATH), drops=9)
+    assert not starved(None, drops=9)  # no data in the window, or an unlimited link
+
+
+def record(
+    flows: list[int], shares: list[float | None], drops: list[int], first: int = 0
+) -> dict[str, Any]:
+    return {
+        "window_s": 0.1,
+        "origin": 0.0,
+        "first": first,
+        "flows": flows,
+        "share_packets": shares,
+        "drops": drops,
+    }
 
 
 def test_the_summary_counts_the_replays_windows_only() -> None:
     # windows 0-19 (0-2 s); the replay is [0.5, 1.5): windows 5-14
-    flows = [30] * 5 + [2, 2, 12, 12, 12, 2, 2, 2, 2, 2] + [30] * 5
+    flows = [30] * 5 + [2, 2, 12, 12, 12, 2, 0, 2, 2, 2] + [30] * 5
+    shares: list[float | None] = [1.4] * 5 + [21, 21, 3.5, 3.5, 3.5, 21, None, 21, 21, 21]
+    shares += [1.4] * 5
     drops = [9] * 5 + [0, 0, 3, 0, 3, 0, 1, 0, 0, 0] + [9] * 5
     summary = wan_flows_summary(
-        {"a2b": record(flows, drops), "b2a": record([1] * 20, [0] * 20)}, 0.5, 1.5, PATH
+        {"a2b": record(flows, shares, drops), "b2a": record([1] * 20, [PATH] * 20, [0] * 20)},
+        0.5,
+        1.5,
+        PATH,
     )
     assert summary["windows"] == 10
-    assert summary["flows_peak"] == 12
-    assert summary["packets_per_flow_min"] == pytest.approx(3.5)
+    assert (summary["flows_peak"], summary["share_min_packets"]) == (12, 3.5)
     assert summary["directions"]["a2b"] == {
         "flows_peak": 12,
+        "share_min_packets": 3.5,
         "drops": 7,
         "windows_crowded": 3,
         "windows_starved": 2,
@@ -54,7 +72,7 @@ def test_the_summary_counts_the_replays_windows_only() -> None:
 
 
 def test_a_record_that_begins_after_the_replay_start_is_aligned() -> None:
-    summary = wan_flows_summary({"a2b": record([20, 1], [1, 0], first=7)}, 0.5, 1.5, PATH)
+    summary = wan_flows_summary({"a2b": record([20, 1], [2.1, PATH], [1, 0], 7)}, 0.5, 1.5, PATH)
     assert summary["directions"]["a2b"]["windows_starved"] == 1
     assert summary["directions"]["a2b"]["flows_peak"] == 20
 
@@ -68,7 +86,7 @@ def judged(share: float, link_events: list[Any] | None = None, lag: str | None =
             "flows_peak": 60,
             "path_packets": PATH,
             "bound_packets": 4,
-            "packets_per_flow_min": 0.7,
+            "share_min_packets": 0.7,
             "starved_share": share,
         },
     }
@@ -82,8 +100,9 @@ def test_a_run_starved_over_its_share_is_not_valid() -> None:
     assert flagged["valid"] is False
     assert flagged["invalid_reason"] == (
         "the emulated WAN left TCP too few packets per flow: losses were recovered by timeouts "
-        "the modelled system's flows would not suffer (up to 60 flows shared a path of 42 "
-        "packets, 0.7 each; under 4 with losses in 25% of the replay: wan_flows)"
+        "the modelled system's flows would not suffer (a path of 42 packets, up to 60 flows at "
+        "once; their fair share under 4 packets each, down to 0.7, with losses in 25% of the "
+        "replay: wan_flows)"
     )
     both = judged(0.25, lag="mean step lag 9.00 ms is over its bound")["invalid_reason"]
     assert both.startswith("mean step lag 9.00 ms is over its bound; the emulated WAN left")

@@ -266,7 +266,7 @@ def test_serve_judges_the_wans_flows_as_emulate_does(tmp_path: Any) -> None:
         "flows_peak": 30,
         "path_packets": 42.0,
         "bound_packets": 4,
-        "packets_per_flow_min": 1.4,
+        "share_min_packets": 1.4,
         "starved_share": 0.2,
     }
     stats = _stats([0.0002, 0.0], {"r1": 0.0002})

@@ -1,6 +1,6 @@
 """A real run is judged by the WAN's packets per TCP flow (`pddemu.metrics.wan_flows`): six
-concurrent naive transfers on a 1 Gbit/s WAN, whose emulated path holds 4.2 packets, leave each
-flow under the 4 packets fast retransmit needs while the queue drops, and the run is not valid
+concurrent naive transfers on a 1 Gbit/s WAN, whose emulated path holds 4.2 packets, leave their
+flows a fair share under the 4 packets fast retransmit needs while the queue drops: not valid
 (exit 4, summary.json's `wan_flows` and `invalid_reason` say so); the same requests on the
 default 10 Gbit/s WAN (41.7 packets) fit, and the run is valid. Lag is not judged here
 (`scale.max_lag` 1000): only the flows decide."""
@@ -57,6 +57,6 @@ def test_a_run_whose_wan_starves_its_flows_is_not_valid(
         assert "the emulated WAN left TCP too few packets per flow" in done.stderr
     else:
         assert flows["path_packets"] == pytest.approx(41.67, abs=0.01)
-        assert flows["packets_per_flow_min"] >= 4 and summary["invalid_reason"] is None
+        assert flows["share_min_packets"] >= 4 and summary["invalid_reason"] is None
     windows = json.loads((out / "wan-flows-naive.json").read_text())
     assert max(windows["a2b"]["flows"]) == flows["directions"]["a2b"]["flows_peak"]
