@@ -62,7 +62,7 @@ from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
 from pddemu.metrics.summary import UNMATCHED_CAUSE
 from pddemu.metrics.timing import timing_summary
-from pddemu.metrics.wan_flows import STARVED_SHARE_MAX, flows_reason, wan_flows_summary
+from pddemu.metrics.wan_flows import flows_reason, starved_run, wan_flows_summary
 from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
 from pddemu.runtime.timekeeping import expected_tpot
@@ -220,7 +220,7 @@ def lag_verdict(
     lag_reason = timing["invalid_reason"] and timing["invalid_reason"] + REAL_TIME_CAUSE
     unmatched = int(router.get("unmatched", 0))
     judged = unmatched if judge_unmatched else 0
-    starved = wan_flows is not None and wan_flows["starved_share"] > STARVED_SHARE_MAX
+    starved = wan_flows is not None and starved_run(wan_flows)
     reasons = [
         *([lag_reason] if lag_reason else []),
         *([f"{unmatched} requests {UNMATCHED_CAUSE} (unmatched)"] if judged else []),

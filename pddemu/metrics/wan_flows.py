@@ -21,9 +21,10 @@ fair_share`: a flow offering less than the share, a control message or another t
 transfer, keeps its own, and the flows that want more divide the rest; with N equal bulk flows
 it is P / N) and the packets its queue dropped. A window is *starved* when that share is under
 FAST_RETRANSMIT_PACKETS and the queue dropped packets in it: only a loss needs recovering, so a
-crowded window without drops does not distort. A run whose starved windows are more than
-STARVED_SHARE_MAX of its replay's (either direction) is not valid. docs/validation.md ("Points
-flagged not valid") gives the measurements behind the share.
+crowded window without drops does not distort. A run whose starved windows (either direction)
+are more than STARVED_SHARE_MAX of its replay's and last STARVED_MIN_S at least in all is not
+valid: a window or two of crowding in a short run is a moment, not TCP living on timeouts.
+docs/validation.md ("TCP flows on the scaled WAN") gives the measurements behind both.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from typing import Any
 FAST_RETRANSMIT_PACKETS = 4
 # the largest share of the replay's windows that may be starved in a valid run
 STARVED_SHARE_MAX = 0.01
+# and the least time they must last in all (modelled s): five retransmission timeouts at
+# Linux's 200 ms floor (one starved window of a quick handoff point, 80 ms, cost no timeout)
+STARVED_MIN_S = 1.0
 FLOWS_CAUSE = (
     "the emulated WAN left TCP too few packets per flow: losses were recovered by timeouts the "
     "modelled system's flows would not suffer"
@@ -92,23 +96,32 @@ def wan_flows_summary(
         "share_min_packets": min((s for s in shares if s is not None), default=None),
         "starved_share": starved_windows / windows if windows else 0.0,
         "starved_share_max": STARVED_SHARE_MAX,
+        "starved_s": starved_windows * width if width else 0.0,
+        "starved_min_s": STARVED_MIN_S,
         "directions": directions,
     }
 
 
 def judge_wan_flows(summary: dict[str, Any]) -> None:
-    """A run whose WAN windows were starved (`wan_flows.starved_share`) more than
-    STARVED_SHARE_MAX of its replay is not valid, whatever its lag. Not a run with scheduled
-    link events: the path they change is not the one the share is taken of. `summary`: a
-    system's, with its timing keys (`valid`, `invalid_reason`) and `faults` in."""
+    """A run whose WAN was starved (`starved_run`) is not valid, whatever its lag. Not a run
+    with scheduled link events: the path they change is not the one the share is taken of.
+    `summary`: a system's, with its timing keys (`valid`, `invalid_reason`) and `faults` in."""
     flows = summary.get("wan_flows")
     links = (summary.get("faults") or {}).get("link_events")
-    if not flows or links or flows["starved_share"] <= STARVED_SHARE_MAX:
+    if not flows or links or not starved_run(flows):
         return
     reason = flows_reason(flows)
     lag = summary.get("invalid_reason")
     summary["valid"] = False
     summary["invalid_reason"] = f"{lag}; {reason}" if lag else reason
+
+
+def starved_run(flows: Mapping[str, Any]) -> bool:
+    """Whether a run's `wan_flows` were starved over more than STARVED_SHARE_MAX of its replay
+    and for STARVED_MIN_S at least."""
+    return (
+        flows["starved_share"] > STARVED_SHARE_MAX and flows.get("starved_s", 0.0) >= STARVED_MIN_S
+    )
 
 
 def flows_reason(flows: Mapping[str, Any]) -> str:
@@ -117,5 +130,5 @@ def flows_reason(flows: Mapping[str, Any]) -> str:
         f"{FLOWS_CAUSE} (a path of {flows['path_packets']:.0f} packets, up to "
         f"{flows['flows_peak']} flows at once; their fair share under {flows['bound_packets']} "
         f"packets each, down to {flows['share_min_packets']:.1f}, with losses in "
-        f"{flows['starved_share']:.0%} of the replay: wan_flows)"
+        f"{flows['starved_share']:.0%} of the replay, {flows['starved_s']:.1f} s: wan_flows)"
     )

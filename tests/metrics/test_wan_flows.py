@@ -1,8 +1,8 @@
 """The closed form the WAN's flows are judged by (`pddemu.metrics.wan_flows`): a window whose
 flows' fair share is under 4 packets (three duplicate ACKs behind a lost packet, RFC 5681
 section 3.2) and whose queue dropped packets is starved, and a run starved over more than 1 %
-of its replay is not valid, unless it schedules link events. On synthetic records as the
-shaper writes them (`netem.flow_count`)."""
+of its replay and for 1 modelled s at least is not valid, unless it schedules link events. On
+synthetic records as the shaper writes them (`netem.flow_count`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from netem.flow_count import fair_share
 from pddemu.metrics.wan_flows import (
     FAST_RETRANSMIT_PACKETS,
+    STARVED_MIN_S,
     STARVED_SHARE_MAX,
     judge_wan_flows,
     starved,
@@ -69,6 +70,7 @@ def test_the_summary_counts_the_replays_windows_only() -> None:
         "windows_starved": 2,
     }
     assert summary["starved_share"] == pytest.approx(0.2)
+    assert summary["starved_s"] == pytest.approx(0.2)
 
 
 def test_a_record_that_begins_after_the_replay_start_is_aligned() -> None:
@@ -77,7 +79,12 @@ def test_a_record_that_begins_after_the_replay_start_is_aligned() -> None:
     assert summary["directions"]["a2b"]["flows_peak"] == 20
 
 
-def judged(share: float, link_events: list[Any] | None = None, lag: str | None = None) -> dict:
+def judged(
+    share: float,
+    link_events: list[Any] | None = None,
+    lag: str | None = None,
+    starved_s: float = 5.0,
+) -> dict:
     summary = {
         "valid": lag is None,
         "invalid_reason": lag,
@@ -88,6 +95,7 @@ def judged(share: float, link_events: list[Any] | None = None, lag: str | None =
             "bound_packets": 4,
             "share_min_packets": 0.7,
             "starved_share": share,
+            "starved_s": starved_s,
         },
     }
     judge_wan_flows(summary)
@@ -96,13 +104,16 @@ def judged(share: float, link_events: list[Any] | None = None, lag: str | None =
 
 def test_a_run_starved_over_its_share_is_not_valid() -> None:
     assert judged(STARVED_SHARE_MAX)["valid"] is True
+    # a moment's crowding of a short run (one 80 ms window of 78: a quick handoff point's)
+    assert judged(1 / 78, starved_s=0.08)["valid"] is True
+    assert judged(0.25, starved_s=STARVED_MIN_S)["valid"] is False
     flagged = judged(0.25)
     assert flagged["valid"] is False
     assert flagged["invalid_reason"] == (
         "the emulated WAN left TCP too few packets per flow: losses were recovered by timeouts "
         "the modelled system's flows would not suffer (a path of 42 packets, up to 60 flows at "
         "once; their fair share under 4 packets each, down to 0.7, with losses in 25% of the "
-        "replay: wan_flows)"
+        "replay, 5.0 s: wan_flows)"
     )
     both = judged(0.25, lag="mean step lag 9.00 ms is over its bound")["invalid_reason"]
     assert both.startswith("mean step lag 9.00 ms is over its bound; the emulated WAN left")

@@ -268,6 +268,7 @@ def test_serve_judges_the_wans_flows_as_emulate_does(tmp_path: Any) -> None:
         "bound_packets": 4,
         "share_min_packets": 1.4,
         "starved_share": 0.2,
+        "starved_s": 3.0,
     }
     stats = _stats([0.0002, 0.0], {"r1": 0.0002})
     verdict = served_summary(stats, 0.05, STEP_S, True, flows)
