@@ -1,5 +1,6 @@
 """How many TCP flows sent data through one direction of a shaped link at once, window by
-window of the shaper's time, and how many packets its rate queue dropped in each window.
+window of the shaper's time, and how many packets it dropped in each window (its rate queue's
+drops and its random loss: either needs recovering).
 
 Why: a link scaled in bytes keeps its queue's seconds but not its packets, while the flows that
 share it are not scaled (each connection is the modelled system's own). With too many flows
@@ -19,8 +20,8 @@ it. With windows one loaded round trip wide (the base round trip plus the queue'
 the link carries in one is its path's packets (bandwidth-delay product plus queue), and a flow's
 share is the window TCP can keep in flight. A drop is counted in the window of the first arrival
 after it: exact for drops at arrival (drop-tail, fq's over-limit drop), within a window for
-those at dequeue (CoDel's). Opt-in (`flow_window_s` in the shaper's config): a run that is judged
-asks for it.
+those at dequeue (CoDel's). Opt-in (`flow_window_s` in the shaper's config): the emulator's
+networks ask for it on the WAN (`pddemu.emulated_network.network_for`), judged or not.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ class FlowCount:
         rate_bps: float | None,
         mtu: int,
     ) -> None:
-        """`packets` reached the direction at `now`; its queue has dropped `dropped_total`
-        packets since it was made (read after they were queued); its rate is `rate_bps` (None:
+        """`packets` reached the direction at `now`; its loss process and queue have dropped
+        `dropped_total` packets since they were made (read after these were queued); its rate is `rate_bps` (None:
         unlimited) with packets of `mtu` bytes at most, as now."""
         index = math.floor((now - self.origin) / self.window_s)
         if index != self.current:

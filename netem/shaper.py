@@ -247,10 +247,11 @@ class Shaper:
                     break
             route.direction.push_many(packets, now)  # all arrived at `now`
             if route.flows is not None:
-                spec = route.direction.spec
-                route.flows.count(
-                    packets, now, route.direction.rate.dropped_total, spec.rate_bps, spec.mtu
-                )
+                direction = route.direction
+                # a random loss needs recovering as a queue's drop does
+                dropped = direction.loss.dropped + direction.rate.dropped_total
+                spec = direction.spec
+                route.flows.count(packets, now, dropped, spec.rate_bps, spec.mtu)
             if self.ingress_slot is not None:
                 self._look_at_routing(packets)
         self._follow_schedule(now + early, now)

@@ -20,7 +20,8 @@ than `late_after_s`; the records' TTFT p50 and p90, modelled (`ttft_p50_s`) and 
 emulator's lag judged as `pddemu emulate` judges it, and `unmatched`, the requests routed with no
 decode-side hit (their match answered too late), which make it not valid as there;
 `wan_flows`, the WAN's TCP flows against its packets since ready, judged as there (null when
-the kernel's netem carries the WAN, which counts no flows, or the run schedules link events);
+the kernel's netem carries the WAN, which counts no flows, the WAN is unshaped, the system is
+in-DC PD, the run schedules link events, or the count could not be read);
 `late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
@@ -46,6 +47,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from netem.control import ControlError
 from pddemu.cli import add_rootless_flag
 from pddemu.config import SYSTEMS, Config, load_config
 from pddemu.deployment import STATS_TIMEOUT_S, Deployment
@@ -112,7 +114,7 @@ async def serve(
             decode_step(deployment),
             unmatched_judged(deployment.config),
             await served_wan_flows(deployment, time_zero)
-            if flows_judged(deployment.config)
+            if flows_judged(deployment.config, deployment.system)
             else None,
         )
         summary["missing_stats"] = dict(deployment.missing_stats)
@@ -130,9 +132,12 @@ def unmatched_judged(config: Config) -> bool:
     return not timeline.instance_faults and not (links is not None and links.to_dict()["steps"])
 
 
-def flows_judged(config: Config) -> bool:
+def flows_judged(config: Config, system: str) -> bool:
     """Whether the WAN's flows are judged: as emulate's `judge_wan_flows`, not when the run
-    schedules link events (they change the path the share is taken of)."""
+    schedules link events (they change the path the share is taken of), nor for in-DC PD (no
+    KV of its own crosses the WAN: the flows there are other tenants')."""
+    if system == "indc":
+        return False
     links = timeline_of(config).link_events
     return not (links is not None and links.to_dict()["steps"])
 
@@ -147,7 +152,11 @@ async def served_wan_flows(deployment: Deployment, time_zero: float) -> dict[str
     record = network.record
     if packets is None or network.flow_window_s is None or record is None or not record.control:
         return None
-    records = await asyncio.to_thread(network.flow_counts)
+    try:
+        records = await asyncio.to_thread(network.flow_counts)
+    except (OSError, KeyError, ControlError) as error:  # the verdict goes on without it
+        print(f"pddemu serve: the WAN's flow count could not be read: {error}", file=sys.stderr)
+        return None
     return wan_flows_summary(records["wan"], time_zero, time.monotonic(), packets)
 
 
@@ -295,7 +304,9 @@ async def post_verdict(
     if router is None:
         return  # the frontend's own stats are unreadable: it keeps the last verdict
     flows = (
-        await served_wan_flows(deployment, time_zero) if flows_judged(deployment.config) else None
+        await served_wan_flows(deployment, time_zero)
+        if flows_judged(deployment.config, deployment.system)
+        else None
     )
     verdict = {
         "as_of_s": as_of_s,

@@ -22,7 +22,8 @@ transfer, keeps its own, and the flows that want more divide the rest; with N eq
 it is P / N) and the packets its queue dropped. A window is *starved* when that share is under
 FAST_RETRANSMIT_PACKETS and the queue dropped packets in it: only a loss needs recovering, so a
 crowded window without drops does not distort. A run whose starved windows (either direction)
-are more than STARVED_SHARE_MAX of its replay's and last STARVED_MIN_S at least in all is not
+are more than STARVED_SHARE_MAX of its windows that carried data (idle time dilutes nothing)
+and last STARVED_MIN_S at least in all is not
 valid: a window or two of crowding in a short run is a moment, not TCP living on timeouts.
 docs/validation.md ("TCP flows on the scaled WAN") gives the measurements behind both.
 """
@@ -54,8 +55,8 @@ def starved(share_packets: float | None, drops: int) -> bool:
 
 def direction_summary(record: Mapping[str, Any], start: float, end: float) -> dict[str, Any]:
     """One direction's windows that begin within [start, end) (the replay, in the shaper's
-    time): their peak flows, least fair share, drops, and the windows crowded (share under the
-    bound) and starved (crowded, with drops)."""
+    time): their peak flows, the windows that carried data, least fair share, drops, and the
+    windows crowded (share under the bound) and starved (crowded, with drops)."""
     width, origin, first = record["window_s"], record["origin"], record["first"]
     lo = max(math.ceil((start - origin) / width) - first, 0)
     hi = max(math.ceil((end - origin) / width) - first, 0)
@@ -65,6 +66,7 @@ def direction_summary(record: Mapping[str, Any], start: float, end: float) -> di
     known = [share for share in shares if share is not None]
     return {
         "flows_peak": max(flows, default=0),
+        "windows_active": sum(1 for count in flows if count),
         "share_min_packets": min(known, default=None),
         "drops": sum(drops),
         "windows_crowded": sum(1 for share in known if share < FAST_RETRANSMIT_PACKETS),
@@ -87,6 +89,16 @@ def wan_flows_summary(
     }
     shares = [d["share_min_packets"] for d in directions.values()]
     starved_windows = max((d["windows_starved"] for d in directions.values()), default=0)
+    # of the windows that carried data: a served run's idle hours (or a sparse trace's gaps)
+    # would otherwise thin out its starved ones until the run read valid again
+    starved_share = max(
+        (
+            d["windows_starved"] / d["windows_active"]
+            for d in directions.values()
+            if d["windows_active"]
+        ),
+        default=0.0,
+    )
     return {
         "window_s": width,
         "windows": windows,
@@ -94,7 +106,7 @@ def wan_flows_summary(
         "bound_packets": FAST_RETRANSMIT_PACKETS,
         "flows_peak": max((d["flows_peak"] for d in directions.values()), default=0),
         "share_min_packets": min((s for s in shares if s is not None), default=None),
-        "starved_share": starved_windows / windows if windows else 0.0,
+        "starved_share": starved_share,
         "starved_share_max": STARVED_SHARE_MAX,
         "starved_s": starved_windows * width if width else 0.0,
         "starved_min_s": STARVED_MIN_S,

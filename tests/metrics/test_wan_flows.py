@@ -6,11 +6,16 @@ synthetic records as the shaper writes them (`netem.flow_count`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from netem.control import ControlError
 from netem.flow_count import fair_share
+from pddemu.config import load_config
+from pddemu.emulate import replay_wan_flows
 from pddemu.metrics.wan_flows import (
     FAST_RETRANSMIT_PACKETS,
     STARVED_MIN_S,
@@ -64,13 +69,21 @@ def test_the_summary_counts_the_replays_windows_only() -> None:
     assert (summary["flows_peak"], summary["share_min_packets"]) == (12, 3.5)
     assert summary["directions"]["a2b"] == {
         "flows_peak": 12,
+        "windows_active": 9,
         "share_min_packets": 3.5,
         "drops": 7,
         "windows_crowded": 3,
         "windows_starved": 2,
     }
-    assert summary["starved_share"] == pytest.approx(0.2)
+    assert summary["starved_share"] == pytest.approx(2 / 9)  # of the windows with data
     assert summary["starved_s"] == pytest.approx(0.2)
+
+
+def test_idle_windows_do_not_thin_out_the_starved_ones() -> None:
+    """A served run idle for long after a starved burst stays as starved as the burst was."""
+    burst = record([30] * 10 + [0] * 990, [1.4] * 10 + [None] * 990, [5] * 10 + [0] * 990)
+    summary = wan_flows_summary({"a2b": burst}, 0.0, 100.0, PATH)
+    assert summary["windows"] == 1000 and summary["starved_share"] == pytest.approx(1.0)
 
 
 def test_a_record_that_begins_after_the_replay_start_is_aligned() -> None:
@@ -119,3 +132,17 @@ def test_a_run_starved_over_its_share_is_not_valid() -> None:
     assert both.startswith("mean step lag 9.00 ms is over its bound; the emulated WAN left")
     # a schedule that changes the links changes the path the share is taken of
     assert judged(0.25, link_events=[{"at_s": 1.0, "rate": "1gbit"}])["valid"] is True
+
+
+def test_a_flow_count_that_cannot_be_read_leaves_the_run_partial(tmp_path: Path) -> None:
+    """The shaper's control channel fails as ControlError (a timeout, a broken socket): the
+    run keeps its results, partial, rather than losing them to the exception."""
+
+    def unreadable() -> dict[str, Any]:
+        raise ControlError("shaper: no answer within 5 s")
+
+    network = SimpleNamespace(flow_window_s=0.08, flow_counts=unreadable)
+    run = SimpleNamespace(system="pdd", partial=[], replay_start_s=0.0)
+    found = replay_wan_flows(network, load_config(), run, 10.0, tmp_path)  # type: ignore[arg-type]
+    assert found is None
+    assert run.partial == ["the WAN's flow count could not be read: shaper: no answer within 5 s"]

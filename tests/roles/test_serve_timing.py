@@ -276,10 +276,11 @@ def test_serve_judges_the_wans_flows_as_emulate_does(tmp_path: Any) -> None:
     assert verdict["invalid_reason"].startswith("the emulated WAN left TCP too few packets")
     fine = served_summary(stats, 0.05, STEP_S, True, {**flows, "starved_share": 0.0})
     assert (fine["valid"], fine["invalid_reason"]) == (True, None)
-    assert serve.flows_judged(load_config())
+    assert serve.flows_judged(load_config(), "pdd")
+    assert not serve.flows_judged(load_config(), "indc")  # no KV of its own on the WAN
     (tmp_path / "wan.txt").write_text("10 a2b.rate=1gbit\n")
     config = load_config()
     config = config.model_copy(
         update={"wan": config.wan.model_copy(update={"schedule": str(tmp_path / "wan.txt")})}
     )
-    assert not serve.flows_judged(config)
+    assert not serve.flows_judged(config, "pdd")
