@@ -43,6 +43,7 @@ little room). Every size a peer announces is bounded by what this instance can h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import deque
@@ -122,6 +123,7 @@ class DecodeInstance(Instance):
         self.last_end = -math.inf
         self.last_step_s = 0.0  # modelled duration of the last step
         self.admitting: set[str] = set()  # KV transfers begun, waiting for memory
+        self.admissions: dict[str, Admission] = {}  # their waits, by request
         self.receiving: dict[str, dict[str, Any]] = {}  # KV transfers in progress, by request
         self.arriving: set[str] = set()  # KV complete, being taken in (kv_arrived)
         # over here while their KV was (or may have been) on its way: dropped when it comes
@@ -405,9 +407,12 @@ class DecodeInstance(Instance):
         return value
 
     async def on_kv_begin(self, message: Envelope) -> None:
-        """A transfer begins: it waits here (its connection held back) until the request's
-        memory is admitted, then its buffer is made. Its sender's hold until it was read goes
-        first: only modelled time passing frees memory."""
+        """A transfer begins on its sender's KV link, which other transfers share: its memory
+        is admitted apart from the link's reading (at once if it fits, else by a task of its
+        own once earlier requests free enough), then its buffer is made and the sender told
+        `kv_admitted`; only then does it send the chunks, as an RDMA engine's receiver
+        allocates before the write. Its sender's hold until it was read goes first: only
+        modelled time passing frees memory."""
         self.let_sender_go(message)
         body = message.body
         begun_at = self.arrival(message)  # the transfer's first byte, not its admission
@@ -430,27 +435,62 @@ class DecodeInstance(Instance):
         outputs = min(
             genuine, genuine_output_length(max(1, planned), self.config.scale.token_scale)
         )
-        self.admitting.add(body["rid"])
+        rid = body["rid"]
+        admission = Admission(message, need, prompt_len + outputs + 1, offset, begun_at)
+        if self.try_reserve(need):
+            await self._admitted(admission, need)
+            return
+        self.admitting.add(rid)
+        admission.task = self.spawn(self._admit_later(admission), f"admission of {rid}")
+        self.admissions[rid] = admission
+
+    async def _admit_later(self, admission: Admission) -> None:
+        """Wait for the transfer's memory, then admit it: the link goes on meanwhile."""
+        rid = admission.message.body["rid"]
         try:
-            reserved = await self.reserve_tokens(need)
+            reserved = await self.reserve_tokens(admission.need)
         finally:
-            self.admitting.discard(body["rid"])
+            self.admitting.discard(rid)
+            if self.admissions.get(rid) is admission:
+                del self.admissions[rid]
+        await self._admitted(admission, reserved)
+
+    async def _admitted(self, admission: Admission, reserved: int) -> None:
+        """The transfer has its memory: make its buffer and tell the sender to send. On a link
+        that has closed meanwhile it is cut at once (its end was read before it was here)."""
+        message = admission.message
+        rid = message.body["rid"]
+        channel = message.channel
+        if channel is None or channel.closed:
+            self.spawn(self.release_tokens(reserved), f"memory of {rid}")
+            self._count_cut(rid, KV.empty(self.model_config))
+            return
         try:
-            kv = KV.empty(self.model_config, capacity=prompt_len + outputs + 1)  # grows past it
-            prefix = self.prefix_for(body["rid"], offset)
+            kv = KV.empty(self.model_config, capacity=admission.capacity)  # grows past it
+            prefix = self.prefix_for(rid, admission.offset)
             if prefix is not None:
                 kv.append(prefix)
         except BaseException:
             await self.release_tokens(reserved)
             raise
-        self.receiving[body["rid"]] = {
+        self.receiving[rid] = {
             "kv": kv,
-            "body": body,
+            "body": message.body,
             "bytes": 0,
             "reserved": reserved,
-            "channel": message.channel,
-            "begun_at": begun_at,
+            "channel": channel,
+            "begun_at": admission.begun_at,
         }
+        with contextlib.suppress(ConnectionError):  # a link that ends cuts it (`channel_closed`)
+            await channel.control("kv_admitted", {"rid": rid})
+
+    def try_reserve(self, need: int) -> bool:
+        """Reserve `need` modelled tokens of KV if they fit now (`reserve_tokens`' test)."""
+        capacity = self.cost.kv_capacity_tokens()
+        if self.kv_reserved and self.kv_reserved + need > capacity:
+            return False
+        self.hold_tokens(need)
+        return True
 
     def received_kv(self, chunk: KVChunk) -> KV:
         """A chunk's KV, once it is known to be every layer of this model's KV for its tokens
@@ -553,14 +593,42 @@ class DecodeInstance(Instance):
         return rid in self.admitting or rid in self.receiving or rid in self.arriving
 
     def channel_closed(self, channel: Any) -> None:
-        """A transfer cut off mid-way (P cancelled it, or died): its memory is released, what
-        arrived of it is the subclass's to keep or forget."""
+        """A KV link ended (its sender died, or closed it): every transfer on it is cut off,
+        admitted or still waiting for memory."""
         for rid in [rid for rid, state in self.receiving.items() if state["channel"] is channel]:
+            self._cut(rid)
+        for rid in [rid for rid, a in self.admissions.items() if a.message.channel is channel]:
+            self._cut(rid)
+
+    async def on_kv_cut(self, message: Envelope) -> None:
+        """The sender cut one transfer on a link that goes on (`channel_closed`, for one)."""
+        rid = message.body["rid"]
+        state = self.receiving.get(rid)
+        admission = self.admissions.get(rid)
+        if (state is not None and state["channel"] is message.channel) or (
+            admission is not None and admission.message.channel is message.channel
+        ):
+            self._cut(rid)
+
+    def _cut(self, rid: str) -> None:
+        """A transfer cut off mid-way: its memory is released (or its wait for it ended),
+        what arrived of it is the subclass's to keep or forget."""
+        admission = self.admissions.pop(rid, None)
+        if admission is not None:
+            self.admitting.discard(rid)
+            if admission.task is not None:
+                admission.task.cancel()
+            kv = KV.empty(self.model_config)
+        else:
             state = self.receiving.pop(rid)
-            self.transfers_cut += 1
-            self.released.discard(rid)  # nothing more of it comes
             self.spawn(self.release_tokens(state["reserved"]), f"memory of {rid}")
-            self.transfer_cut(rid, state["kv"])
+            kv = state["kv"]
+        self._count_cut(rid, kv)
+
+    def _count_cut(self, rid: str, kv: KV) -> None:
+        self.transfers_cut += 1
+        self.released.discard(rid)  # nothing more of it comes
+        self.transfer_cut(rid, kv)
 
     def transfer_cut(self, rid: str, kv: KV) -> None:
         """A request's KV will not arrive complete; `kv` holds the prompt's first tokens that
@@ -722,3 +790,15 @@ class Extend:
     run: Callable[[], None]
     then: Callable[[float], Awaitable[None]]
     ready_at: float  # modelled time its ids arrived
+
+
+@dataclass
+class Admission:
+    """A KV transfer begun (`kv_begin`) whose memory is being admitted."""
+
+    message: Envelope
+    need: int  # modelled tokens of KV to reserve
+    capacity: int  # genuine tokens its buffer is made for
+    offset: int  # first prompt token sent (those before are held here)
+    begun_at: float  # modelled time of its first byte
+    task: asyncio.Task | None = None  # its wait for memory, if it did not fit at once

@@ -13,6 +13,7 @@ served; its modelled duration comes from the cost model (a tail chunk costs a fu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
@@ -24,7 +25,7 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.spec import InstanceSpec
-from pddemu.roles.transfer import Progress, TcpLedger, TransferPool
+from pddemu.roles.transfer import KvLinks, Progress, TcpLedger
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -85,7 +86,7 @@ class PrefillInstance(Instance):
         self.jobs: dict[str, PrefillJob] = {}
         self.queue: deque[PrefillJob] = deque()
         self.work = asyncio.Event()
-        self.pool = TransferPool(self.open)
+        self.links = KvLinks(self.open, self._serve_link, self._peers)
         self.tcp = TcpLedger(lambda: self.clock.rate, self.name)
         self.prefill_tokens = 0
         self.transfers_cut = 0  # sends that ended unfinished (cut, cancelled, receiver lost)
@@ -255,11 +256,14 @@ class PrefillInstance(Instance):
     # -- sending --------------------------------------------------------------------------
 
     async def send(self, job: PrefillJob, destination: Destination) -> None:
+        """One destination's transfer on its KV link (`KvLinks`): `kv_begin`, the chunks as
+        they are computed once the receiver has admitted it (`kv_admitted`), `kv_end`. Cut
+        (cancelled) or its link lost, it ends with a `kv_cut` where the link still stands."""
         started = self.clock.now()
         try:
-            channel = await self.pool.acquire(destination.name)
+            channel = await self.links.acquire(destination.name)
         except (asyncio.CancelledError, ConnectionError) as error:
-            # The receiver is gone, or the transfer was cut while its connection was still
+            # The receiver is gone, or the transfer was cut while its link was still
             # opening: either way the frontend must hear that it will not complete (it waits
             # for every transfer's report before it settles the request).
             self.transfers_cut += 1
@@ -269,8 +273,10 @@ class PrefillInstance(Instance):
             if not lost:
                 raise
             return
+        admission = self.links.expect_admission(channel, job.rid)
         self.tcp.begin(channel)
         held = self.exact(destination.name)  # its reader's lateness is held (`hold_until_read`)
+        begun = asyncio.Event()  # kv_begin handed to the link: the receiver will hear of a cut
         try:
             if held:
                 self.clock.hold_until_read()
@@ -284,7 +290,9 @@ class PrefillInstance(Instance):
                     "p": self.name,
                     "p_hit": job.hit,
                 },
+                handed=begun.set,
             )
+            await admission
             position = destination.offset
             while position < len(job.prompt):
                 await job.progress.wait_beyond(position)
@@ -313,21 +321,48 @@ class PrefillInstance(Instance):
             wan = self.address(destination.name).role == "MD"
             self.tcp.charge(channel, wan, destination.bytes_sent)
         except (asyncio.CancelledError, ConnectionError) as error:
-            # Cancelled, or the connection broke (the receiver was lost): the receiver sees the
-            # transfer end unfinished and forgets it; the frontend hears it will not complete.
+            # Cancelled, or the link broke (the receiver was lost): the receiver sees the
+            # transfer cut (`kv_cut`, or its link's end) and forgets it; the frontend hears
+            # that it will not complete.
+            self.links.forget(channel, job.rid)
             self.tcp.forget(channel)
-            channel.close()
+            lost = isinstance(error, ConnectionError)
+            if lost:  # the link is broken: every transfer on it ends (its reader sees it too)
+                channel.close()
+            elif begun.is_set() and not channel.closed:
+                self.spawn(self._cut(channel, job.rid), f"cut of {job.rid} to {destination.name}")
             self.transfers_cut += 1
             destination.as_of_cut()
-            lost = isinstance(error, ConnectionError)
             await self._report(job, destination, started, cancelled=True, unreachable=lost)
             self._forget_if_done(job)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
-        self.pool.release(destination.name, channel)
         await self._report(job, destination, started, cancelled=False)
         self._forget_if_done(job)
+
+    async def _cut(self, channel: Channel, rid: str) -> None:
+        """Tell the receiver a transfer on a link that goes on is cut (after whatever of it
+        was handed to the link: the channel's lock keeps the order)."""
+        with contextlib.suppress(ConnectionError):
+            await channel.control("kv_cut", {"rid": rid})
+
+    def _serve_link(self, channel: Channel) -> None:
+        """Read what a KV link's receiver says (`kv_admitted`) until the link ends, then fail
+        the transfers still waiting on it."""
+
+        async def serve() -> None:
+            await channel.serve(self._dispatch)
+            self.links.closed(channel)
+
+        self.spawn(serve(), f"KV link to {channel.peer}")
+
+    async def on_kv_admitted(self, message: Envelope) -> None:
+        """The receiver has the request's memory: its chunks may go. On a path without modelled
+        time the receiver held the present until this was read (`let_sender_go`)."""
+        self.let_sender_go(message)
+        assert message.channel is not None
+        self.links.admitted(message.channel, message.body["rid"])
 
     def _forget_if_done(self, job: PrefillJob) -> None:
         """Drop a job once its prefill is done and nothing is left to send."""

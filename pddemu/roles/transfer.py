@@ -1,14 +1,22 @@
-"""Bulk KV transfers: one TCP connection per transfer in flight, reused when idle.
+"""Bulk KV transfers: every transfer from a sender to a destination rides ONE persistent TCP
+connection (a *KV link*), as a transfer engine's do (Mooncake's, NIXL's): the number of flows
+on the WAN is the number of (sender, destination) pairs, not of transfers in flight, so the
+flows fit the emulated path, whose queue is scaled in bytes.
 
-Transfers to the same destination never share a connection, so a small increment is not stuck
-behind a large one (they share the link the way TCP flows do: fairly). A transfer on a
-connection is `kv_begin`, KV chunks, `kv_end`; closing the connection mid-way cancels it.
+A transfer on a link is `kv_begin`, then (once the receiver says `kv_admitted`: it has the
+request's memory, as an RDMA engine allocates before the write) KV chunks, `kv_end`; a
+`kv_cut` ends it unfinished. Transfers on a link are interleaved chunk by chunk (each chunk is
+a send of its own, and sends queue on the channel's FIFO lock), and what a link's socket may
+hold unsent is bounded (`UNSENT_BYTES`), so a small increment is not stuck behind a large one:
+they share the link's bandwidth about as two flows would. A link that breaks ends every
+transfer on it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict, deque
+import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,23 +25,93 @@ from netem.tcp import tcp_info, transfer_counters
 from pddemu.metrics.tcp_totals import TcpTotals
 from pddemu.runtime.channel import Channel
 
+# Bytes a link's socket and its writer may hold not yet sent (beyond one chunk being handed
+# over): a chunk of one transfer handed over now waits behind at most this much of the
+# others' (and what is in flight), not behind a whole send buffer of them.
+UNSENT_BYTES = 16 << 10
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # linux/tcp.h
 
-class TransferPool:
-    def __init__(self, open_channel: Callable[[str, str], Awaitable[Channel]]) -> None:
+
+def bound_unsent(channel: Channel) -> None:
+    """Keep what the link's socket and writer hold unsent to `UNSENT_BYTES`: the kernel takes
+    more only below it (TCP_NOTSENT_LOWAT), and a send waits (`drain`) until the writer's own
+    buffer is below it, so the next chunk, of whichever transfer, is queued behind little."""
+    sock = channel.writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, UNSENT_BYTES)
+    transport = getattr(channel.writer, "transport", None)
+    if transport is not None:
+        transport.set_write_buffer_limits(high=UNSENT_BYTES)
+
+
+class TransferRefused(ConnectionError):
+    """The link ended before the receiver admitted the transfer."""
+
+
+class KvLinks:
+    """A sender's KV links, one per destination: opened on first use and kept; one that closed
+    is opened again by the next transfer. `serve_replies` reads what the receiver says on a
+    link (`kv_admitted`) until it closes, then calls `closed`. The links are kept in `links`
+    (the instance's connections to its peers, as "<destination> (kv)": closed with them)."""
+
+    def __init__(
+        self,
+        open_channel: Callable[[str, str], Awaitable[Channel]],
+        serve_replies: Callable[[Channel], Any],
+        links: dict[str, Channel] | None = None,
+    ) -> None:
         self._open = open_channel
-        self._idle: dict[str, list[Channel]] = defaultdict(list)
+        self._serve = serve_replies
+        self._links: dict[str, Channel] = {} if links is None else links
+        self._locks: dict[str, asyncio.Lock] = {}
+        # each link's transfers waiting for their admission, by request
+        self._admissions: dict[Channel, dict[str, asyncio.Future[None]]] = {}
 
     async def acquire(self, destination: str) -> Channel:
-        idle = self._idle[destination]
-        while idle:
-            channel = idle.pop()
-            if not channel.closed:
-                return channel
-        return await self._open(destination, "kv")
+        """The link to `destination`, opened if there is none (or it closed)."""
+        async with self._locks.setdefault(destination, asyncio.Lock()):
+            key = f"{destination} (kv)"
+            channel = self._links.get(key)
+            if channel is None or channel.closed:
+                channel = await self._open(destination, "kv")
+                bound_unsent(channel)
+                self._links[key] = channel
+                self._admissions[channel] = {}
+                self._serve(channel)
+            return channel
 
-    def release(self, destination: str, channel: Channel) -> None:
-        if not channel.closed:
-            self._idle[destination].append(channel)
+    def expect_admission(self, channel: Channel, rid: str) -> asyncio.Future[None]:
+        """A future the receiver's `kv_admitted` for `rid` on `channel` resolves (fails with
+        TransferRefused if the link ends first). Made before `kv_begin` is sent."""
+        waiting = self._admissions.get(channel)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if waiting is None or channel.closed:
+            future.set_exception(TransferRefused(f"the KV link to {channel.peer} is closed"))
+        elif rid in waiting:
+            raise ValueError(f"{rid}: a transfer of it already waits on the link to {channel.peer}")
+        else:
+            waiting[rid] = future
+        return future
+
+    def admitted(self, channel: Channel, rid: str) -> bool:
+        """The receiver admitted `rid`'s transfer on `channel`; False if none waits for it."""
+        future = self._admissions.get(channel, {}).pop(rid, None)
+        if future is None or future.done():
+            return False
+        future.set_result(None)
+        return True
+
+    def forget(self, channel: Channel, rid: str) -> None:
+        """`rid`'s transfer on `channel` ended without its admission (cut)."""
+        future = self._admissions.get(channel, {}).pop(rid, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    def closed(self, channel: Channel) -> None:
+        """The link ended: every transfer waiting for its admission on it fails."""
+        for rid, future in self._admissions.pop(channel, {}).items():
+            if not future.done():
+                future.set_exception(TransferRefused(f"{rid}: the KV link to {channel.peer} ended"))
 
 
 class Progress:
@@ -80,27 +158,30 @@ OPENED = {"total_retrans": 0, "total_rto": 0, "bytes_sent": 0}
 
 @dataclass
 class Connection:
-    """A KV connection as the ledger knows it: its last TCP_INFO reading, its last charged
-    transfer, and whether a transfer is on it now."""
+    """A KV link as the ledger knows it: its last TCP_INFO reading, its last charged transfer,
+    and how many transfers are on it now."""
 
     sock: Any
     reading: dict[str, Any]
     transfer: dict[str, Any] | None = None
-    busy: bool = False
+    in_flight: int = 0
 
 
 class TcpLedger:
     """TCP_INFO counters (`netem.tcp`) of every KV transfer a sender made.
 
-    A transfer is charged, when its last frame was handed to the kernel (`charge`), with what
-    its connection did from its start (`begin`; a new connection: from its opening). Its tail,
-    the retransmissions after that, is added to it when the next transfer starts on the
-    connection, or, while the connection is idle, whenever the sender's stats are read
-    (`settle`): never while a later transfer is on the connection, whose counts are its own.
-    A connection the sender closes (a cut) is forgotten then (`forget`), one closed by its
-    peer when it is next read. Times are turned into modelled time at the clock's rate when
-    read. A serve makes transfers without end: the summary is kept as sums and bounded samples
-    (`totals`), the rows of the latest `KEPT_TRANSFERS` transfers only.
+    Transfers share their link (`KvLinks`), so a retransmission belongs to the link, not to
+    one transfer: each is counted once, charged to the transfer whose end (its last frame
+    handed to the kernel: `charge`) came next on the link. A transfer's row is what its link
+    did since the previous charge on it (the first: since the link opened): its own bytes,
+    the link's retransmissions and RTO events of that span, the link's minimum RTT and last
+    delivery-rate sample as of its end. The link's tail, the retransmissions after a charge
+    while no transfer is on it, is added to the last charged transfer whenever the sender's
+    stats are read (`settle`) or the next transfer begins (`begin`); while a transfer is on
+    the link they go to the next charge. A link closed is forgotten when it is next read.
+    Times are turned into modelled time at the clock's rate when read. A serve makes transfers
+    without end: the summary is kept as sums and bounded samples (`totals`), the rows of the
+    latest `KEPT_TRANSFERS` transfers only.
     """
 
     def __init__(self, rate: Callable[[], float], sender: str = "") -> None:
@@ -110,27 +191,33 @@ class TcpLedger:
         self._connections: dict[int, Connection] = {}  # by id of the connection's socket
 
     def begin(self, channel: Channel) -> None:
-        """A transfer starts on `channel`: the previous one on it gets its tail, and what the
-        connection does from now is the new one's."""
+        """A transfer starts on `channel`: if the link is idle, its last transfer gets its
+        tail first."""
         sock = channel.writer.get_extra_info("socket")
         if sock is None:
             return
         known = self._connections.get(id(sock))
-        if known is None or not self._add_tail(known):
+        if known is None or known.sock is not sock:
             known = self._connections[id(sock)] = Connection(sock, OPENED)
-        known.busy = True
+        elif known.in_flight == 0 and not self._add_tail(known):
+            known = self._connections[id(sock)] = Connection(sock, OPENED)
+        known.in_flight += 1
 
     def charge(self, channel: Channel, wan: bool, genuine_bytes: int) -> None:
         """The transfer on `channel` handed its last frame to the kernel."""
         sock = channel.writer.get_extra_info("socket")
         if sock is None:
             return
-        known = self._connections.pop(id(sock), None)
+        known = self._connections.get(id(sock))
+        if known is None or known.sock is not sock:
+            known = self._connections[id(sock)] = Connection(sock, OPENED, in_flight=1)
+        known.in_flight = max(0, known.in_flight - 1)
         try:
             info = tcp_info(sock)
         except (OSError, ValueError):  # closed (uvloop's socket of a closed transport: ValueError)
+            self._connections.pop(id(sock), None)
             return
-        counters = transfer_counters(known.reading if known else OPENED, info)
+        counters = transfer_counters(known.reading, info)
         rate = self.rate()
         rtt, delivery = counters["min_rtt_us"], counters["delivery_rate_Bps"]
         transfer = {
@@ -141,21 +228,23 @@ class TcpLedger:
             "min_rtt_s": rtt * 1e-6 * rate if rtt else None,  # modelled
             "delivery_rate_Bps": delivery / rate if delivery else None,  # per modelled s
         }
-        self._connections[id(sock)] = Connection(sock, info, transfer)
+        known.reading, known.transfer = info, transfer
         self.transfers.append(transfer)
         self.totals.add(transfer)
 
     def forget(self, channel: Channel) -> None:
-        """`channel` is being closed (its transfer cut): nothing more is read of it."""
+        """A transfer on `channel` ended unfinished (cut): the link goes on, and what it did
+        meanwhile goes to its next charge."""
         sock = channel.writer.get_extra_info("socket")
-        if sock is not None:
-            self._connections.pop(id(sock), None)
+        known = None if sock is None else self._connections.get(id(sock))
+        if known is not None:
+            known.in_flight = max(0, known.in_flight - 1)
 
     def settle(self) -> None:
-        """Charge the last transfer of each idle connection with its tail so far; a connection
-        closed since is forgotten."""
+        """Charge the last transfer of each idle link with its tail so far; a link closed since
+        is forgotten."""
         for key, connection in list(self._connections.items()):
-            if not connection.busy and not self._add_tail(connection):
+            if connection.in_flight == 0 and not self._add_tail(connection):
                 del self._connections[key]
 
     def _add_tail(self, connection: Connection) -> bool:

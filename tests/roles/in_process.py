@@ -75,6 +75,28 @@ class QuietFrontend:
         pass
 
 
+class KvLinkEnd:
+    """P's KV link as its receiver sees it: its identity, the peer a message's date is read
+    for, and what the receiver says back on it (`kv_admitted`), recorded."""
+
+    received = None
+    closed = False
+
+    def __init__(self, peer: str = "P0") -> None:
+        self.peer = peer
+        self.said: list[tuple[str, dict]] = []
+
+    async def control(self, kind: str, body: dict, handed: Any = None) -> None:
+        self.said.append((kind, body))
+
+    async def admitted(self, rid: str) -> None:
+        """Until the receiver has admitted `rid`'s transfer (its sender may send its KV)."""
+        deadline = time.monotonic() + 10
+        while ("kv_admitted", {"rid": rid}) not in self.said:
+            assert time.monotonic() < deadline, f"{rid} never admitted"
+            await asyncio.sleep(0.001)
+
+
 def frontend() -> Frontend:
     return instance(Frontend, "FE")
 

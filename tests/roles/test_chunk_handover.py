@@ -11,10 +11,10 @@ from typing import Any
 from netem.clock import SharedClock
 from pddemu.roles.prefill import PrefillInstance
 from pddemu.roles.spec import Address
-from pddemu.roles.transfer import TransferPool
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from tests.roles.in_process import QuietFrontend, instance, run_started
+from tests.roles.test_cut_transfer import links_to
 
 WAKE_LATE_S = 0.05  # wall seconds P wakes late from each step (a busy host)
 
@@ -27,12 +27,17 @@ class Receiver:
         self.handed: list[tuple[str, float]] = []
         self.closed = False
         self.writer = self  # no socket to read TCP counters from
+        self.links: Any = None  # whose transfers it admits at once
 
     def get_extra_info(self, _name: str) -> None:
         return None
 
-    async def control(self, kind: str, body: dict) -> None:
+    async def control(self, kind: str, body: dict, handed: Any = None) -> None:
         self.handed.append((kind, self.clock.now()))
+        if handed is not None:
+            handed()
+        if kind == "kv_begin":
+            self.links.admitted(self, body["rid"])
 
     async def send(self, chunk: object) -> int:
         self.handed.append(("chunk", self.clock.now()))
@@ -66,7 +71,7 @@ def test_a_late_wake_up_after_a_prefill_step_does_not_make_its_chunks_late(
         return receiver
 
     async def scenario() -> None:
-        p.pool = TransferPool(opened)
+        p.links = links_to(opened)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         prompt = [1 + i % 200 for i in range(3 * p.chunk_genuine)]
         body = {"rid": "r1", "input_tokens": 32 * len(prompt), "output_tokens": 2}

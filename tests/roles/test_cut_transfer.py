@@ -5,7 +5,7 @@ On the sending side, every transfer that could not finish is counted and reporte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
-from pddemu.roles.transfer import TransferPool
+from pddemu.roles.transfer import KvLinks
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -26,10 +26,10 @@ from tests.roles.in_process import WireEnd, instance, wire
 
 
 class Connection:
-    """Stands for a connection: its identity (a transfer's own), its peer and the replies
-    sent on it."""
+    """Stands for a connection: its identity, its peer and the replies sent on it."""
 
     peer = "P0"
+    closed = False
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, dict]] = []
@@ -69,8 +69,8 @@ def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> Non
 
 
 class Receiver:
-    """A sender's end of a KV connection: `fail_at` chunks go through, the next one finds the
-    receiver gone (None: all go through)."""
+    """A sender's end of a KV link: it admits each transfer at once (`kv_admitted`); `fail_at`
+    chunks go through, the next one finds the receiver gone (None: all go through)."""
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
@@ -78,12 +78,20 @@ class Receiver:
         self.closed = False
         self.controls: list[str] = []
         self.writer = self  # no socket to read TCP counters from
+        self.peer = "MD"
+        self.links: KvLinks | None = None  # whose transfers it admits
 
     def get_extra_info(self, _name: str) -> None:
         return None
 
-    async def control(self, kind: str, body: dict) -> None:
+    async def control(
+        self, kind: str, body: dict, handed: Callable[[], None] | None = None
+    ) -> None:
         self.controls.append(kind)
+        if handed is not None:
+            handed()
+        if kind == "kv_begin" and self.links is not None:
+            self.links.admitted(self, body["rid"])
 
     async def send(self, chunk: object) -> int:
         if self.fail_at is not None and self.chunks >= self.fail_at:
@@ -93,6 +101,18 @@ class Receiver:
 
     def close(self) -> None:
         self.closed = True
+
+
+def links_to(open_channel: Callable[[str, str], Awaitable[Receiver]]) -> KvLinks:
+    """KV links to fake receivers, which admit each transfer at once."""
+
+    async def opened(name: str, purpose: str) -> Receiver:
+        receiver = await open_channel(name, purpose)
+        receiver.links = links
+        return receiver
+
+    links = KvLinks(opened, lambda _channel: None)
+    return links
 
 
 def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
@@ -110,7 +130,7 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
                 raise ConnectionRefusedError("nobody listens")
             return receivers[name]
 
-        p.pool = TransferPool(open_channel)
+        p.links = links_to(open_channel)
         for name in receivers:
             p.spec.peers[name] = Address(name, "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
@@ -142,7 +162,9 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
     assert reports["MD1"]["cancelled"] and reports["MD1"]["unreachable"]
     assert reports["MD1"]["tokens_sent"] == p.chunk_genuine and receivers["MD1"].closed
     assert reports["MD2"]["cancelled"] and not reports["MD2"]["unreachable"]
-    assert reports["MD2"]["tokens_sent"] == 2 * p.chunk_genuine and receivers["MD2"].closed
+    assert reports["MD2"]["tokens_sent"] == 2 * p.chunk_genuine
+    # the cut one's link goes on: the receiver is told (`kv_cut`); the broken one is closed
+    assert receivers["MD2"].controls == ["kv_begin", "kv_cut"] and not receivers["MD2"].closed
     assert reports["MD3"]["cancelled"] and reports["MD3"]["unreachable"]
     assert p.transfers_cut == 3 and p.stats()["transfers_cut"] == 3
 
@@ -162,7 +184,7 @@ def test_a_cut_while_the_connection_opens_is_reported() -> None:
             await asyncio.sleep(3600)
             raise AssertionError("the connection never opens")
 
-        p.pool = TransferPool(never_opens)
+        p.links = links_to(never_opens)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
         frontend.closed = False
@@ -194,7 +216,7 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
         p = instance(PrefillInstance, "P")
         step = p.chunk_genuine
         receiver = Receiver()
-        p.pool = TransferPool(lambda _name, _purpose: _opened(receiver))
+        p.links = links_to(lambda _name, _purpose: _opened(receiver))
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
         frontend.closed = False
@@ -261,7 +283,7 @@ def _relay_ends_a_request_during_ps_transfer(
             one.transit[other.name] = other.transit[one.name] = (0.0, True)
         wire({"P0": p, "FE0": fe, "RLD0": rld, "MD0": md}, {("RLD0", "FE0"): frontend_late_s})
         receiver = Receiver()
-        p.pool = TransferPool(lambda _name, _purpose: _opened(receiver))
+        p.links = links_to(lambda _name, _purpose: _opened(receiver))
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         step = p.chunk_genuine
         scale = fe.config.scale.token_scale

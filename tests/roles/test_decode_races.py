@@ -16,7 +16,7 @@ from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import admit, frontend, instance, tokens
+from tests.roles.in_process import KvLinkEnd, admit, frontend, instance, tokens
 
 META = {
     "input_tokens": 40 * 32,
@@ -280,13 +280,6 @@ def test_a_failed_step_of_a_relay_streaming_alone_after_md_was_lost_moves_the_re
     assert abandoned or len(legs) > 1, "left waiting for the failed relay's tokens"
 
 
-class KvConnection:
-    """A KV transfer's connection as MD sees it: its identity, and a peer without a date."""
-
-    peer = "P0"
-    received = None
-
-
 @pytest.mark.parametrize("stage", ["admitting", "receiving", "arriving"])
 def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stage: str) -> None:
     """A P-RLD-MD request fails at the frontend after P had sent MD all its KV: the release
@@ -301,7 +294,7 @@ def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stag
         await md.start()
         prompt = list(range(1, 41))
         kv, _ = md.model.prefill(prompt, None, len(prompt))
-        connection = KvConnection()
+        connection = KvLinkEnd()
         meta = {**META, "predicted_output_tokens": 300}
         begin = Envelope(
             "kv_begin",
@@ -317,6 +310,7 @@ def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stag
             await md.on_release(release)
             await md.release_tokens(others)
             await beginning
+            await connection.admitted("r")
         else:
             await md.on_kv_begin(begin)
         await md.on_kv_chunk(kv_chunk_from_tensor("r", 0, 0, kv.tensor), connection)
@@ -363,7 +357,7 @@ def test_a_request_dropped_by_a_failed_step_unpins_its_prompt_in_the_drc() -> No
         kv, _ = md.model.prefill(prompt, None, len(prompt))
         ids = [TokenIds.from_ints("r", 0, prompt)]
         await md.on_match(Envelope("match", {"rid": "r"}, ids, Answers()))
-        connection = KvConnection()
+        connection = KvLinkEnd()
         meta = {**META, "pipeline": "P-MD", "predicted_output_tokens": 300}
         begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
         await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
@@ -502,7 +496,7 @@ def p_md_transfer(made: Any, rid: str, meta: dict[str, Any]) -> list[Envelope]:
     """A request's whole KV from P as the decode side reads it: begin, one chunk, end."""
     prompt = list(range(1, 41))
     kv, _ = made.model.prefill(prompt, None, len(prompt))
-    connection = KvConnection()
+    connection = KvLinkEnd()
     begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
     return [
         Envelope("kv_begin", begin, [], connection),
@@ -705,7 +699,7 @@ def test_a_match_read_after_its_requests_kv_pins_nothing() -> None:
         ids = [TokenIds.from_ints("a", 0, prompt)]
 
         async def served(rid: str) -> None:
-            connection = KvConnection()
+            connection = KvLinkEnd()
             meta = {**META, "pipeline": "P-MD", "output_tokens": 2, "predicted_output_tokens": 2}
             begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
             await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))

@@ -20,7 +20,7 @@ from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import instance, run_started
+from tests.roles.in_process import KvLinkEnd, instance, run_started
 
 SLOW_S = 0.2  # wall seconds the forced-slow intake takes (the cap of an instant hold: 0.25)
 NOISE_S = 0.001  # modelled seconds; the first step was 0.19-0.20 s late on the code before
@@ -49,7 +49,7 @@ async def transfer(md: Any, rid: str, output_tokens: int = 64) -> None:
     """A naive request's whole KV (P-MD: MD streams from the first token) reaching MD across
     the WAN, each part dated by the kernel as it reached the host (now)."""
     kv, _ = md.model.prefill(PROMPT, None, len(PROMPT))
-    channel = SimpleNamespace(peer="P0")
+    channel = KvLinkEnd()
     meta = {
         "input_tokens": 32 * len(PROMPT),
         "output_tokens": output_tokens,
@@ -128,7 +128,7 @@ def test_a_transfer_refused_at_its_end_lets_time_go_on(tmp_path: Path) -> None:
 
     async def scenario() -> float:
         kv, _ = md.model.prefill(PROMPT, None, len(PROMPT))
-        channel = SimpleNamespace(peer="P0")
+        channel = KvLinkEnd()
         meta = {"input_tokens": 8192, "output_tokens": 64, "pipeline": "P-MD", "frontend": "FE0"}
         begin = {"rid": "r1", "prompt_tokens": len(PROMPT), "offset": 0, "meta": meta}
         await md.on_kv_begin(Envelope("kv_begin", begin, [], channel, md.clock.now()))

@@ -15,7 +15,7 @@ from netem.clock import SharedClock
 from pddemu.roles.prefill import PrefillInstance
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
-from pddemu.roles.transfer import TransferPool
+from pddemu.roles.transfer import KvLinks
 from pddemu.runtime.channel import Control, Envelope
 from pddemu.runtime.clock import ModelledClock
 from pddemu.wire import TokenIds
@@ -35,7 +35,10 @@ class LateConnection:
         self.peer = "RLD0"
         self.closed = False
         self.writer = self  # no socket to read TCP counters from
-        self.rld_end = SimpleNamespace(peer="P0", read_date=lambda: None)  # RLD's end
+        # RLD's end: what RLD says back (`kv_admitted`) reaches P at once
+        self.rld_end = SimpleNamespace(
+            peer="P0", read_date=lambda: None, closed=False, control=self._back
+        )
         self.queue: asyncio.Queue = asyncio.Queue()
         p.spawn(self._deliver(), "late connection to RLD0")
 
@@ -45,6 +48,11 @@ class LateConnection:
     async def control(self, kind: str, body: dict, handed: Any = None) -> int:
         stamped = Control(kind, {**body, "t": self.p.clock.now()})
         self.queue.put_nowait((time.monotonic() + LATE_S, stamped))
+        return 100
+
+    async def _back(self, kind: str, body: dict) -> int:
+        stamped = {**body, "t": self.rld.clock.now()}
+        await self.p._dispatch(Envelope(kind, stamped, [], self), self)
         return 100
 
     async def send(self, chunk: Any) -> int:
@@ -108,7 +116,7 @@ def test_a_relay_reading_a_transfer_late_takes_it_in_at_its_end(tmp_path: Path) 
             await asyncio.sleep(0.005)
 
     async def scenario() -> None:
-        p.pool = TransferPool(lambda _name, _purpose: opened())
+        p.links = KvLinks(lambda _name, _purpose: opened(), lambda _channel: None)
 
         async def opened() -> LateConnection:
             return LateConnection(p, rld)

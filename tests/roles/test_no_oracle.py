@@ -21,7 +21,7 @@ from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
-from tests.roles.in_process import admit, frontend, instance
+from tests.roles.in_process import KvLinkEnd, admit, frontend, instance
 
 CONFIG = load_config(None, ["scale.time_scale=20"])
 G = CONFIG.scale.token_scale
@@ -81,19 +81,13 @@ def test_the_relay_keeps_a_request_by_its_prediction_and_hands_it_over_once_it_o
     assert relay_decisions(400, truth) == [(False, [SWITCH]), (False, [SWITCH])]
 
 
-class KVConnection:
-    """Stands for P's KV connection: its identity, and the peer a message's date is read for."""
-
-    peer = "P0"
-
-
 @pytest.mark.parametrize("truth", [1, 400, 10_000])
 def test_memory_admitted_for_a_transfer_is_the_prompt_and_the_predicted_output(truth: int) -> None:
     async def scenario() -> int:
         md = instance(MainDecodeInstance, "MD", CONFIG)
         body = {"rid": "r", "prompt_tokens": 30, "offset": 0, "meta": leg_meta(40, truth)}
         body["meta"]["pipeline"] = "P-MD"
-        await md.on_kv_begin(Envelope("kv_begin", body, [], KVConnection()))
+        await md.on_kv_begin(Envelope("kv_begin", body, [], KvLinkEnd()))
         return md.kv_reserved
 
     assert asyncio.run(scenario()) == INPUT + 40
@@ -122,7 +116,7 @@ def test_a_transfer_with_a_bad_output_length_is_refused_at_its_begin(key: str, v
         else:
             body["meta"][key] = value
         with pytest.raises(ValueError, match=key):
-            await md.on_kv_begin(Envelope("kv_begin", body, [], KVConnection()))
+            await md.on_kv_begin(Envelope("kv_begin", body, [], KvLinkEnd()))
         return md.kv_reserved
 
     assert asyncio.run(scenario()) == 0

@@ -5,6 +5,7 @@ reused connection is charged with its own, whenever the sender's stats are read.
 from __future__ import annotations
 
 import asyncio
+import socket
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,7 @@ from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
 from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
 from tests.roles.in_process import instance
-from tests.roles.test_cut_transfer import Connection, Receiver
+from tests.roles.test_cut_transfer import Connection, Receiver, links_to
 
 
 class Readings:
@@ -103,13 +104,19 @@ def test_a_connection_closed_since_its_last_transfer_is_forgotten() -> None:
     ledger.settle()  # nothing left to read
 
 
+class Unix:
+    """A socket that is not a TCP one: its counters are scripted (`Readings`)."""
+
+    family = socket.AF_UNIX
+
+
 class Socketed(Receiver):
     """A KV connection with a socket to read TCP counters of: scripted (`Readings`), or a real
     connection's (`writer`), whose closing closes it."""
 
     def __init__(self, writer: Any = None) -> None:
         super().__init__()
-        self.sock = object() if writer is None else writer.get_extra_info("socket")
+        self.sock = Unix() if writer is None else writer.get_extra_info("socket")
         self.real = writer
 
     def get_extra_info(self, _name: str) -> Any:
@@ -131,7 +138,7 @@ async def two_transfers(
     async def reopened(_name: str, _purpose: str) -> Socketed:
         return connection
 
-    p.pool = transfer.TransferPool(reopened)
+    p.links = links_to(reopened)
     p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
     frontend = Connection()
     frontend.closed = False  # type: ignore[attr-defined]
@@ -175,9 +182,10 @@ def test_a_transfer_in_flight_keeps_its_retransmissions_when_stats_are_read(
 
 
 def test_the_prefill_stats_after_a_cut_on_a_reused_real_connection() -> None:
-    """On uvloop, a real connection carries a finished transfer, then one cut (P closes the
-    connection): P's stats still read (they raised ValueError, a closed socket's negative
-    descriptor, and /stats answered 500), with the finished transfer charged once."""
+    """On uvloop, a real link carries a finished transfer, then one cut (P says `kv_cut`; the
+    link goes on), and then closes: P's stats still read (they raised ValueError, a closed
+    socket's negative descriptor, and /stats answered 500), with the finished transfer
+    charged once."""
 
     async def scenario() -> tuple[PrefillInstance, dict[str, Any]]:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
@@ -186,7 +194,9 @@ def test_the_prefill_stats_after_a_cut_on_a_reused_real_connection() -> None:
         p = instance(PrefillInstance, "P")
         connection = Socketed(writer)
         await two_transfers(p, connection, lambda: None, cut_second=True)
-        assert connection.closed and writer.is_closing()
+        assert connection.controls[-1] == "kv_cut" and not connection.closed
+        connection.close()
+        assert writer.is_closing()
         stats = p.stats()
         server.close()
         return p, stats
