@@ -25,7 +25,7 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.spec import InstanceSpec
-from pddemu.roles.transfer import KvLinks, Progress, TcpLedger
+from pddemu.roles.transfer import KvLinks, LinkLost, Progress, TcpLedger
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -299,6 +299,8 @@ class PrefillInstance(Instance):
                 end = min(job.progress.tokens, position + self.chunk_genuine)
                 if end <= position:
                     continue
+                if channel.closed:  # it ended while this transfer waited for its KV
+                    raise LinkLost(f"{job.rid}: the KV link to {destination.name} ended")
                 chunk = kv_chunk_from_tensor(
                     job.rid, 0, position, job.kv.token_slice(position, end).tensor
                 )

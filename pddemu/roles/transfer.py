@@ -44,8 +44,8 @@ def bound_unsent(channel: Channel) -> None:
         transport.set_write_buffer_limits(high=UNSENT_BYTES)
 
 
-class TransferRefused(ConnectionError):
-    """The link ended before the receiver admitted the transfer."""
+class LinkLost(ConnectionError):
+    """A KV link ended before a transfer on it did (its receiver's end closed, or broke)."""
 
 
 class KvLinks:
@@ -82,11 +82,11 @@ class KvLinks:
 
     def expect_admission(self, channel: Channel, rid: str) -> asyncio.Future[None]:
         """A future the receiver's `kv_admitted` for `rid` on `channel` resolves (fails with
-        TransferRefused if the link ends first). Made before `kv_begin` is sent."""
+        LinkLost if the link ends first). Made before `kv_begin` is sent."""
         waiting = self._admissions.get(channel)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if waiting is None or channel.closed:
-            future.set_exception(TransferRefused(f"the KV link to {channel.peer} is closed"))
+            future.set_exception(LinkLost(f"the KV link to {channel.peer} is closed"))
         elif rid in waiting:
             raise ValueError(f"{rid}: a transfer of it already waits on the link to {channel.peer}")
         else:
@@ -111,7 +111,7 @@ class KvLinks:
         """The link ended: every transfer waiting for its admission on it fails."""
         for rid, future in self._admissions.pop(channel, {}).items():
             if not future.done():
-                future.set_exception(TransferRefused(f"{rid}: the KV link to {channel.peer} ended"))
+                future.set_exception(LinkLost(f"{rid}: the KV link to {channel.peer} ended"))
 
 
 class Progress:

@@ -204,3 +204,26 @@ def test_the_prefill_stats_after_a_cut_on_a_reused_real_connection() -> None:
     p, stats = uvloop.run(scenario())
     assert stats["transfers_cut"] == 1 and len(stats["kv_transfers_tcp"]) == 1
     assert stats["kv_transfers_tcp_totals"]["wan"]["transfers"] == 1
+
+
+def test_transfers_sharing_a_link_count_each_retransmission_once(readings: Readings) -> None:
+    """Two transfers on one link at once: a retransmission is the link's, charged to the
+    transfer whose end came next on it; stats read while the second is still on the link
+    leave its counts to it; the link's tail, once it is idle, goes to the last."""
+    ledger = transfer.TcpLedger(lambda: 1.0)
+    link = channel()
+    readings.now(retransmitted=0)
+    ledger.begin(link)
+    ledger.begin(link)
+    readings.now(retransmitted=3)
+    ledger.charge(link, True, 1000)  # the first ends: the link's 3 so far
+    readings.now(retransmitted=5)
+    ledger.settle()  # the second is on the link: nothing moves
+    ledger.charge(link, True, 2000)  # the second ends: the 2 since
+    readings.now(retransmitted=6)
+    ledger.settle()  # the idle link's tail: the last's
+    assert [row["retransmits"] for row in ledger.transfers] == [3, 3]
+    wan = ledger.totals.counters["wan"]
+    assert (wan["transfers"], wan["bytes"], wan["retransmits"]) == (2, 3000, 6)
+    ledger.settle()
+    assert wan["retransmits"] == 6

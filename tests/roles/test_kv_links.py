@@ -1,0 +1,242 @@
+"""KV transfers from P to a decode side share one persistent link (`KvLinks`), over real TCP
+on the loopback: transfers interleave on it chunk by chunk, so a small one begun behind a
+large one ends about as processor sharing would have it; one cut leaves the others; a link
+that breaks ends every transfer on it at both ends; a transfer waiting for memory blocks
+none of the others on its link."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pddemu.model import greedy
+from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
+from pddemu.roles.relay import RelayInstance
+from pddemu.roles.spec import Address
+from pddemu.roles.transfer import UNSENT_BYTES
+from pddemu.runtime.channel import Envelope
+from pddemu.wire import KVChunk
+from tests.roles.in_process import instance, run_started
+
+READ_LIMIT = 16 << 10  # the relay's reader buffers at most twice this ahead of its handler
+RECEIVE_BUFFER = 32 << 10  # the relay's socket's (the window P may have in flight)
+
+
+class Reports:
+    """The frontend's end of P's control connection: the transfer reports it is told."""
+
+    peer = "FE0"
+    closed = False
+
+    def __init__(self) -> None:
+        self.done: dict[str, dict] = {}
+
+    async def control(self, kind: str, body: dict) -> None:
+        if kind == "transfer_done":
+            self.done[body["rid"]] = body
+
+
+class Link:
+    """P and a relay, P's KV link to it a real TCP connection: the relay reads it as it reads
+    any (`Instance._accept`), each chunk `chunk_s` wall seconds after the last (a bottleneck
+    of one chunk per `chunk_s`), with little buffered ahead of its reading."""
+
+    def __init__(self, chunk_s: float = 0.0) -> None:
+        self.p = instance(PrefillInstance, "P")
+        self.rld = instance(RelayInstance, "RLD", epoch=self.p.spec.epoch)
+        self.rld.use_secret(self.p.secret)
+        self.chunk_s = chunk_s
+        self.read: list[tuple[str, int]] = []  # the chunks the relay read: (rid, bytes)
+        self.accepted: list[asyncio.StreamWriter] = []
+        self.reports = Reports()
+        self.jobs: dict[str, PrefillJob] = {}
+        on_chunk = self.rld.on_kv_chunk
+
+        async def slow_chunk(chunk: KVChunk, channel: Any, received: float | None = None) -> None:
+            if self.chunk_s:
+                await asyncio.sleep(self.chunk_s)
+            self.read.append((chunk.request_id, chunk.nbytes))
+            await on_chunk(chunk, channel, received)
+
+        self.rld.on_kv_chunk = slow_chunk
+
+    async def open(self) -> asyncio.Server:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.accepted.append(writer)
+            await self.rld._accept(reader, writer)
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        server = await asyncio.start_server(accept, sock=listener, limit=READ_LIMIT)
+        port = listener.getsockname()[1]
+        self.p.spec.peers["RLD0"] = Address("RLD0", "RLD", "127.0.0.1", port, 0)
+        return server
+
+    async def send(self, rid: str, chunks: int, computed: int | None = None) -> PrefillJob:
+        """A transfer of a prompt of `chunks` chunks to the relay, `computed` of them (all by
+        default) computed already."""
+        p = self.p
+        prompt = [1 + (i * 7 + len(rid)) % 200 for i in range(chunks * p.chunk_genuine)]
+        kv, logits = p.model.prefill(prompt, None, len(prompt))
+        meta = {
+            "input_tokens": 32 * len(prompt),
+            "output_tokens": 2,
+            "predicted_output_tokens": 2,
+            "pipeline": "P-RLD-MD",
+            "frontend": "FE0",
+            "md": "MD0",
+        }
+        job = PrefillJob(rid, prompt, meta, self.reports, kv=kv, first_token=greedy(logits))
+        done = chunks if computed is None else computed
+        await job.progress.advance(done * p.chunk_genuine, 0.0, finished=done == chunks)
+        destination = Destination("RLD0", 0, {})
+        destination.task = p.spawn(p.send(job, destination), f"KV of {rid}")
+        job.destinations.append(destination)
+        job.routed.set()
+        p.jobs[rid] = job
+        self.jobs[rid] = job
+        return job
+
+    def chunks_read(self, rid: str) -> int:
+        return sum(1 for read, _ in self.read if read == rid)
+
+
+async def until(condition: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.002)
+
+
+def run(link: Link, scenario: Callable[[], Awaitable[Any]]) -> Any:
+    async def served() -> Any:
+        server = await link.open()
+        try:
+            return await scenario()
+        finally:
+            server.close()
+
+    return run_started([link.p, link.rld], served)
+
+
+def test_transfers_share_one_link_interleaved_and_a_cut_leaves_the_others() -> None:
+    """Three transfers to one relay ride one connection, their chunks interleaved; one cut
+    mid-way (P says `kv_cut`) is released at the relay and reported cut, while the other two
+    arrive whole and decode."""
+    link = Link(chunk_s=0.01)
+
+    async def scenario() -> None:
+        await link.send("r1", 4)
+        await link.send("r2", 4, computed=1)  # its other chunks never come: it is cut
+        await link.send("r3", 4)
+        await until(lambda: link.chunks_read("r2") == 1, "r2's first chunk read")
+        await link.p.on_cut(Envelope("cut", {"rid": "r2", "destination": "RLD0"}, [], None))
+        await until(lambda: len(link.reports.done) == 3, "every transfer reported")
+        await until(lambda: link.rld.kv_reserved == 0, "the relay's memory back")
+
+    run(link, scenario)
+    rld, done = link.rld, link.reports.done
+    assert len(link.accepted) == 1  # one connection for the three
+    assert not done["r1"]["cancelled"] and not done["r3"]["cancelled"]
+    assert done["r2"]["cancelled"] and not done["r2"]["unreachable"]
+    assert (link.chunks_read("r1"), link.chunks_read("r2"), link.chunks_read("r3")) == (4, 1, 4)
+    order = [rid for rid, _ in link.read]
+    assert order[:3] in (["r1", "r2", "r3"], ["r1", "r3", "r2"]), order  # interleaved
+    assert rld.transfers_cut == 1 and rld.receiving == {} and not rld.admitting
+    told = {body["rid"] for name, kind, body in rld.told if kind == "tokens"}
+    assert told == {"r1", "r3"}  # both decoded on the relay, the cut one not
+    assert link.p.transfers_cut == 1 and link.p.errors == [] and rld.errors == []
+
+
+def test_a_small_transfer_behind_a_large_one_gets_its_fair_share() -> None:
+    """A large transfer (LARGE chunks) fills the link (one chunk per CHUNK_S at the relay);
+    a small one (SMALL chunks) begins behind it. Shared chunk by chunk, as two flows share a
+    bottleneck (processor sharing), the small one ends after its own chunks and as many of
+    the large one's, plus what was queued ahead of its begin (at most the bytes the link's
+    buffers hold: P's unsent bound twice, the relay's window and its reader's buffer, and the
+    chunk being written); one behind the other (FIFO), after all the large one's. Measured
+    in chunks read and in wall time."""
+    large, small, chunk_s = 24, 2, 0.02
+    link = Link(chunk_s=chunk_s)
+    marks: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        await link.send("large", large)
+        await until(lambda: link.chunks_read("large") >= 3, "the large one under way")
+        marks["before"] = link.chunks_read("large")
+        marks["begun"] = time.monotonic()
+        await link.send("small", small)
+        await until(lambda: "small" in link.reports.done, "the small one's end", 30)
+        await until(lambda: link.chunks_read("small") == small, "the small one read")
+        marks["ended"] = time.monotonic()
+        marks["large_during"] = link.chunks_read("large") - marks["before"]
+        await until(lambda: "large" in link.reports.done, "the large one's end", 30)
+
+    run(link, scenario)
+    chunk_bytes = max(size for _, size in link.read)
+    buffered = 2 * UNSENT_BYTES + 2 * RECEIVE_BUFFER + 2 * READ_LIMIT  # the kernel doubles it
+    ahead = math.ceil(buffered / chunk_bytes) + 1  # and the chunk being written
+    fair = ahead + small  # large chunks read before the small one ends, at most
+    assert marks["large_during"] <= fair, (marks, fair, chunk_bytes)
+    assert marks["large_during"] < large - marks["before"] - small  # not behind it all
+    # in time: the small one's chunks, as many of the large one's and those queued ahead
+    assert marks["ended"] - marks["begun"] < (fair + small + 2) * chunk_s * 1.5, marks
+    assert not link.reports.done["large"]["cancelled"] and link.p.errors == []
+
+
+def test_a_broken_link_ends_every_transfer_on_it_at_both_ends() -> None:
+    """The link breaks (the relay's end closes it) with two transfers under way: the relay
+    releases both, P reports both unreachable; a transfer after opens a new link."""
+    link = Link()
+
+    async def scenario() -> None:
+        one = await link.send("r1", 3, computed=1)
+        two = await link.send("r2", 3, computed=1)
+        await until(lambda: len(link.rld.receiving) == 2, "both admitted")
+        await until(lambda: link.chunks_read("r1") == link.chunks_read("r2") == 1, "read")
+        link.accepted[0].close()
+        await until(lambda: link.rld.transfers_cut == 2, "both cut at the relay")
+        for job in (one, two):
+            await job.progress.advance(3 * link.p.chunk_genuine, 0.0, finished=True)
+        await until(lambda: len(link.reports.done) == 2, "both reported")
+        await link.send("r3", 2)
+        await until(lambda: "r3" in link.reports.done, "a transfer on a new link")
+        await until(lambda: link.rld.kv_reserved == 0, "the relay's memory back")
+
+    run(link, scenario)
+    done = link.reports.done
+    assert all(done[rid]["cancelled"] and done[rid]["unreachable"] for rid in ("r1", "r2"))
+    assert not done["r3"]["cancelled"] and len(link.accepted) == 2
+    assert link.p.transfers_cut == 2 and link.rld.receiving == {}
+
+
+def test_a_transfer_waiting_for_memory_blocks_none_on_its_link() -> None:
+    """The relay's memory is nearly full: a transfer that does not fit waits for it (no
+    chunk of it is sent before `kv_admitted`) while a small one behind it on the same link
+    is admitted, read and taken in; once memory is freed the first goes on."""
+    link = Link()
+    rld = link.rld
+
+    async def scenario() -> None:
+        capacity = rld.cost.kv_capacity_tokens()
+        small_need = 32 * 1 * link.p.chunk_genuine + 2
+        filler = await rld.reserve_tokens(capacity - small_need)
+        await link.send("big", 3)
+        await until(lambda: "big" in rld.admitting, "the big one waiting for memory")
+        await link.send("small", 1)
+        await until(lambda: "small" in link.reports.done, "the small one's end")
+        await until(lambda: "small" in rld.requests or rld.kv_reserved == filler, "taken in")
+        assert link.chunks_read("big") == 0 and "big" in rld.admitting
+        await rld.release_tokens(filler)
+        await until(lambda: "big" in link.reports.done, "the big one's end")
+        await until(lambda: rld.kv_reserved == 0, "the relay's memory back")
+
+    run(link, scenario)
+    assert [rid for rid, _ in link.read][0] == "small"
+    assert link.chunks_read("big") == 3 and not link.reports.done["big"]["cancelled"]
+    assert rld.admission_waits == 1 and rld.transfers_cut == 0 and len(link.accepted) == 1
+    assert link.p.errors == [] and rld.errors == []
