@@ -7,7 +7,7 @@ before any of its frames is read. An HTTP handler is cancelled when its client g
 
 Subclasses register handlers by control-message kind (`on_<kind>` methods) and may handle bare
 KV chunks / token-id frames (`on_kv_chunk`, `on_token_ids`). Long-lived connections to peers
-are opened on first use and kept (`peer(name)`); bulk KV transfers open their own (`open`).
+are opened on first use and kept (`peer(name)`), as are P's KV links (`open`, `KvLinks`).
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ batch) is genuine work the modelled instance does in no time: modelled time is h
 transfer's end until the request is taken in and, if it decodes at once, until its first step
 holds the clock (`intake_done`), so a slow intake does not make that step late.
 
-Memory is admitted before anything is allocated: a KV transfer waits at its `kv_begin` (the
-connection, one per transfer, is held back meanwhile) until the request's prompt and predicted
-output fit beside the others', and only then is its buffer made. A request that outlives its
+Memory is admitted before anything is allocated: a KV transfer begun (`kv_begin`) waits, apart
+from its KV link, which other transfers share and which goes on meanwhile, until the request's
+prompt and predicted output fit beside the others'; only then is its buffer made and its sender
+told `kv_admitted`, and only then does it send the KV. A request that outlives its
 prediction grows its reservation token by token as it decodes (never waiting: a running request
 is not stalled; `kv_grown_tokens` counts the growth, and admission waits while it leaves too
 little room). Every size a peer announces is bounded by what this instance can hold.
@@ -571,7 +572,7 @@ class DecodeInstance(Instance):
         request.reserved = state["reserved"]
         request.arrived = body["ended_at"]
         request.intake_hold = hold
-        # Not on this connection, which P reuses for its next transfer here.
+        # Not on this link's reader, which the other transfers on it share.
         self.arriving.add(rid)
         self.spawn(
             self._arrive(request, int(message.body["first_token"]), body, state["bytes"]),

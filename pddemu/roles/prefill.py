@@ -165,7 +165,7 @@ class PrefillInstance(Instance):
 
     async def on_cut(self, message: Envelope) -> None:
         """Stop one destination's transfer mid-way (the anomaly filter: the relay finished the
-        request before its KV reached MD); the receiver sees the connection close. A cut that
+        request before its KV reached MD); the receiver is told `kv_cut`. A cut that
         says when it was decided (`at`, modelled) is reported as of then: what was handed over
         after it counts as not sent, so the router's lateness in sending it shows in no byte."""
         job = self.jobs.get(message.body["rid"])

@@ -16,8 +16,9 @@ queueing discipline can treat them as a real network would (RFC 4594's classes):
   low-latency data;
 - `heartbeat`, an instance's heartbeats to the router, from a thread of their own: AF21 too
   (behind bulk KV they would be late, and a late heartbeat makes a live instance look lost);
-- `kv`, one connection per bulk KV transfer in flight (kv_begin, KV chunks, kv_end), and the
-  relay's connection to each MD for kv-delta handoff parts: AF11, high-throughput data.
+- `kv`, P's KV link to each decode instance, carrying every bulk KV transfer to it (kv_begin,
+  KV chunks, kv_end; `pddemu.roles.transfer`), and the relay's connection to each MD for
+  kv-delta handoff parts: AF11, high-throughput data.
 The connecting side marks its socket before connecting (the SYN is marked too); the accepting
 side marks its socket as soon as the hello names the purpose.
 """

@@ -165,6 +165,9 @@ class ClosedForm:
             return max(route, steps[-1][0])
         link = self.wan
         sent = route + link.serialise(self._size(self._kv_begin(request, prompt, hit)))
+        # the chunks go once the receiver's `kv_admitted` is back: a round trip after the begin
+        admitted = Control("kv_admitted", {"rid": request.rid})
+        sent += 2 * link.delay_s + link.serialise(self._size(admitted))
         position = hit
         for ready, computed in steps:
             while position < computed:
