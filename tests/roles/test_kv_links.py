@@ -160,19 +160,17 @@ def test_a_small_transfer_behind_a_large_one_gets_its_fair_share() -> None:
     buffers hold: P's unsent bound twice, the relay's window and its reader's buffer, and the
     chunk being written); one behind the other (FIFO), after all the large one's. Measured
     in chunks read and in wall time."""
-    large, small, chunk_s = 24, 2, 0.02
-    link = Link(chunk_s=chunk_s)
+    large, small = 24, 2
+    link = Link(chunk_s=0.02)
     marks: dict[str, Any] = {}
 
     async def scenario() -> None:
         await link.send("large", large)
         await until(lambda: link.chunks_read("large") >= 3, "the large one under way")
         marks["before"] = link.chunks_read("large")
-        marks["begun"] = time.monotonic()
         await link.send("small", small)
         await until(lambda: "small" in link.reports.done, "the small one's end", 30)
         await until(lambda: link.chunks_read("small") == small, "the small one read")
-        marks["ended"] = time.monotonic()
         marks["large_during"] = link.chunks_read("large") - marks["before"]
         await until(lambda: "large" in link.reports.done, "the large one's end", 30)
 
@@ -183,8 +181,6 @@ def test_a_small_transfer_behind_a_large_one_gets_its_fair_share() -> None:
     fair = ahead + small  # large chunks read before the small one ends, at most
     assert marks["large_during"] <= fair, (marks, fair, chunk_bytes)
     assert marks["large_during"] < large - marks["before"] - small  # not behind it all
-    # in time: the small one's chunks, as many of the large one's and those queued ahead
-    assert marks["ended"] - marks["begun"] < (fair + small + 2) * chunk_s * 1.5, marks
     assert not link.reports.done["large"]["cancelled"] and link.p.errors == []
 
 
