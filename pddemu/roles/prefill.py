@@ -39,8 +39,8 @@ class Destination:
     task: asyncio.Task | None = None
     bytes_sent: int = 0
     tokens_sent: int = 0  # genuine prompt tokens whose KV has been sent
-    # (modelled time, bytes_sent, tokens_sent) as each chunk was handed over: what had been
-    # sent as of a cut's date
+    # (modelled time, bytes_sent, tokens_sent) as each chunk was handed to the link (its turn
+    # there, among the other transfers'): what had been sent as of a cut's date
     handed: list[tuple[float, int, int]] = field(default_factory=list)
     cut_at: float | None = None  # the modelled time a cut dated itself (`on_cut`)
 
@@ -304,10 +304,15 @@ class PrefillInstance(Instance):
                 chunk = kv_chunk_from_tensor(
                     job.rid, 0, position, job.kv.token_slice(position, end).tensor
                 )
-                handed = self.clock.now()
-                destination.bytes_sent += await channel.send(chunk)
+                taken: list[float] = []  # when the link took it: its turn among the transfers
+
+                def take(taken: list[float] = taken) -> None:
+                    taken.append(self.clock.now())
+
+                destination.bytes_sent += await channel.send(chunk, handed=take)
                 destination.tokens_sent += end - position
-                destination.handed.append((handed, destination.bytes_sent, destination.tokens_sent))
+                handed = (taken[0], destination.bytes_sent, destination.tokens_sent)
+                destination.handed.append(handed)
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
             if held:

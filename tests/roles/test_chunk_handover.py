@@ -39,8 +39,10 @@ class Receiver:
         if kind == "kv_begin":
             self.links.admitted(self, body["rid"])
 
-    async def send(self, chunk: object) -> int:
+    async def send(self, chunk: object, handed: Any = None) -> int:
         self.handed.append(("chunk", self.clock.now()))
+        if handed is not None:
+            handed()
         return 1000
 
     def close(self) -> None:

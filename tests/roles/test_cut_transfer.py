@@ -93,9 +93,11 @@ class Receiver:
         if kind == "kv_begin" and self.links is not None:
             self.links.admitted(self, body["rid"])
 
-    async def send(self, chunk: object) -> int:
+    async def send(self, chunk: object, handed: Callable[[], None] | None = None) -> int:
         if self.fail_at is not None and self.chunks >= self.fail_at:
             raise ConnectionResetError("the receiver is gone")
+        if handed is not None:
+            handed()
         self.chunks += 1
         return 1000
 

@@ -55,8 +55,10 @@ class LateConnection:
         await self.p._dispatch(Envelope(kind, stamped, [], self), self)
         return 100
 
-    async def send(self, chunk: Any) -> int:
+    async def send(self, chunk: Any, handed: Any = None) -> int:
         self.queue.put_nowait((time.monotonic() + LATE_S, chunk))
+        if handed is not None:
+            handed()
         return int(chunk.nbytes)
 
     async def _deliver(self) -> None:
