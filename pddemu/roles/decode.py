@@ -527,7 +527,11 @@ class DecodeInstance(Instance):
         state["bytes"] += chunk.nbytes
         at = max(state["begun_at"], self.kernel_dated(received))
         state.setdefault("arrivals", []).append((at, chunk.nbytes))  # timelines
-        state["body"].setdefault("first_chunk_at", at)
+        # the first prefill chunk's KV (P sends it in slices: `SLICE_BYTES`), its last byte
+        body = state["body"]
+        first_chunk = min(int(body["offset"]) + self.chunk_genuine, int(body["prompt_tokens"]))
+        if state["kv"].tokens >= first_chunk:
+            body.setdefault("first_chunk_at", at)
 
     async def on_kv_end(self, message: Envelope) -> None:
         """The transfer's end: time stands still from here until the request is taken in

@@ -25,7 +25,7 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.spec import InstanceSpec
-from pddemu.roles.transfer import KvLinks, LinkLost, Progress, TcpLedger
+from pddemu.roles.transfer import KvLinks, LinkLost, Progress, TcpLedger, slice_tokens
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -87,6 +87,10 @@ class PrefillInstance(Instance):
         self.queue: deque[PrefillJob] = deque()
         self.work = asyncio.Event()
         self.links = KvLinks(self.open, self._serve_link, self._peers)
+        config = self.model_config
+        token_bytes = 2 * config.n_layers * config.n_kv_heads * config.head_dim
+        token_bytes *= KV.empty(config).tensor.element_size()  # a token's KV, every layer
+        self.slice_genuine = slice_tokens(token_bytes, self.chunk_genuine)
         self.tcp = TcpLedger(lambda: self.clock.rate, self.name)
         self.prefill_tokens = 0
         self.transfers_cut = 0  # sends that ended unfinished (cut, cancelled, receiver lost)
@@ -296,7 +300,7 @@ class PrefillInstance(Instance):
             position = destination.offset
             while position < len(job.prompt):
                 await job.progress.wait_beyond(position)
-                end = min(job.progress.tokens, position + self.chunk_genuine)
+                end = min(job.progress.tokens, position + self.slice_genuine)
                 if end <= position:
                     continue
                 if channel.closed:  # it ended while this transfer waited for its KV

@@ -29,6 +29,17 @@ from pddemu.runtime.channel import Channel
 # over): a chunk of one transfer handed over now waits behind at most this much of the
 # others' (and what is in flight), not behind a whole send buffer of them.
 UNSENT_BYTES = 16 << 10
+# The most KV one frame on a link carries: transfers take turns on it frame by frame, so at the
+# emulated WAN's scaled rate (10 Gbit/s / 1600: 16 KB in 21 modelled ms) a small increment
+# waits for others' frames of this size, not for whole prefill chunks (256 KB: 0.34 s).
+SLICE_BYTES = 16 << 10
+
+
+def slice_tokens(token_bytes: int, chunk_tokens: int) -> int:
+    """Genuine tokens of KV a frame on a link carries: SLICE_BYTES' worth, at most a chunk."""
+    return max(1, min(chunk_tokens, SLICE_BYTES // max(1, token_bytes)))
+
+
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # linux/tcp.h
 
 

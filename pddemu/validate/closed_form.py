@@ -37,6 +37,7 @@ from pddemu.emulated_network import scale_model
 from pddemu.hardware import CostModel
 from pddemu.model import ModelConfig
 from pddemu.roles.sizing import cost_model
+from pddemu.roles.transfer import slice_tokens
 from pddemu.wire import Control, KVChunk, Message, TokenIds, encode, frame_size
 from pddemu.wire.messages import KVDtype
 from pddemu.wire.tensors import kv_dtype_of
@@ -169,9 +170,10 @@ class ClosedForm:
         admitted = Control("kv_admitted", {"rid": request.rid})
         sent += 2 * link.delay_s + link.serialise(self._size(admitted))
         position = hit
+        step = slice_tokens(self._kv_chunk(request.rid, 0, 1).nbytes, self.chunk)  # a frame's
         for ready, computed in steps:
             while position < computed:
-                end = min(computed, position + self.chunk)
+                end = min(computed, position + step)
                 frame = self._size(self._kv_chunk(request.rid, position, end))
                 sent = max(sent, ready) + link.serialise(frame)
                 position = end

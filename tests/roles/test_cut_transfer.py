@@ -125,7 +125,8 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
     async def scenario() -> tuple[PrefillInstance, dict, Connection]:
         p = instance(PrefillInstance, "P")
         step = p.chunk_genuine
-        receivers = {"MD0": Receiver(), "MD1": Receiver(fail_at=1), "MD2": Receiver()}
+        frames = step // p.slice_genuine  # a chunk's: P sends it in slices
+        receivers = {"MD0": Receiver(), "MD1": Receiver(fail_at=frames), "MD2": Receiver()}
 
         async def open_channel(name: str, _purpose: str) -> Receiver:
             if name == "MD3":
@@ -240,9 +241,10 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
         return p, frontend.replies[-1][1], decided, receiver.chunks
 
     p, report, decided, chunks = asyncio.run(scenario())
-    assert chunks == 2  # both crossed, the second after the decision
+    frames = p.chunk_genuine // p.slice_genuine  # a chunk's: P sends it in slices
+    assert chunks == 2 * frames  # both crossed, the second after the decision
     assert report["cancelled"] and report["tokens_sent"] == p.chunk_genuine
-    assert report["bytes"] == 1000  # one Receiver chunk's
+    assert report["bytes"] == 1000 * frames  # the first chunk's Receiver frames
     assert report["started"] <= report["ended"] == decided
 
 
@@ -334,7 +336,7 @@ def _relay_ends_a_request_during_ps_transfer(
         released = [
             ({"rid": b["rid"], "kv_expected": b["kv_expected"]}, b["t"] - end) for b in md.released
         ]
-        return record, receiver.chunks, released
+        return record, receiver.chunks * p.slice_genuine // step, released  # in chunks
 
     return asyncio.run(scenario())
 

@@ -7,7 +7,6 @@ none of the others on its link."""
 from __future__ import annotations
 
 import asyncio
-import math
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -50,7 +49,7 @@ class Link:
         self.rld = instance(RelayInstance, "RLD", epoch=self.p.spec.epoch)
         self.rld.use_secret(self.p.secret)
         self.chunk_s = chunk_s
-        self.read: list[tuple[str, int]] = []  # the chunks the relay read: (rid, bytes)
+        self.read: list[tuple[str, int, int]] = []  # frames the relay read: (rid, tokens, bytes)
         self.accepted: list[asyncio.StreamWriter] = []
         self.reports = Reports()
         self.jobs: dict[str, PrefillJob] = {}
@@ -59,7 +58,7 @@ class Link:
         async def slow_chunk(chunk: KVChunk, channel: Any, received: float | None = None) -> None:
             if self.chunk_s:
                 await asyncio.sleep(self.chunk_s)
-            self.read.append((chunk.request_id, chunk.nbytes))
+            self.read.append((chunk.request_id, chunk.token_end - chunk.token_start, chunk.nbytes))
             await on_chunk(chunk, channel, received)
 
         self.rld.on_kv_chunk = slow_chunk
@@ -101,8 +100,12 @@ class Link:
         self.jobs[rid] = job
         return job
 
-    def chunks_read(self, rid: str) -> int:
-        return sum(1 for read, _ in self.read if read == rid)
+    def chunks_read(self, rid: str) -> float:
+        """Prefill chunks' worth of `rid`'s KV the relay read (P sends them in slices)."""
+        return sum(tokens for read, tokens, _ in self.read if read == rid) / self.p.chunk_genuine
+
+    def bytes_read(self, rid: str) -> int:
+        return sum(size for read, _, size in self.read if read == rid)
 
 
 async def until(condition: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
@@ -144,8 +147,10 @@ def test_transfers_share_one_link_interleaved_and_a_cut_leaves_the_others() -> N
     assert not done["r1"]["cancelled"] and not done["r3"]["cancelled"]
     assert done["r2"]["cancelled"] and not done["r2"]["unreachable"]
     assert (link.chunks_read("r1"), link.chunks_read("r2"), link.chunks_read("r3")) == (4, 1, 4)
-    order = [rid for rid, _ in link.read]
-    assert order[:3] in (["r1", "r2", "r3"], ["r1", "r3", "r2"]), order  # interleaved
+    order = [rid for rid, _, _ in link.read]
+    last = {rid: len(order) - 1 - order[::-1].index(rid) for rid in ("r1", "r3")}
+    assert order.index("r3") < last["r1"] and order.index("r1") < last["r3"], order  # shared
+    assert link.p.slice_genuine < link.p.chunk_genuine  # in slices of chunks
     assert rld.transfers_cut == 1 and rld.receiving == {} and not rld.admitting
     told = {body["rid"] for name, kind, body in rld.told if kind == "tokens"}
     assert told == {"r1", "r3"}  # both decoded on the relay, the cut one not
@@ -153,34 +158,34 @@ def test_transfers_share_one_link_interleaved_and_a_cut_leaves_the_others() -> N
 
 
 def test_a_small_transfer_behind_a_large_one_gets_its_fair_share() -> None:
-    """A large transfer (LARGE chunks) fills the link (one chunk per CHUNK_S at the relay);
-    a small one (SMALL chunks) begins behind it. Shared chunk by chunk, as two flows share a
-    bottleneck (processor sharing), the small one ends after its own chunks and as many of
-    the large one's, plus what was queued ahead of its begin (at most the bytes the link's
-    buffers hold: P's unsent bound twice, the relay's window and its reader's buffer, and the
-    chunk being written); one behind the other (FIFO), after all the large one's. Measured
-    in chunks read and in wall time."""
-    large, small = 24, 2
-    link = Link(chunk_s=0.02)
-    marks: dict[str, Any] = {}
+    """A large transfer (LARGE chunks) fills the link (the relay reads a frame per 5 ms); a
+    small one (SMALL chunks) begins behind it. Shared frame by frame, as two flows share a
+    bottleneck (processor sharing), the small one ends after its own bytes and as many of the
+    large one's, plus what was queued ahead of its `kv_begin` and, a round trip later, of its
+    first frame, once admitted (each at most what the link's buffers hold: P's unsent bound
+    twice, the relay's window and its reader's buffer, and the frame being written); one
+    behind the other (FIFO), after all the large one's. Measured in bytes read (at a
+    bottleneck of constant rate, its time)."""
+    large, small = 8, 1
+    link = Link(chunk_s=0.005)
+    marks: dict[str, int] = {}
 
     async def scenario() -> None:
         await link.send("large", large)
-        await until(lambda: link.chunks_read("large") >= 3, "the large one under way")
-        marks["before"] = link.chunks_read("large")
+        await until(lambda: link.chunks_read("large") >= 1, "the large one under way")
+        marks["before"] = link.bytes_read("large")
         await link.send("small", small)
-        await until(lambda: "small" in link.reports.done, "the small one's end", 30)
-        await until(lambda: link.chunks_read("small") == small, "the small one read")
-        marks["large_during"] = link.chunks_read("large") - marks["before"]
+        await until(lambda: link.chunks_read("small") == small, "the small one read", 30)
+        marks["during"] = link.bytes_read("large") - marks["before"]
         await until(lambda: "large" in link.reports.done, "the large one's end", 30)
 
     run(link, scenario)
-    chunk_bytes = max(size for _, size in link.read)
+    frame = max(size for _, _, size in link.read)
     buffered = 2 * UNSENT_BYTES + 2 * RECEIVE_BUFFER + 2 * READ_LIMIT  # the kernel doubles it
-    ahead = math.ceil(buffered / chunk_bytes) + 1  # and the chunk being written
-    fair = ahead + small  # large chunks read before the small one ends, at most
-    assert marks["large_during"] <= fair, (marks, fair, chunk_bytes)
-    assert marks["large_during"] < large - marks["before"] - small  # not behind it all
+    fair = link.bytes_read("small") + 2 * (buffered + frame)  # large bytes till the small's end
+    assert marks["during"] <= fair, (marks, fair)
+    left = link.bytes_read("large") - marks["before"]
+    assert marks["during"] < left / 2  # not behind all the large one's (FIFO)
     assert not link.reports.done["large"]["cancelled"] and link.p.errors == []
 
 
@@ -232,7 +237,7 @@ def test_a_transfer_waiting_for_memory_blocks_none_on_its_link() -> None:
         await until(lambda: rld.kv_reserved == 0, "the relay's memory back")
 
     run(link, scenario)
-    assert [rid for rid, _ in link.read][0] == "small"
+    assert [rid for rid, _, _ in link.read][0] == "small"
     assert link.chunks_read("big") == 3 and not link.reports.done["big"]["cancelled"]
     assert rld.admission_waits == 1 and rld.transfers_cut == 0 and len(link.accepted) == 1
     assert link.p.errors == [] and rld.errors == []
