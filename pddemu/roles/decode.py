@@ -415,6 +415,22 @@ class DecodeInstance(Instance):
         allocates before the write. Its sender's hold until it was read goes first: only
         modelled time passing frees memory."""
         self.let_sender_go(message)
+        try:
+            admission, need = self._admission(message)
+        except Exception as error:  # refused: its sender, waiting for `kv_admitted`, hears why
+            await self._refuse(message, error)
+            raise
+        rid = message.body["rid"]
+        if self.try_reserve(need):
+            await self._admitted(admission, need)
+            return
+        self.admitting.add(rid)
+        admission.task = self.spawn(self._admit_later(admission), f"admission of {rid}")
+        self.admissions[rid] = admission
+
+    def _admission(self, message: Envelope) -> tuple[Admission, int]:
+        """A transfer's admission as its `kv_begin` asks it, and the memory (modelled tokens)
+        it needs; ValueError for a `kv_begin` that cannot describe one."""
         body = message.body
         begun_at = self.arrival(message)  # the transfer's first byte, not its admission
         meta = body["meta"]
@@ -436,14 +452,17 @@ class DecodeInstance(Instance):
         outputs = min(
             genuine, genuine_output_length(max(1, planned), self.config.scale.token_scale)
         )
-        rid = body["rid"]
-        admission = Admission(message, need, prompt_len + outputs + 1, offset, begun_at)
-        if self.try_reserve(need):
-            await self._admitted(admission, need)
+        return Admission(message, need, prompt_len + outputs + 1, offset, begun_at), need
+
+    async def _refuse(self, message: Envelope, error: Exception) -> None:
+        """Tell a transfer's sender it will not be admitted (`kv_refused`): it waits for
+        `kv_admitted` on a link that goes on, and would wait for ever."""
+        if message.channel is None or message.channel.closed:
             return
-        self.admitting.add(rid)
-        admission.task = self.spawn(self._admit_later(admission), f"admission of {rid}")
-        self.admissions[rid] = admission
+        with contextlib.suppress(ConnectionError):
+            await message.channel.control(
+                "kv_refused", {"rid": message.body.get("rid"), "reason": str(error)[:500]}
+            )
 
     async def _admit_later(self, admission: Admission) -> None:
         """Wait for the transfer's memory, then admit it: the link goes on meanwhile."""
@@ -471,8 +490,10 @@ class DecodeInstance(Instance):
             prefix = self.prefix_for(rid, admission.offset)
             if prefix is not None:
                 kv.append(prefix)
-        except BaseException:
+        except BaseException as error:
             await self.release_tokens(reserved)
+            if isinstance(error, Exception):
+                await self._refuse(message, error)
             raise
         self.receiving[rid] = {
             "kv": kv,

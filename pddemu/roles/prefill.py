@@ -25,7 +25,14 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.spec import InstanceSpec
-from pddemu.roles.transfer import KvLinks, LinkLost, Progress, TcpLedger, slice_tokens
+from pddemu.roles.transfer import (
+    KvLinks,
+    LinkLost,
+    Progress,
+    TcpLedger,
+    TransferRefused,
+    slice_tokens,
+)
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -331,9 +338,9 @@ class PrefillInstance(Instance):
             )
             wan = self.address(destination.name).role == "MD"
             self.tcp.charge(channel, wan, destination.bytes_sent)
-        except (asyncio.CancelledError, ConnectionError) as error:
-            # Cancelled, or the link broke (the receiver was lost): the receiver sees the
-            # transfer cut (`kv_cut`, or its link's end) and forgets it; the frontend hears
+        except (asyncio.CancelledError, ConnectionError, TransferRefused) as error:
+            # Cancelled, refused, or the link broke (the receiver was lost): the receiver sees
+            # the transfer cut (`kv_cut`, or its link's end) and forgets it; the frontend hears
             # that it will not complete.
             self.links.forget(channel, job.rid)
             self.tcp.forget(channel)
@@ -374,6 +381,14 @@ class PrefillInstance(Instance):
         self.let_sender_go(message)
         assert message.channel is not None
         self.links.admitted(message.channel, message.body["rid"])
+
+    async def on_kv_refused(self, message: Envelope) -> None:
+        """The receiver refused a transfer (its `kv_begin` could not be admitted): it ends,
+        reported cut; the link and its other transfers go on. One for a transfer cut
+        meanwhile finds nothing waiting."""
+        assert message.channel is not None
+        body = message.body
+        self.links.refused(message.channel, str(body.get("rid")), str(body.get("reason", "")))
 
     def _forget_if_done(self, job: PrefillJob) -> None:
         """Drop a job once its prefill is done and nothing is left to send."""

@@ -59,10 +59,15 @@ class LinkLost(ConnectionError):
     """A KV link ended before a transfer on it did (its receiver's end closed, or broke)."""
 
 
+class TransferRefused(Exception):
+    """The receiver refused a transfer (`kv_refused`: its `kv_begin` could not be admitted).
+    The link goes on: the transfer alone ends, unfinished."""
+
+
 class KvLinks:
     """A sender's KV links, one per destination: opened on first use and kept; one that closed
     is opened again by the next transfer. `serve_replies` reads what the receiver says on a
-    link (`kv_admitted`) until it closes, then calls `closed`. The links are kept in `links`
+    link (`kv_admitted`, `kv_refused`) until it closes, then calls `closed`. The links are kept in `links`
     (the instance's connections to its peers, as "<destination> (kv)": closed with them)."""
 
     def __init__(
@@ -110,6 +115,14 @@ class KvLinks:
         if future is None or future.done():
             return False
         future.set_result(None)
+        return True
+
+    def refused(self, channel: Channel, rid: str, reason: str) -> bool:
+        """The receiver refused `rid`'s transfer on `channel`; False if none waits for it."""
+        future = self._admissions.get(channel, {}).pop(rid, None)
+        if future is None or future.done():
+            return False
+        future.set_exception(TransferRefused(f"{rid}: {channel.peer} refused it: {reason}"))
         return True
 
     def forget(self, channel: Channel, rid: str) -> None:

@@ -241,3 +241,30 @@ def test_a_transfer_waiting_for_memory_blocks_none_on_its_link() -> None:
     assert link.chunks_read("big") == 3 and not link.reports.done["big"]["cancelled"]
     assert rld.admission_waits == 1 and rld.transfers_cut == 0 and len(link.accepted) == 1
     assert link.p.errors == [] and rld.errors == []
+
+
+def test_a_transfer_the_receiver_refuses_ends_and_the_link_goes_on() -> None:
+    """A `kv_begin` the relay cannot admit (sent from an offset of a prefix it does not hold)
+    is refused (`kv_refused`): P reports it cut, not unreachable, instead of waiting for ever
+    for its admission; the link stays up and the next transfer on it completes."""
+    link = Link()
+
+    async def scenario() -> None:
+        job = await link.send("ok", 1)
+        await until(lambda: "ok" in link.reports.done, "the first transfer's end")
+        assert not link.reports.done.pop("ok")["cancelled"]
+        refused = Destination("RLD0", 1, {})  # the relay holds no prefix: it must refuse
+        refused.task = link.p.spawn(link.p.send(job, refused), "a refused transfer")
+        job.destinations.append(refused)
+        await until(lambda: refused.task.done(), "the refused transfer's end", seconds=10)
+        await link.send("after", 1)
+        await until(lambda: "after" in link.reports.done, "a transfer after it")
+        await until(lambda: link.rld.kv_reserved == 0, "the relay's memory back")
+
+    run(link, scenario)
+    done = link.reports.done
+    assert done["ok"]["cancelled"] and not done["ok"]["unreachable"]  # the refused one's
+    assert not done["after"]["cancelled"]
+    assert len(link.accepted) == 1  # the same link throughout
+    assert link.p.transfers_cut == 1 and link.p.links._admissions[link.p._peers["RLD0 (kv)"]] == {}
+    assert any("holds no prefix" in error for error in link.rld.errors)
