@@ -213,7 +213,9 @@ def test_local_minima() -> None:
     assert local_minima([("0", 1.02), ("1", 0.852), ("2", 0.965)]) == ["1"]
 
 
-def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: Path) -> None:
+def bcr_search_experiment(tmp_path: Path) -> Path:
+    """An experiments folder with one goodput search whose claim is pdd's BCR against in-DC's
+    (`b.toml`)."""
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     (experiments / "b.toml").write_text(
@@ -221,6 +223,11 @@ def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: 
         '[[claim]]\nclaim = "bcr"\npaper = "+37.5 %"\nkind = "search-change"\n'
         'system = "pdd"\nversus = "indc"\nmetric = "bcr"\nexplain = "why"\n'
     )
+    return experiments
+
+
+def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: Path) -> None:
+    experiments = bcr_search_experiment(tmp_path)
     run = tmp_path / "results" / "b"
     rate = {"workload.arrival_rate": "2"}
     write_sweep(run, [entry("pdd", 0, rate, bcr=3.0), entry("indc", 0, rate, bcr=4.0)])
@@ -241,13 +248,7 @@ def test_a_search_stopped_short_says_whether_it_bracketed_its_maximum(tmp_path: 
 def test_a_bracket_resting_on_points_not_valid_is_said(tmp_path: Path) -> None:
     """A search's answer is only as good as its probes: a bracket end whose points were judged
     not valid is named in the row, read from the points' own summaries."""
-    experiments = tmp_path / "experiments"
-    experiments.mkdir()
-    (experiments / "b.toml").write_text(
-        '[experiment]\nsystems = ["pdd", "indc"]\nseeds = 1\nsearch = "goodput"\n'
-        '[[claim]]\nclaim = "bcr"\npaper = "+37.5 %"\nkind = "search-change"\n'
-        'system = "pdd"\nversus = "indc"\nmetric = "bcr"\nexplain = "why"\n'
-    )
+    experiments = bcr_search_experiment(tmp_path)
     run = tmp_path / "results" / "b"
     at = {"workload.arrival_rate": "2"}
     above = {"workload.arrival_rate": "3"}
