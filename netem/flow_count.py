@@ -60,6 +60,13 @@ def fair_share(offered: list[int], capacity: float) -> float:
     return capacity
 
 
+def thousandths_down(packets: float) -> float:
+    """`packets` to the thousandth, rounded down: a share under a bound a reader judges it by
+    (4 packets, `pddemu.metrics.wan_flows`) stays under it, where rounding 3.9996 up to 4.0
+    would hide it. A millionth is allowed for the binary's error, so an exact 4 stays 4."""
+    return math.floor(packets * 1000 + 1e-6) / 1000
+
+
 class FlowCount:
     def __init__(self, window_s: float, origin: float) -> None:
         if not (window_s > 0 and math.isfinite(window_s)):
@@ -110,13 +117,13 @@ class FlowCount:
         if rate_bps is None:
             return None
         capacity = rate_bps / 8 * self.window_s
-        return round(fair_share(list(self.offered.values()), capacity) / mtu, 3)
+        return thousandths_down(fair_share(list(self.offered.values()), capacity) / mtu)
 
     def to_dict(self, rate_bps: float | None, mtu: int) -> dict[str, Any]:
         """Dense lists from the first window with data or drops (`first`) to the last (the
         window under way taken at `rate_bps`): each window's data flows (`flows`), their fair
-        share of what the link carries in a window, in packets of `mtu` (`share_packets`; the
-        whole window's when their offers fit, null for an unlimited link or a window without
+        share of what the link carries in a window, in packets of `mtu` to the thousandth, rounded
+        down (`share_packets`; the whole window's when their offers fit, null for an unlimited link or a window without
         data), and the packets dropped (`drops`)."""
         flows, shares = dict(self.flows), dict(self.shares)
         if self.current is not None and self.offered:

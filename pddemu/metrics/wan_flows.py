@@ -21,10 +21,10 @@ fair_share`: a flow offering less than the share, a control message or another t
 transfer, keeps its own, and the flows that want more divide the rest; with N equal bulk flows
 it is P / N) and the packets its queue dropped. A window is *starved* when that share is under
 FAST_RETRANSMIT_PACKETS and the queue dropped packets in it: only a loss needs recovering, so a
-crowded window without drops does not distort. A run whose starved windows (either direction)
-are more than STARVED_SHARE_MAX of its windows that carried data (idle time dilutes nothing)
-and last STARVED_MIN_S at least in all is not
-valid: a window or two of crowding in a short run is a moment, not TCP living on timeouts.
+crowded window without drops does not distort. A run whose starved windows in one direction
+are more than STARVED_SHARE_MAX of that direction's windows that carried data (idle time
+dilutes nothing) and last STARVED_MIN_S at least in all is not valid: a window or two of
+crowding in a short run is a moment, not TCP living on timeouts.
 docs/validation.md ("TCP flows on the scaled WAN") gives the measurements behind both.
 """
 
@@ -88,17 +88,7 @@ def wan_flows_summary(
         name: direction_summary(record, start, end) for name, record in sorted(records.items())
     }
     shares = [d["share_min_packets"] for d in directions.values()]
-    starved_windows = max((d["windows_starved"] for d in directions.values()), default=0)
-    # of the windows that carried data: a served run's idle hours (or a sparse trace's gaps)
-    # would otherwise thin out its starved ones until the run read valid again
-    starved_share = max(
-        (
-            d["windows_starved"] / d["windows_active"]
-            for d in directions.values()
-            if d["windows_active"]
-        ),
-        default=0.0,
-    )
+    judged = judged_direction(directions, width)
     return {
         "window_s": width,
         "windows": windows,
@@ -106,12 +96,39 @@ def wan_flows_summary(
         "bound_packets": FAST_RETRANSMIT_PACKETS,
         "flows_peak": max((d["flows_peak"] for d in directions.values()), default=0),
         "share_min_packets": min((s for s in shares if s is not None), default=None),
-        "starved_share": starved_share,
+        "starved_direction": judged[0] if judged[1] else None,
+        "starved_share": judged[1],
         "starved_share_max": STARVED_SHARE_MAX,
-        "starved_s": starved_windows * width if width else 0.0,
+        "starved_s": judged[2],
         "starved_min_s": STARVED_MIN_S,
         "directions": directions,
     }
+
+
+def judged_direction(
+    directions: Mapping[str, Mapping[str, Any]], width: float | None
+) -> tuple[str | None, float, float]:
+    """The direction a run is judged by, with the share of its windows with data that were
+    starved and their modelled seconds: each direction is judged on its own (a share over the
+    bound in one and a second of starved windows in the other are neither direction starved
+    over enough of its time), so the one starved by both bounds if any, else the one with the
+    larger share (then the longer). Of the windows with data: a served run's idle hours (or a
+    sparse trace's gaps) would otherwise thin out its starved ones until the run read valid
+    again. The seconds to the microsecond: ten windows of a width not exact in binary
+    (0.09999999999999999 s) are the second they stand for."""
+    figures = [
+        (
+            name,
+            d["windows_starved"] / d["windows_active"] if d["windows_active"] else 0.0,
+            round(d["windows_starved"] * width, 6) if width else 0.0,
+        )
+        for name, d in directions.items()
+    ]
+    return max(
+        figures,
+        key=lambda f: (starved_by_both(f[1], f[2]), f[1], f[2]),
+        default=(None, 0.0, 0.0),
+    )
 
 
 def judge_wan_flows(summary: dict[str, Any]) -> None:
@@ -131,9 +148,13 @@ def judge_wan_flows(summary: dict[str, Any]) -> None:
 def starved_run(flows: Mapping[str, Any]) -> bool:
     """Whether a run's `wan_flows` were starved over more than STARVED_SHARE_MAX of its replay
     and for STARVED_MIN_S at least."""
-    return (
-        flows["starved_share"] > STARVED_SHARE_MAX and flows.get("starved_s", 0.0) >= STARVED_MIN_S
-    )
+    return starved_by_both(flows["starved_share"], flows.get("starved_s", 0.0))
+
+
+def starved_by_both(share: float, seconds: float) -> bool:
+    """Whether a direction's starved windows were over STARVED_SHARE_MAX of its windows with
+    data and lasted STARVED_MIN_S at least."""
+    return share > STARVED_SHARE_MAX and seconds >= STARVED_MIN_S
 
 
 def flows_reason(flows: Mapping[str, Any]) -> str:
