@@ -149,3 +149,21 @@ class FlowCount:
             "share_packets": [shares.get(i) for i in span],
             "drops": [self.drops.get(i, 0) for i in span],
         }
+
+    def since(self, first: int, rate_bps: float | None, mtu: int) -> dict[str, Any]:
+        """The record from window `first` on, as `to_dict` gives it (`first`: the lowest window
+        it holds, `first` itself when it holds none), and `final`: the windows before it are
+        closed and never change, the one under way and any after it may. The windows before
+        `first` are forgotten: a reader that follows the record asks from the first window it
+        has not taken in yet, so what it was sent before and lost is sent again, and the record
+        kept (and each answer) is what came since, however long the run. One such reader a
+        count: the others' `to_dict` then starts at its cursor."""
+        if min(self.flows, default=first) < first or min(self.drops, default=first) < first:
+            self.flows = {i: n for i, n in self.flows.items() if i >= first}
+            self.shares = {i: s for i, s in self.shares.items() if i >= first}
+            self.drops = {i: n for i, n in self.drops.items() if i >= first}
+        record = self.to_dict(rate_bps, mtu)
+        if not record["flows"]:
+            record["first"] = first
+        record["final"] = first if self.current is None else max(first, self.current)
+        return record

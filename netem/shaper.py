@@ -494,6 +494,8 @@ class Shaper:
                     **({"delivery": self.deliveries()} if self.record_interval_s else {}),
                     **({"flows": self.flow_counts()} if self.flow_window_s else {}),
                 }
+            if op == "flows":  # one link's, from a reader's cursor on (`flows_since`)
+                return {"ok": True, "flows": self.flows_since(request)}
             if op == "restart_draws":  # every link's
                 self.restart_draws(int(request["seed"]))
                 return {"ok": True}
@@ -566,6 +568,30 @@ class Shaper:
                 if r.flows is not None
             }
             for name, routes in self.links.items()
+        }
+
+    def flows_since(self, request: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """One link's (`link`, default the WAN) flow counts by direction from the window its
+        reader names in `since` (direction -> window, 0 for one not named) on, forgetting the
+        windows before (`netem.flow_count.FlowCount.since`): what a long run's reader asks
+        each round, so that the answer, built on this loop while no packet moves, is the
+        windows since its last round, not the whole run's."""
+        if self.flow_window_s is None:
+            raise ValueError("this shaper counts no flows (no flow_window_s in its config)")
+        name = request.get("link", "wan")
+        routes = self.links.get(name)
+        if routes is None:
+            raise ValueError(f"no link {name!r}; have {', '.join(self.links)}")
+        since = request.get("since", {})
+        if not isinstance(since, dict) or set(since) - set(routes):
+            raise ValueError(f"since must map a2b and b2a to windows, not {since!r}")
+        for window in since.values():
+            if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+                raise ValueError(f"since: a window is a number from 0, not {window!r}")
+        return {
+            d: r.flows.since(since.get(d, 0), r.direction.spec.rate_bps, r.direction.spec.mtu)
+            for d, r in routes.items()
+            if r.flows is not None
         }
 
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,18 @@ class Network:
         if not record.control or self.flow_window_s is None:
             raise TopologyError(f"run {self.name} counts no flows")
         return control.request(record.control, {"op": "stats"})["flows"]
+
+    def flows_since(self, since: Mapping[str, int], link: str = "wan") -> dict[str, Any]:
+        """`link`'s flow counts by direction from each direction's window in `since` on (0
+        for one not named), the windows before forgotten (the shaper's `flows` op,
+        `netem.flow_count.FlowCount.since`): a long run's reader follows them at a cost per
+        round bounded by the windows since its last; the run must have been made with
+        `flow_window_s`."""
+        record = self._require_record()
+        if not record.control or self.flow_window_s is None:
+            raise TopologyError(f"run {self.name} counts no flows")
+        request = {"op": "flows", "link": link, "since": dict(since)}
+        return control.request(record.control, request)["flows"]
 
     def stats(self) -> dict[str, Any]:
         record = self._require_record()

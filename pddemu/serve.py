@@ -64,7 +64,7 @@ from pddemu.hf_tokenizer import shipped_directory
 from pddemu.host_door import DEFAULT_HOST, DEFAULT_PORT, listen, port_number, server_url
 from pddemu.metrics.summary import UNMATCHED_CAUSE
 from pddemu.metrics.timing import timing_summary
-from pddemu.metrics.wan_flows import flows_reason, starved_run, wan_flows_summary
+from pddemu.metrics.wan_flows import RunningFlows, flows_reason, starved_run
 from pddemu.roles.frontend import LEG_SEPARATOR
 from pddemu.roles.openai_api import MODEL_NAME
 from pddemu.runtime.timekeeping import expected_tpot
@@ -102,7 +102,8 @@ async def serve(
             ),
             flush=True,
         )
-        watch = asyncio.create_task(keep_verdict_live(deployment, time_zero))
+        wan_flows = wan_flows_watch(deployment, time_zero)
+        watch = asyncio.create_task(keep_verdict_live(deployment, time_zero, wan_flows))
         try:
             await stop.wait()
         finally:
@@ -113,9 +114,7 @@ async def serve(
             deployment.config.scale.max_lag,
             decode_step(deployment),
             unmatched_judged(deployment.config),
-            await served_wan_flows(deployment, time_zero)
-            if flows_judged(deployment.config, deployment.system)
-            else None,
+            await served_wan_flows(deployment, wan_flows) if wan_flows else None,
         )
         summary["missing_stats"] = dict(deployment.missing_stats)
         print(json.dumps(summary), flush=True)
@@ -142,22 +141,40 @@ def flows_judged(config: Config, system: str) -> bool:
     return not (links is not None and links.to_dict()["steps"])
 
 
-async def served_wan_flows(deployment: Deployment, time_zero: float) -> dict[str, Any] | None:
-    """The WAN's flows since `time_zero` (`pddemu.metrics.wan_flows`; the shaper runs in wall
-    time here), None when no userspace shaper carries the WAN (the kernel's netem counts no
-    flows) or the WAN is unshaped."""
+def wan_flows_watch(deployment: Deployment, time_zero: float) -> RunningFlows | None:
+    """The WAN's flows judged since `time_zero` (ready), round after round
+    (`pddemu.metrics.wan_flows.RunningFlows`); None when they are not judged (`flows_judged`)
+    or nothing counts them: no userspace shaper carries the WAN (the kernel's netem counts no
+    flows) or it is unshaped."""
     network = deployment.network
     config = deployment.config
     packets = path_packets(config, scale_model(config))
     record = network.record
-    if packets is None or network.flow_window_s is None or record is None or not record.control:
+    if (
+        not flows_judged(config, deployment.system)
+        or packets is None
+        or network.flow_window_s is None
+        or record is None
+        or not record.control
+    ):
         return None
+    return RunningFlows(time_zero, packets)
+
+
+async def served_wan_flows(
+    deployment: Deployment, wan_flows: RunningFlows
+) -> dict[str, Any] | None:
+    """The WAN's flows so far (`pddemu.metrics.wan_flows`; the shaper runs in wall time here),
+    from the windows the shaper counted since the last round (`Network.flows_since`: it keeps
+    only those, so a round costs the same after hours as after seconds); None, the verdict
+    going on without them, when the count cannot be read."""
+    since = dict(wan_flows.cursors)  # as of now: a round cancelled meanwhile takes in nothing
     try:
-        records = await asyncio.to_thread(network.flow_counts)
+        records = await asyncio.to_thread(deployment.network.flows_since, since)
     except (OSError, KeyError, ControlError) as error:  # the verdict goes on without it
         print(f"pddemu serve: the WAN's flow count could not be read: {error}", file=sys.stderr)
         return None
-    return wan_flows_summary(records["wan"], time_zero, time.monotonic(), packets)
+    return wan_flows.summary(records, time.monotonic())
 
 
 def decode_step(deployment: Deployment) -> float:
@@ -263,9 +280,11 @@ def _router(stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return next((report for report in stats.values() if report.get("role") == "FE"), None)
 
 
-async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
+async def keep_verdict_live(
+    deployment: Deployment, time_zero: float, wan_flows: RunningFlows | None
+) -> None:
     """Give the frontend the lag verdict so far (its `/stats`, key `verdict`), judged from every
-    instance's stats every VERDICT_PERIOD_S, or less often if gathering them takes more than
+    instance's stats (and the WAN's flows, `wan_flows_watch`, when judged) every VERDICT_PERIOD_S, or less often if gathering them takes more than
     VERDICT_SHARE of the wall time (they grow with the requests served), so the watch never
     takes more than that share of the host from the system it watches."""
     max_lag = deployment.config.scale.max_lag
@@ -277,7 +296,7 @@ async def keep_verdict_live(deployment: Deployment, time_zero: float) -> None:
             await asyncio.sleep(period)
             started = time.monotonic()
             try:
-                await post_verdict(deployment, session, time_zero, max_lag, step, judged)
+                await post_verdict(deployment, session, time_zero, wan_flows, max_lag, step, judged)
             except Exception as error:  # one bad round must not end the watch: say so, go on
                 print(
                     f"pddemu serve: verdict not updated: {type(error).__name__}: {error}",
@@ -291,23 +310,20 @@ async def post_verdict(
     deployment: Deployment,
     session: aiohttp.ClientSession,
     time_zero: float,
+    wan_flows: RunningFlows | None,
     max_lag: float,
     decode_step_s: float,
     judge_unmatched: bool = True,
 ) -> None:
     """One round of the watch: the verdict from every instance's stats and the WAN's flows
-    since `time_zero` (ready), with the instances whose stats could not be read
+    (`wan_flows`, None when not judged) since `time_zero` (ready), with the instances whose stats could not be read
     (`missing_stats`: name -> why), to the frontend."""
     as_of_s = time.monotonic() - time_zero
     stats = await deployment.stats()
     router = next((name for name, r in stats.items() if r.get("role") == "FE"), None)
     if router is None:
         return  # the frontend's own stats are unreadable: it keeps the last verdict
-    flows = (
-        await served_wan_flows(deployment, time_zero)
-        if flows_judged(deployment.config, deployment.system)
-        else None
-    )
+    flows = await served_wan_flows(deployment, wan_flows) if wan_flows else None
     verdict = {
         "as_of_s": as_of_s,
         **lag_verdict(stats, max_lag, decode_step_s, judge_unmatched, flows),

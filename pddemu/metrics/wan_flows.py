@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 # packets in flight for three duplicate ACKs to follow a lost one (RFC 5681 section 3.2)
@@ -53,27 +54,68 @@ def starved(share_packets: float | None, drops: int) -> bool:
     return drops > 0 and share_packets is not None and share_packets < FAST_RETRANSMIT_PACKETS
 
 
+@dataclass
+class DirectionTotals:
+    """One direction's figures over windows taken in one after another (`add`): its peak
+    flows, the windows that carried data, least fair share, drops, and the windows crowded
+    (share under the bound) and starved (crowded, with drops). Peaks, counts and sums: the
+    totals of a run taken in part by part are those of the run taken whole."""
+
+    flows_peak: int = 0
+    windows_active: int = 0
+    share_min_packets: float | None = None
+    drops: int = 0
+    windows_crowded: int = 0
+    windows_starved: int = 0
+
+    def add(self, flows: list[int], shares: list[float | None], drops: list[int]) -> None:
+        """Windows side by side: their flows, fair shares (None without data) and drops."""
+        known = [share for share in shares if share is not None]
+        self.flows_peak = max(self.flows_peak, max(flows, default=0))
+        self.windows_active += sum(1 for count in flows if count)
+        least = min(known, default=None)
+        if least is not None and (self.share_min_packets is None or least < self.share_min_packets):
+            self.share_min_packets = least
+        self.drops += sum(drops)
+        self.windows_crowded += sum(1 for share in known if share < FAST_RETRANSMIT_PACKETS)
+        self.windows_starved += sum(
+            1 for share, d in zip(shares, drops, strict=True) if starved(share, d)
+        )
+
+    def with_windows(
+        self, flows: list[int], shares: list[float | None], drops: list[int]
+    ) -> DirectionTotals:
+        """These totals with windows that may still change (the one under way) added, these
+        left as they are."""
+        totals = replace(self)
+        totals.add(flows, shares, drops)
+        return totals
+
+
+def windows_between(
+    record: Mapping[str, Any], lo: int, hi: int
+) -> tuple[list[int], list[float | None], list[int]]:
+    """A direction's record's windows from index `lo` to `hi` (excluded; windows since the
+    shaper's origin), those it holds: flows, fair shares and drops."""
+    first = record["first"]
+    lo, hi = max(lo - first, 0), max(hi - first, 0)
+    return record["flows"][lo:hi], record["share_packets"][lo:hi], record["drops"][lo:hi]
+
+
+def replay_windows(record: Mapping[str, Any], start: float, end: float) -> tuple[int, int]:
+    """The indices of the first window that begins at `start` or after and of the first that
+    begins at `end` or after: the windows of [start, end) (in the shaper's time)."""
+    width, origin = record["window_s"], record["origin"]
+    lo = math.ceil((start - origin) / width)
+    return lo, max(lo, math.ceil((end - origin) / width))
+
+
 def direction_summary(record: Mapping[str, Any], start: float, end: float) -> dict[str, Any]:
     """One direction's windows that begin within [start, end) (the replay, in the shaper's
-    time): their peak flows, the windows that carried data, least fair share, drops, and the
-    windows crowded (share under the bound) and starved (crowded, with drops)."""
-    width, origin, first = record["window_s"], record["origin"], record["first"]
-    lo = max(math.ceil((start - origin) / width) - first, 0)
-    hi = max(math.ceil((end - origin) / width) - first, 0)
-    flows = record["flows"][lo:hi]
-    shares = record["share_packets"][lo:hi]
-    drops = record["drops"][lo:hi]
-    known = [share for share in shares if share is not None]
-    return {
-        "flows_peak": max(flows, default=0),
-        "windows_active": sum(1 for count in flows if count),
-        "share_min_packets": min(known, default=None),
-        "drops": sum(drops),
-        "windows_crowded": sum(1 for share in known if share < FAST_RETRANSMIT_PACKETS),
-        "windows_starved": sum(
-            1 for share, d in zip(shares, drops, strict=True) if starved(share, d)
-        ),
-    }
+    time), totalled (`DirectionTotals`)."""
+    totals = DirectionTotals()
+    totals.add(*windows_between(record, *replay_windows(record, start, end)))
+    return asdict(totals)
 
 
 def wan_flows_summary(
@@ -82,11 +124,25 @@ def wan_flows_summary(
     """summary.json's `wan_flows` from the shaper's WAN records by direction (`a2b`, `b2a`)
     over the replay [start, end) (modelled s on the shaper's clock); `path_packets`, the
     path's packets as configured (queue limit + bandwidth-delay product), is reported beside."""
-    width = next(iter(records.values()))["window_s"] if records else None
-    windows = max(1, math.ceil((end - start) / width)) if width else 0
     directions = {
         name: direction_summary(record, start, end) for name, record in sorted(records.items())
     }
+    return summary_of(directions, window_width(records), end - start, path_packets)
+
+
+def window_width(records: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """The records' window (every direction's is the shaper's one), None without a record."""
+    return next(iter(records.values()))["window_s"] if records else None
+
+
+def summary_of(
+    directions: Mapping[str, Mapping[str, Any]],
+    width: float | None,
+    duration_s: float,
+    path_packets: float,
+) -> dict[str, Any]:
+    """`wan_flows` from each direction's totals (`DirectionTotals`) over `duration_s`."""
+    windows = max(1, math.ceil(duration_s / width)) if width else 0
     shares = [d["share_min_packets"] for d in directions.values()]
     judged = judged_direction(directions, width)
     return {
@@ -101,8 +157,38 @@ def wan_flows_summary(
         "starved_share_max": STARVED_SHARE_MAX,
         "starved_s": judged[2],
         "starved_min_s": STARVED_MIN_S,
-        "directions": directions,
+        "directions": dict(directions),
     }
+
+
+class RunningFlows:
+    """A long run's `wan_flows`, judged round after round from the windows the shaper counted
+    since the last (`netem.flow_count.FlowCount.since`): each direction keeps its closed
+    windows' totals and the first window it has not taken in (`cursors`, what the next round
+    asks the shaper from, which then forgets those before), and each round adds the windows
+    that may still change (the one under way) as they stand, to its answer only. Each
+    round's summary is the one the whole record would give (`wan_flows_summary` over
+    [start, end)) at a cost of the windows since the last round, however long the run."""
+
+    def __init__(self, start: float, path_packets: float) -> None:
+        self.start = start
+        self.path_packets = path_packets
+        self.totals: dict[str, DirectionTotals] = {}
+        self.cursors: dict[str, int] = {}  # direction -> the first window not taken in
+
+    def summary(self, records: Mapping[str, Mapping[str, Any]], end: float) -> dict[str, Any]:
+        """`wan_flows` over [start, end) from the shaper's records since `cursors` (each with
+        `final`: the windows before it are closed), whose closed windows are taken in."""
+        directions = {}
+        for name, record in sorted(records.items()):
+            lo, hi = replay_windows(record, self.start, end)
+            cursor = max(self.cursors.get(name, lo), lo)
+            closed = min(max(record["final"], cursor), hi)
+            totals = self.totals.setdefault(name, DirectionTotals())
+            totals.add(*windows_between(record, cursor, closed))
+            self.cursors[name] = closed
+            directions[name] = asdict(totals.with_windows(*windows_between(record, closed, hi)))
+        return summary_of(directions, window_width(records), end - self.start, self.path_packets)
 
 
 def judged_direction(

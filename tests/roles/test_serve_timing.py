@@ -180,7 +180,7 @@ def test_the_frontends_stats_carry_serves_verdict_so_far(
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         serving = _Serving(stats, port, failures)
-        task = asyncio.create_task(serve.keep_verdict_live(serving, time.monotonic()))  # type: ignore[arg-type]
+        task = asyncio.create_task(serve.keep_verdict_live(serving, time.monotonic(), None))  # type: ignore[arg-type]
         try:
             for _ in range(1000):  # 10 s at most: a busy host may be slow to answer
                 await asyncio.sleep(0.01)
