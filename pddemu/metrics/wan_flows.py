@@ -104,9 +104,10 @@ def windows_between(
 
 def replay_windows(record: Mapping[str, Any], start: float, end: float) -> tuple[int, int]:
     """The indices of the first window that begins at `start` or after and of the first that
-    begins at `end` or after: the windows of [start, end) (in the shaper's time)."""
+    begins at `end` or after: the windows of [start, end) (in the shaper's time; the count's
+    first is window 0, at its origin)."""
     width, origin = record["window_s"], record["origin"]
-    lo = math.ceil((start - origin) / width)
+    lo = max(0, math.ceil((start - origin) / width))
     return lo, max(lo, math.ceil((end - origin) / width))
 
 

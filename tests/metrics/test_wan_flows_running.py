@@ -102,6 +102,19 @@ def test_a_starved_burst_is_judged_the_same_either_way() -> None:
     assert len(followed["a2b"].flows) <= 50  # b2a never had data: nothing kept
 
 
+def test_a_run_judged_from_before_the_counts_origin_asks_from_window_0() -> None:
+    """serve's time 0 comes after the shaper's, but a reader from earlier must not ask the
+    shaper for windows before its first (it refuses them)."""
+    whole, followed = counts(), counts()
+    Traffic(5, whole, followed).until(12.0)
+    running = RunningFlows(0.0, 42.0)
+    records = {d: c.since(0, RATE, MTU) for d, c in followed.items()}
+    summary = running.summary(records, 12.5)
+    assert min(running.cursors.values()) >= 0
+    expected = {d: c.to_dict(RATE, MTU) for d, c in whole.items()}
+    assert summary == wan_flows_summary(expected, 0.0, 12.5, 42.0)
+
+
 def test_the_shapers_flows_op(tmp_path: Path) -> None:
     """`{"op": "flows", "since": {...}}` answers each direction's windows from its cursor on,
     forgets those before, and names bad input."""
