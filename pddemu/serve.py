@@ -284,9 +284,10 @@ async def keep_verdict_live(
     deployment: Deployment, time_zero: float, wan_flows: RunningFlows | None
 ) -> None:
     """Give the frontend the lag verdict so far (its `/stats`, key `verdict`), judged from every
-    instance's stats (and the WAN's flows, `wan_flows_watch`, when judged) every VERDICT_PERIOD_S, or less often if gathering them takes more than
-    VERDICT_SHARE of the wall time (they grow with the requests served), so the watch never
-    takes more than that share of the host from the system it watches."""
+    instance's stats (and the WAN's flows, `wan_flows`, when judged: `wan_flows_watch`) every
+    VERDICT_PERIOD_S, or less often if gathering them takes more than VERDICT_SHARE of the wall
+    time (they grow with the requests served), so the watch never takes more than that share
+    of the host from the system it watches."""
     max_lag = deployment.config.scale.max_lag
     step = decode_step(deployment)
     judged = unmatched_judged(deployment.config)
@@ -316,8 +317,8 @@ async def post_verdict(
     judge_unmatched: bool = True,
 ) -> None:
     """One round of the watch: the verdict from every instance's stats and the WAN's flows
-    (`wan_flows`, None when not judged) since `time_zero` (ready), with the instances whose stats could not be read
-    (`missing_stats`: name -> why), to the frontend."""
+    (`wan_flows`, None when not judged) since `time_zero` (ready), with the instances whose
+    stats could not be read (`missing_stats`: name -> why), to the frontend."""
     as_of_s = time.monotonic() - time_zero
     stats = await deployment.stats()
     router = next((name for name, r in stats.items() if r.get("role") == "FE"), None)
