@@ -286,11 +286,12 @@ class PrefillInstance(Instance):
             return
         admission = self.links.expect_admission(channel, job.rid)
         self.tcp.begin(channel)
-        held = self.exact(destination.name)  # its reader's lateness is held (`hold_until_read`)
+        # On a path without modelled time its reader's lateness is held (`hold_until_read`),
+        # from the moment the link takes the message: a transfer cancelled while it queued
+        # behind the others' sends posts no hold its reader would never let go of.
+        held = self.clock.hold_until_read if self.exact(destination.name) else None
         begun = asyncio.Event()  # kv_begin handed to the link: the receiver will hear of a cut
         try:
-            if held:
-                self.clock.hold_until_read()
             await channel.control(
                 "kv_begin",
                 {
@@ -302,6 +303,7 @@ class PrefillInstance(Instance):
                     "p_hit": job.hit,
                 },
                 handed=begun.set,
+                on_turn=held,
             )
             await admission
             position = destination.offset
@@ -326,8 +328,6 @@ class PrefillInstance(Instance):
                 destination.handed.append(handed)
                 position = end
             await job.progress.wait_beyond(len(job.prompt))
-            if held:
-                self.clock.hold_until_read()
             await channel.control(
                 "kv_end",
                 {
@@ -335,6 +335,7 @@ class PrefillInstance(Instance):
                     "first_token": job.first_token,
                     "ready": job.progress.at,  # the modelled time the whole KV was computed
                 },
+                on_turn=held,
             )
             wan = self.address(destination.name).role == "MD"
             self.tcp.charge(channel, wan, destination.bytes_sent)

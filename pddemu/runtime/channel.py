@@ -181,29 +181,38 @@ class Channel:
         control: Control | Message,
         *attachments: Message,
         handed: Callable[[], None] | None = None,
+        on_turn: Callable[[], None] | None = None,
     ) -> int:
         """Send a message with its attachments. All frames are handed to the transport before
         the first wait, so a sender cancelled while waiting never leaves half a group on a
         shared connection; `handed` is called then, before the wait for the send buffer, which
-        may wait for acknowledgements across the WAN. A message of the routing exchange (`ROUTING_KINDS`) has its last
-        byte sent marked `netem.clock.ROUTING_DSCP`: where it crosses the WAN, the shaper holds
-        modelled time at that segment's release until its reader lets go
-        (`ModelledClock.let_routing_go`). What the socket cannot take at once (a send buffer
-        still full) leaves unmarked later, and is read as any message is."""
+        may wait for acknowledgements across the WAN. A control message is stamped (`stamp`)
+        when its turn on the connection comes (the lock taken), not when it queued for it:
+        on a shared connection (a KV link) the wait behind others' sends is not its transit.
+        `on_turn` is called then, before the stamp and the write, and never for a message
+        whose sender was cancelled while it queued (what the sender holds for its reading,
+        `ModelledClock.hold_until_read`, is posted there). A message of the routing exchange
+        (`ROUTING_KINDS`) has its last byte sent marked `netem.clock.ROUTING_DSCP`: where it
+        crosses the WAN, the shaper holds modelled time at that segment's release until its
+        reader lets go (`ModelledClock.let_routing_go`). What the socket cannot take at once
+        (a send buffer still full) leaves unmarked later, and is read as any message is."""
         if attachments:
             assert isinstance(control, Control)
             control = Control(control.kind, {**control.body, "attach": len(attachments)})
-        if self.stamp is not None and isinstance(control, Control):
-            control = Control(control.kind, {**control.body, "t": self.stamp()})
-        buffers = [buffer for message in (control, *attachments) for buffer in encode(message)]
+        attached = [buffer for message in attachments for buffer in encode(message)]
         routing = isinstance(control, Control) and control.kind in ROUTING_KINDS
         sock = self.writer.get_extra_info("socket") if routing else None
         marked = sock is not None and sock.family == socket.AF_INET
-        # a routing message's last byte is a write of its own, the one marked: a segment so
-        # marked then ends the message, or (the socket did not take what came before at once)
-        # the byte leaves later, unmarked
-        tail = memoryview(buffers[-1]).cast("B") if marked else None
         async with self._lock:
+            if on_turn is not None:
+                on_turn()
+            if self.stamp is not None and isinstance(control, Control):
+                control = Control(control.kind, {**control.body, "t": self.stamp()})
+            buffers = [*encode(control), *attached]
+            # a routing message's last byte is a write of its own, the one marked: a segment
+            # so marked then ends the message, or (the socket did not take what came before
+            # at once) the byte leaves later, unmarked
+            tail = memoryview(buffers[-1]).cast("B") if marked else None
             # in one call: with TCP_NODELAY a write per frame would leave as a packet per frame
             if tail is None or not tail.nbytes:
                 self.writer.writelines(buffers)
@@ -240,8 +249,9 @@ class Channel:
         body: dict[str, Any],
         *attachments: Message,
         handed: Callable[[], None] | None = None,
+        on_turn: Callable[[], None] | None = None,
     ) -> int:
-        return await self.send(Control(kind, body), *attachments, handed=handed)
+        return await self.send(Control(kind, body), *attachments, handed=handed, on_turn=on_turn)
 
     async def receive(self) -> Envelope | Message:
         """The next control message with its attachments, or a bare data frame."""

@@ -85,8 +85,14 @@ class Receiver:
         return None
 
     async def control(
-        self, kind: str, body: dict, handed: Callable[[], None] | None = None
+        self,
+        kind: str,
+        body: dict,
+        handed: Callable[[], None] | None = None,
+        on_turn: Callable[[], None] | None = None,
     ) -> None:
+        if on_turn is not None:
+            on_turn()
         self.controls.append(kind)
         if handed is not None:
             handed()

@@ -6,19 +6,25 @@ request into its batch later than the end's time, while it decodes another reque
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from netem.clock import SharedClock
-from pddemu.roles.prefill import PrefillInstance
+from pddemu.model import greedy
+from pddemu.model.kv import KV
+from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import KvLinks
-from pddemu.runtime.channel import Control, Envelope
+from pddemu.runtime.channel import Channel, Control, Envelope
 from pddemu.runtime.clock import ModelledClock
-from pddemu.wire import TokenIds
+from pddemu.wire import TokenIds, read_message
+from pddemu.wire.tensors import kv_chunk_from_tensor
 from tests.roles.in_process import QuietFrontend, instance, run_started
 
 LATE_S = 0.1  # wall seconds the relay reads each message of a transfer after it was sent
@@ -45,7 +51,9 @@ class LateConnection:
     def get_extra_info(self, _name: str) -> None:
         return None
 
-    async def control(self, kind: str, body: dict, handed: Any = None) -> int:
+    async def control(self, kind: str, body: dict, handed: Any = None, on_turn: Any = None) -> int:
+        if on_turn is not None:  # its turn on the connection: at once
+            on_turn()
         stamped = Control(kind, {**body, "t": self.p.clock.now()})
         self.queue.put_nowait((time.monotonic() + LATE_S, stamped))
         return 100
@@ -173,3 +181,79 @@ def test_a_message_held_for_stands_time_still_until_read_or_its_cap(tmp_path: Pa
         reader.close()
     assert stood < 0.001 and let_go and went_on > 0.04
     assert within_cap < 0.001 and after_cap > 0.02
+
+
+def test_a_kv_begin_that_queues_on_its_link_holds_from_its_turn(tmp_path: Path) -> None:
+    """P's KV link to the relay (real TCP; the relay's end reads nothing for a while) is taken
+    by another transfer's frame, which waits for the socket: a transfer's `kv_begin` queues
+    behind it. Cut while it queues, it posts no hold for its reading (the present goes on, not
+    standing until the hold's cap); a `kv_begin` that queued is stamped when the link took it,
+    not when it queued (its wait behind the others is not its transit)."""
+    SharedClock.create(tmp_path / "clock", rate=1.0)
+    p = instance(PrefillInstance, "P", clock=str(tmp_path / "clock"))
+    watch = ModelledClock.reading(tmp_path / "clock", p.spec.epoch)
+    p.spec.peers["RLD0"] = Address("RLD0", "RLD", "127.0.0.1", 3, 4)
+    p.transit = p._transits()
+    assert p.exact("RLD0")
+    accepted: list[asyncio.StreamReader] = []
+
+    async def scenario() -> tuple[float, float, int, float]:
+        async def accept(reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
+            accepted.append(reader)
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+        server = await asyncio.start_server(accept, sock=listener)
+
+        async def opened(_name: str, _purpose: str) -> Channel:
+            reader, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            channel = Channel(reader, writer, "RLD0", "kv")
+            channel.stamp = p.clock.now
+            return channel
+
+        p.links = KvLinks(opened, p._serve_link, p._peers)
+        channel = await p.links.acquire("RLD0")
+        empty = KV.empty(p.model_config).tensor
+        shape = (*empty.shape[:3], 8 << 10, empty.shape[4])  # MBs: far more than sockets hold
+        frame = kv_chunk_from_tensor("other", 0, 0, torch.zeros(shape, dtype=empty.dtype))
+        taking = p.spawn(channel.send(frame), "another transfer's frame")
+        await asyncio.sleep(0.05)
+        assert not taking.done()  # it holds the link, waiting for the socket
+
+        def transfer(rid: str) -> Destination:
+            kv, logits = p.model.prefill(PROMPT, None, len(PROMPT))
+            job = PrefillJob(rid, PROMPT, meta(rid, 2), QuietFrontend(), kv=kv)
+            job.first_token = greedy(logits)
+            destination = Destination("RLD0", 0, {})
+            destination.task = p.spawn(p.send(job, destination), f"KV of {rid}")
+            job.destinations.append(destination)
+            job.routed.set()
+            p.jobs[rid] = job
+            return destination
+
+        cut = transfer("cut")
+        await asyncio.sleep(0.02)  # its kv_begin queues for the link
+        cut.task.cancel()
+        await asyncio.sleep(0)
+        before = watch.now()
+        await asyncio.sleep(0.1)  # within a hold's cap (0.25 s) of the kv_begin's queueing
+        went_on = watch.now() - before
+        posted = p.clock.hold_counts()["instant"]["posted"]
+
+        queued = transfer("queued")
+        await asyncio.sleep(0.02)
+        freed_at = p.clock.now()  # the relay reads from here: the link is free after it
+        begin: dict[str, Any] = {}
+        while not begin:
+            message = await read_message(accepted[0])
+            if isinstance(message, Control) and message.kind == "kv_begin":
+                begin = message.body
+        server.close()
+        queued.task.cancel()
+        return went_on, freed_at, posted, float(begin["t"])
+
+    went_on, freed_at, posted, stamped = run_started([p], scenario)
+    watch.close()
+    assert posted == 0 and went_on > 0.05, (posted, went_on)
+    assert stamped >= freed_at, (stamped, freed_at)
+    assert p.errors == [], p.errors
