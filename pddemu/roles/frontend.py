@@ -1117,7 +1117,10 @@ class Frontend(Instance):
             flight.transfers_reported.set()
         if message.body.get("unreachable") and not flight.recorded:
             # P could not reach it: it is lost (the router may not have seen it yet)
-            change = self.liveness.lost(destination, self.clock.now(), "P could not reach it")
+            cause = message.body.get("cause") or "no cause given"
+            change = self.liveness.lost(
+                destination, self.clock.now(), f"P could not reach it ({cause})"
+            )
             if change is not None:
                 self.liveness_changed(change)  # fails over every request that needs it
             else:

@@ -93,7 +93,13 @@ class PrefillInstance(Instance):
         self.jobs: dict[str, PrefillJob] = {}
         self.queue: deque[PrefillJob] = deque()
         self.work = asyncio.Event()
-        self.links = KvLinks(self.open, self._serve_link, self._peers)
+        self.links = KvLinks(
+            self.open,
+            self._serve_link,
+            self._peers,
+            clock=self.clock,
+            open_within_s=self.config.faults.down_after_s,
+        )
         config = self.model_config
         token_bytes = 2 * config.n_layers * config.n_kv_heads * config.head_dim
         token_bytes *= KV.empty(config).tensor.element_size()  # a token's KV, every layer
@@ -279,7 +285,8 @@ class PrefillInstance(Instance):
             # for every transfer's report before it settles the request).
             self.transfers_cut += 1
             lost = isinstance(error, ConnectionError)
-            await self._report(job, destination, started, cancelled=True, unreachable=lost)
+            cause = str(error) if lost else ""
+            await self._report(job, destination, started, True, unreachable=lost, cause=cause)
             self._forget_if_done(job)
             if not lost:
                 raise
@@ -352,7 +359,8 @@ class PrefillInstance(Instance):
                 self.spawn(self._cut(channel, job.rid), f"cut of {job.rid} to {destination.name}")
             self.transfers_cut += 1
             destination.as_of_cut()
-            await self._report(job, destination, started, cancelled=True, unreachable=lost)
+            cause = str(error) if lost else ""
+            await self._report(job, destination, started, True, unreachable=lost, cause=cause)
             self._forget_if_done(job)
             if isinstance(error, asyncio.CancelledError):
                 raise
@@ -409,8 +417,10 @@ class PrefillInstance(Instance):
         started: float,
         cancelled: bool,
         unreachable: bool = False,
+        cause: str = "",
     ) -> None:
-        """Tell the frontend how a transfer ended (`unreachable`: its receiver was lost)."""
+        """Tell the frontend how a transfer ended (`unreachable`: its receiver was lost, for
+        `cause`: the link's error)."""
         if job.frontend.closed:
             return
         ended = self.clock.now()
@@ -428,6 +438,7 @@ class PrefillInstance(Instance):
                 "ended": ended,
                 "cancelled": cancelled,
                 "unreachable": unreachable,
+                "cause": cause,
             },
         )
 
@@ -437,6 +448,7 @@ class PrefillInstance(Instance):
             **super().stats(),
             "prefill_tokens": self.prefill_tokens,
             "transfers_cut": self.transfers_cut,
+            "kv_link_opens": self.links.open_attempts,
             "cache_tokens": self.store.size_tokens,
             "kv_transfers_tcp": list(self.tcp.transfers),  # the latest KEPT_TRANSFERS
             "kv_transfers_tcp_totals": self.tcp.totals.as_dict(),

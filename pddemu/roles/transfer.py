@@ -10,6 +10,15 @@ a send of its own, and sends queue on the channel's FIFO lock), and what a link'
 hold unsent is bounded (`UNSENT_BYTES`), so a small increment is not stuck behind a large one:
 they share the link's bandwidth about as two flows would. A link that breaks ends every
 transfer on it.
+
+A link is opened by the first transfer that needs it; the transfers that need it meanwhile
+wait for that one attempt and share its outcome (the k-th does not wait for k attempts). The
+attempt is bounded in modelled time by `faults.down_after`, the silence after which the router
+would take the destination for down: a destination that cannot be connected to within it is
+reported unreachable by every transfer that waited (`LinkUnavailable`), as the router would
+judge it by then anyway. Modelled, not wall, time: the connect crosses the emulated path (a
+round trip of it, across the WAN 40 modelled ms with the defaults), and a run the clock slows
+down (dilation) must not time out a connect the modelled network would complete.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any
 from netem.tcp import tcp_info, transfer_counters
 from pddemu.metrics.tcp_totals import TcpTotals
 from pddemu.runtime.channel import Channel
+from pddemu.runtime.clock import ModelledClock
 
 # Bytes a link's socket and its writer may hold not yet sent (beyond one chunk being handed
 # over): a chunk of one transfer handed over now waits behind at most this much of the
@@ -59,6 +69,11 @@ class LinkLost(ConnectionError):
     """A KV link ended before a transfer on it did (its receiver's end closed, or broke)."""
 
 
+class LinkUnavailable(ConnectionError):
+    """A KV link could not be opened: its connect failed, or did not complete within its
+    bound (`KvLinks`). Every transfer that waited for that attempt fails with it."""
+
+
 class TransferRefused(Exception):
     """The receiver refused a transfer (`kv_refused`: its `kv_begin` could not be admitted).
     The link goes on: the transfer alone ends, unfinished."""
@@ -66,35 +81,69 @@ class TransferRefused(Exception):
 
 class KvLinks:
     """A sender's KV links, one per destination: opened on first use and kept; one that closed
-    is opened again by the next transfer. `serve_replies` reads what the receiver says on a
-    link (`kv_admitted`, `kv_refused`) until it closes, then calls `closed`. The links are kept in `links`
-    (the instance's connections to its peers, as "<destination> (kv)": closed with them)."""
+    is opened again by the next transfer, within `open_within_s` modelled seconds of `clock`
+    (one attempt at a time, shared by the transfers waiting for it). `serve_replies` reads
+    what the receiver says on a link (`kv_admitted`, `kv_refused`) until it closes, then calls
+    `closed`. The links are kept in `links` (the instance's connections to its peers, as
+    "<destination> (kv)": closed with them)."""
 
     def __init__(
         self,
         open_channel: Callable[[str, str], Awaitable[Channel]],
         serve_replies: Callable[[Channel], Any],
         links: dict[str, Channel] | None = None,
+        *,
+        clock: ModelledClock,
+        open_within_s: float,
     ) -> None:
+        if not open_within_s > 0:
+            raise ValueError(f"a link's open needs a positive bound, got {open_within_s}")
         self._open = open_channel
         self._serve = serve_replies
         self._links: dict[str, Channel] = {} if links is None else links
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._clock = clock
+        self.open_within_s = open_within_s
+        self._opening: dict[str, asyncio.Future[Channel]] = {}  # the attempt under way, if any
+        self.open_attempts = 0  # links opened or tried (each shared by its waiting transfers)
         # each link's transfers waiting for their admission, by request
         self._admissions: dict[Channel, dict[str, asyncio.Future[None]]] = {}
 
     async def acquire(self, destination: str) -> Channel:
-        """The link to `destination`, opened if there is none (or it closed)."""
-        async with self._locks.setdefault(destination, asyncio.Lock()):
-            key = f"{destination} (kv)"
-            channel = self._links.get(key)
-            if channel is None or channel.closed:
-                channel = await self._open(destination, "kv")
-                bound_unsent(channel)
-                self._links[key] = channel
-                self._admissions[channel] = {}
-                self._serve(channel)
+        """The link to `destination`, opened if there is none (or it closed): the attempt
+        under way if there is one, whose outcome every transfer waiting for it shares
+        (LinkUnavailable if it fails). A transfer cancelled meanwhile leaves the attempt to
+        the others (and the link, once open, to the next transfer)."""
+        channel = self._links.get(f"{destination} (kv)")
+        if channel is not None and not channel.closed:
             return channel
+        opening = self._opening.get(destination)
+        if opening is None:
+            opening = asyncio.ensure_future(self._open_link(destination))
+            self._opening[destination] = opening
+            opening.add_done_callback(lambda done: self._opened(destination, done))
+        return await asyncio.shield(opening)
+
+    def _opened(self, destination: str, attempt: asyncio.Future[Channel]) -> None:
+        """An attempt ended: the next transfer to need the link makes a new one if it failed
+        (its outcome read here, so that one no transfer waited for is not reported unread)."""
+        if self._opening.get(destination) is attempt:
+            del self._opening[destination]
+        if not attempt.cancelled():
+            attempt.exception()
+
+    async def _open_link(self, destination: str) -> Channel:
+        self.open_attempts += 1
+        try:
+            channel = await self._clock.within(self._open(destination, "kv"), self.open_within_s)
+        except OSError as error:  # refused, unreachable, or not open in time (TimeoutError)
+            raise LinkUnavailable(
+                f"the KV link to {destination} could not open: {error}"
+            ) from error
+        bound_unsent(channel)
+        self._links[f"{destination} (kv)"] = channel
+        self._admissions[channel] = {}
+        self._serve(channel)
+        return channel
 
     def expect_admission(self, channel: Channel, rid: str) -> asyncio.Future[None]:
         """A future the receiver's `kv_admitted` for `rid` on `channel` resolves (fails with

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from netem.clock import SharedClock
+from pddemu.config import load_config
 from pddemu.metrics.records import RequestRecord
 from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.frontend import Flight, Frontend
@@ -20,6 +21,7 @@ from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import KvLinks
 from pddemu.runtime.channel import Envelope
+from pddemu.runtime.clock import ModelledClock
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
 from tests.roles.in_process import WireEnd, instance, wire
@@ -111,15 +113,19 @@ class Receiver:
         self.closed = True
 
 
-def links_to(open_channel: Callable[[str, str], Awaitable[Receiver]]) -> KvLinks:
-    """KV links to fake receivers, which admit each transfer at once."""
+def links_to(
+    open_channel: Callable[[str, str], Awaitable[Receiver]], clock: ModelledClock
+) -> KvLinks:
+    """KV links to fake receivers, which admit each transfer at once (opened within the
+    default bound, `faults.down_after`)."""
 
     async def opened(name: str, purpose: str) -> Receiver:
         receiver = await open_channel(name, purpose)
         receiver.links = links
         return receiver
 
-    links = KvLinks(opened, lambda _channel: None)
+    bound = load_config().faults.down_after_s
+    links = KvLinks(opened, lambda _channel: None, clock=clock, open_within_s=bound)
     return links
 
 
@@ -139,7 +145,7 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
                 raise ConnectionRefusedError("nobody listens")
             return receivers[name]
 
-        p.links = links_to(open_channel)
+        p.links = links_to(open_channel, p.clock)
         for name in receivers:
             p.spec.peers[name] = Address(name, "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
@@ -193,7 +199,7 @@ def test_a_cut_while_the_connection_opens_is_reported() -> None:
             await asyncio.sleep(3600)
             raise AssertionError("the connection never opens")
 
-        p.links = links_to(never_opens)
+        p.links = links_to(never_opens, p.clock)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
         frontend.closed = False
@@ -225,7 +231,7 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
         p = instance(PrefillInstance, "P")
         step = p.chunk_genuine
         receiver = Receiver()
-        p.links = links_to(lambda _name, _purpose: _opened(receiver))
+        p.links = links_to(lambda _name, _purpose: _opened(receiver), p.clock)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
         frontend.closed = False
@@ -293,7 +299,7 @@ def _relay_ends_a_request_during_ps_transfer(
             one.transit[other.name] = other.transit[one.name] = (0.0, True)
         wire({"P0": p, "FE0": fe, "RLD0": rld, "MD0": md}, {("RLD0", "FE0"): frontend_late_s})
         receiver = Receiver()
-        p.links = links_to(lambda _name, _purpose: _opened(receiver))
+        p.links = links_to(lambda _name, _purpose: _opened(receiver), p.clock)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         step = p.chunk_genuine
         scale = fe.config.scale.token_scale

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pddemu.config import Config, load_config
 from pddemu.model import greedy
 from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
 from pddemu.roles.relay import RelayInstance
@@ -44,9 +45,9 @@ class Link:
     any (`Instance._accept`), each chunk `chunk_s` wall seconds after the last (a bottleneck
     of one chunk per `chunk_s`), with little buffered ahead of its reading."""
 
-    def __init__(self, chunk_s: float = 0.0) -> None:
-        self.p = instance(PrefillInstance, "P")
-        self.rld = instance(RelayInstance, "RLD", epoch=self.p.spec.epoch)
+    def __init__(self, chunk_s: float = 0.0, config: Config | None = None) -> None:
+        self.p = instance(PrefillInstance, "P", config)
+        self.rld = instance(RelayInstance, "RLD", config, epoch=self.p.spec.epoch)
         self.rld.use_secret(self.p.secret)
         self.chunk_s = chunk_s
         self.read: list[tuple[str, int, int]] = []  # frames the relay read: (rid, tokens, bytes)
@@ -63,17 +64,23 @@ class Link:
 
         self.rld.on_kv_chunk = slow_chunk
 
-    async def open(self) -> asyncio.Server:
+    async def open(self, listener: socket.socket | None = None) -> asyncio.Server:
+        """The relay serving its KV links (on `listener`, if it is already listening)."""
+
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.accepted.append(writer)
             await self.rld._accept(reader, writer)
 
-        listener = socket.create_server(("127.0.0.1", 0))
+        listener = listener or self.listen()
+        return await asyncio.start_server(accept, sock=listener, limit=READ_LIMIT)
+
+    def listen(self, backlog: int = 128) -> socket.socket:
+        """The relay's listening socket, known to P (not accepting until `open`)."""
+        listener = socket.create_server(("127.0.0.1", 0), backlog=backlog)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-        server = await asyncio.start_server(accept, sock=listener, limit=READ_LIMIT)
         port = listener.getsockname()[1]
         self.p.spec.peers["RLD0"] = Address("RLD0", "RLD", "127.0.0.1", port, 0)
-        return server
+        return listener
 
     async def send(self, rid: str, chunks: int, computed: int | None = None) -> PrefillJob:
         """A transfer of a prompt of `chunks` chunks to the relay, `computed` of them (all by
@@ -268,3 +275,41 @@ def test_a_transfer_the_receiver_refuses_ends_and_the_link_goes_on() -> None:
     assert len(link.accepted) == 1  # the same link throughout
     assert link.p.transfers_cut == 1 and link.p.links._admissions[link.p._peers["RLD0 (kv)"]] == {}
     assert any("holds no prefix" in error for error in link.rld.errors)
+
+
+def test_transfers_waiting_for_a_link_share_one_bounded_attempt() -> None:
+    """The relay does not answer a connect (its listener's queue is full: the kernel drops the
+    SYNs, as for a destination gone silent). Three transfers that need the link wait for ONE
+    attempt, bounded by `faults.down_after` (0.5 modelled s here, in real time), and are all
+    reported unreachable with its cause at once, one bound after they began: not the k-th
+    after k attempts, nor never (a connect without a bound waits for the kernel's SYN
+    retries, minutes). Once the relay answers, the next transfer opens the link."""
+    config = load_config()
+    faults = config.faults.model_copy(update={"suspect_after_s": 0.3, "down_after_s": 0.5})
+    link = Link(config=config.model_copy(update={"faults": faults}))
+
+    async def scenario() -> None:
+        listener = link.listen(backlog=0)
+        queued = socket.create_connection(listener.getsockname()[:2])  # fills its queue
+        for rid in ("r1", "r2", "r3"):
+            await link.send(rid, 1)
+        await until(lambda: len(link.reports.done) == 3, "every transfer reported", 10)
+        server = await link.open(listener)
+        try:
+            await link.send("r4", 1)
+            await until(lambda: "r4" in link.reports.done, "a transfer once it answers")
+        finally:
+            server.close()
+            queued.close()
+
+    run_started([link.p, link.rld], scenario)
+    done = link.reports.done
+    for rid in ("r1", "r2", "r3"):
+        assert done[rid]["cancelled"] and done[rid]["unreachable"], done[rid]
+        assert "not done within 0.5 modelled seconds" in done[rid]["cause"], done[rid]
+    ended = [done[rid]["ended"] for rid in ("r1", "r2", "r3")]
+    assert max(ended) - min(ended) < 0.05, ended  # one attempt's outcome, shared
+    assert 0.5 <= done["r1"]["ended"] - done["r1"]["started"] < 0.9  # one bound (modelled)
+    assert not done["r4"]["cancelled"] and len(link.accepted) == 2  # the queued one, the link
+    assert link.p.links.open_attempts == 2 and link.p.stats()["kv_link_opens"] == 2
+    assert link.p.transfers_cut == 3 and link.p.errors == []
