@@ -1116,11 +1116,17 @@ class Frontend(Instance):
         if not flight.transfers:
             flight.transfers_reported.set()
         if message.body.get("unreachable") and not flight.recorded:
-            # P could not reach it: it is lost (the router may not have seen it yet)
+            # P could not reach it: it is lost (the router may not have seen it yet); one that
+            # did not answer (`silent`) may be alive behind a partition: its heartbeats judge
+            # it, and only this request, whose KV will not come, fails over
             cause = message.body.get("cause") or "no cause given"
-            change = self.liveness.lost(
-                destination, self.clock.now(), f"P could not reach it ({cause})"
-            )
+            change = None
+            if message.body.get("silent"):
+                flight.note(self.clock.now(), f"P could not reach {destination} ({cause})")
+            else:
+                change = self.liveness.lost(
+                    destination, self.clock.now(), f"P could not reach it ({cause})"
+                )
             if change is not None:
                 self.liveness_changed(change)  # fails over every request that needs it
             else:

@@ -28,6 +28,7 @@ from pddemu.roles.spec import InstanceSpec
 from pddemu.roles.transfer import (
     KvLinks,
     LinkLost,
+    LinkUnavailable,
     Progress,
     TcpLedger,
     TransferRefused,
@@ -285,8 +286,11 @@ class PrefillInstance(Instance):
             # for every transfer's report before it settles the request).
             self.transfers_cut += 1
             lost = isinstance(error, ConnectionError)
+            silent = isinstance(error, LinkUnavailable) and error.silent
             cause = str(error) if lost else ""
-            await self._report(job, destination, started, True, unreachable=lost, cause=cause)
+            await self._report(
+                job, destination, started, True, unreachable=lost, cause=cause, silent=silent
+            )
             self._forget_if_done(job)
             if not lost:
                 raise
@@ -418,9 +422,11 @@ class PrefillInstance(Instance):
         cancelled: bool,
         unreachable: bool = False,
         cause: str = "",
+        silent: bool = False,
     ) -> None:
         """Tell the frontend how a transfer ended (`unreachable`: its receiver was lost, for
-        `cause`: the link's error)."""
+        `cause`: the link's error; `silent`: it did not answer, which tells nothing of its
+        liveness)."""
         if job.frontend.closed:
             return
         ended = self.clock.now()
@@ -439,6 +445,7 @@ class PrefillInstance(Instance):
                 "cancelled": cancelled,
                 "unreachable": unreachable,
                 "cause": cause,
+                "silent": silent,
             },
         )
 

@@ -15,8 +15,8 @@ A link is opened by the first transfer that needs it; the transfers that need it
 wait for that one attempt and share its outcome (the k-th does not wait for k attempts). The
 attempt is bounded in modelled time by `faults.down_after`, the silence after which the router
 would take the destination for down: a destination that cannot be connected to within it is
-reported unreachable by every transfer that waited (`LinkUnavailable`), as the router would
-judge it by then anyway. Modelled, not wall, time: the connect crosses the emulated path (a
+reported unreachable (silent) by every transfer that waited (`LinkUnavailable`), by when the
+router would judge a silent one down anyway. Modelled, not wall, time: the connect crosses the emulated path (a
 round trip of it, across the WAN 40 modelled ms with the defaults), and a run the clock slows
 down (dilation) must not time out a connect the modelled network would complete.
 """
@@ -71,7 +71,12 @@ class LinkLost(ConnectionError):
 
 class LinkUnavailable(ConnectionError):
     """A KV link could not be opened: its connect failed, or did not complete within its
-    bound (`KvLinks`). Every transfer that waited for that attempt fails with it."""
+    bound (`KvLinks`; `silent`: no answer, not a refusal: the destination may be alive
+    behind a partition). Every transfer that waited for that attempt fails with it."""
+
+    def __init__(self, message: str, silent: bool) -> None:
+        super().__init__(message)
+        self.silent = silent
 
 
 class TransferRefused(Exception):
@@ -136,9 +141,9 @@ class KvLinks:
         try:
             channel = await self._clock.within(self._open(destination, "kv"), self.open_within_s)
         except OSError as error:  # refused, unreachable, or not open in time (TimeoutError)
-            raise LinkUnavailable(
-                f"the KV link to {destination} could not open: {error}"
-            ) from error
+            silent = isinstance(error, TimeoutError)
+            why = f"the KV link to {destination} could not open: {error}"
+            raise LinkUnavailable(why, silent) from error
         bound_unsent(channel)
         self._links[f"{destination} (kv)"] = channel
         self._admissions[channel] = {}

@@ -22,6 +22,7 @@ from pddemu.roles.spec import Address
 from pddemu.roles.transfer import KvLinks
 from pddemu.runtime.channel import Envelope
 from pddemu.runtime.clock import ModelledClock
+from pddemu.runtime.liveness import Liveness
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
 from tests.roles.in_process import WireEnd, instance, wire
@@ -181,6 +182,7 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
     # the cut one's link goes on: the receiver is told (`kv_cut`); the broken one is closed
     assert receivers["MD2"].controls == ["kv_begin", "kv_cut"] and not receivers["MD2"].closed
     assert reports["MD3"]["cancelled"] and reports["MD3"]["unreachable"]
+    assert "nobody listens" in reports["MD3"]["cause"] and not reports["MD3"]["silent"]
     assert p.transfers_cut == 3 and p.stats()["transfers_cut"] == 3
 
 
@@ -437,3 +439,52 @@ def test_a_settle_that_fails_still_lets_the_relays_held_end_go() -> None:
         return let_go
 
     assert asyncio.run(scenario()) == ["r1"]
+
+
+def test_a_destination_that_did_not_answer_p_is_not_taken_for_gone() -> None:
+    """P reports a transfer unreachable: refused (the destination's port is closed: its
+    process is gone), the router takes the destination down at once; not answered within
+    the link's bound (`silent`: perhaps alive behind a partition), it leaves the
+    destination's liveness to its heartbeats and fails over that request alone, its cause
+    in the request's failover path."""
+
+    async def scenario() -> tuple[Frontend, dict[str, Flight]]:
+        fe = instance(Frontend, "FE")
+        fe.liveness = Liveness(["P0", "MD0", "MD1"], 0.5, 2.0)
+        flights = {}
+        for rid, md in (("r1", "MD0"), ("r2", "MD1")):
+            record = RequestRecord(
+                request_id=rid,
+                system="pdd",
+                arrival_s=0.0,
+                input_tokens=8,
+                expected_output_tokens=1,
+                pipeline="P-MD",
+            )
+            flight = flights[rid] = Flight(record, [1, 2], None, p="P0", decode=md)
+            flight.transfers = {md}
+            fe.flights[rid] = flight
+            fe.new_leg(flight, rid)
+        for rid, md, silent in (("r1", "MD0", True), ("r2", "MD1", False)):
+            cause = f"the KV link to {md} could not open: {'timed out' if silent else 'refused'}"
+            body = {
+                "rid": rid,
+                "destination": md,
+                "bytes": 0,
+                "tokens": 2,
+                "tokens_sent": 0,
+                "cancelled": True,
+                "unreachable": True,
+                "cause": cause,
+                "silent": silent,
+            }
+            await fe.on_transfer_done(Envelope("transfer_done", body, [], None))
+        return fe, flights
+
+    fe, flights = asyncio.run(scenario())
+    assert fe.liveness.state["MD0"] == "up" and "MD0" not in fe.liveness.gone
+    assert "P could not reach MD0 (the KV link to MD0 could not open: timed out)" in (
+        flights["r1"].record.failover_path
+    )
+    assert fe.liveness.state["MD1"] == "down" and "MD1" in fe.liveness.gone
+    assert any(entry["request"] == "r1" for entry in fe.failover_log)  # failed over, alone
