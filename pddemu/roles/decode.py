@@ -130,6 +130,7 @@ class DecodeInstance(Instance):
         # over here while their KV was (or may have been) on its way: dropped when it comes
         self.released: Recent[None] = Recent()
         self.transfers_cut = 0  # transfers that ended before their kv_end (sender lost or cut)
+        self.stale_link_messages = 0  # kv_cut / kv_end of an earlier transfer on its link
         self.resumed = 0  # streams taken over from a lost instance
         self.loop_state = IDLE
         self.intake_holds: list[InstantHold] = []  # let go when the loop's next step holds
@@ -421,6 +422,10 @@ class DecodeInstance(Instance):
             await self._refuse(message, error)
             raise
         rid = message.body["rid"]
+        if self.on_link(rid, message.channel)[0]:
+            # an earlier transfer of the request on this link: its sender has moved on from
+            # it (its kv_cut, queued behind this, will be stale); it ends as a cut would
+            self._cut(rid)
         if self.try_reserve(need):
             await self._admitted(admission, need)
             return
@@ -438,6 +443,9 @@ class DecodeInstance(Instance):
         modelled = self.cost.kv_capacity_tokens()
         prompt_len = self.bounded(body, "prompt_tokens", 1, genuine)
         offset = self.bounded(body, "offset", 0, prompt_len)
+        seq = body.get("seq")  # the transfer's number on its link (a sender may not number)
+        if seq is not None:
+            self.bounded(body, "seq", 0, 2**63 - 1)
         # the true end (read only at each step, as the model's EOS) checked here, not in a step
         self.bounded(meta, "output_tokens", 1, 2**31 - 1)
         planned = meta.get("predicted_output_tokens", 0)
@@ -452,7 +460,7 @@ class DecodeInstance(Instance):
         outputs = min(
             genuine, genuine_output_length(max(1, planned), self.config.scale.token_scale)
         )
-        return Admission(message, need, prompt_len + outputs + 1, offset, begun_at), need
+        return Admission(message, need, prompt_len + outputs + 1, offset, begun_at, seq), need
 
     async def _refuse(self, message: Envelope, error: Exception) -> None:
         """Tell a transfer's sender it will not be admitted (`kv_refused`): it waits for
@@ -460,9 +468,10 @@ class DecodeInstance(Instance):
         if message.channel is None or message.channel.closed:
             return
         with contextlib.suppress(ConnectionError):
-            await message.channel.control(
-                "kv_refused", {"rid": message.body.get("rid"), "reason": str(error)[:500]}
-            )
+            body = message.body
+            reason = str(error)[:500]
+            refused = {"rid": body.get("rid"), "seq": body.get("seq"), "reason": reason}
+            await message.channel.control("kv_refused", refused)
 
     async def _admit_later(self, admission: Admission) -> None:
         """Wait for the transfer's memory, then admit it: the link goes on meanwhile."""
@@ -501,10 +510,11 @@ class DecodeInstance(Instance):
             "bytes": 0,
             "reserved": reserved,
             "channel": channel,
+            "seq": admission.seq,
             "begun_at": admission.begun_at,
         }
         with contextlib.suppress(ConnectionError):  # a link that ends cuts it (`channel_closed`)
-            await channel.control("kv_admitted", {"rid": rid})
+            await channel.control("kv_admitted", {"rid": rid, "seq": admission.seq})
 
     def try_reserve(self, need: int) -> bool:
         """Reserve `need` modelled tokens of KV if they fit now (`reserve_tokens`' test)."""
@@ -572,6 +582,10 @@ class DecodeInstance(Instance):
         state = self.receiving.get(rid)
         if state is None or state["channel"] is not message.channel:
             raise ValueError(f"kv_end for {rid} without kv_begin on its connection")
+        if message.body.get("seq") != state["seq"]:  # an earlier transfer's, on this link
+            self.stale_link_messages += 1
+            hold.release()
+            return
         del self.receiving[rid]
         body = state["body"]
         if state["kv"].tokens != int(body["prompt_tokens"]):
@@ -626,15 +640,29 @@ class DecodeInstance(Instance):
         for rid in [rid for rid, a in self.admissions.items() if a.message.channel is channel]:
             self._cut(rid)
 
-    async def on_kv_cut(self, message: Envelope) -> None:
-        """The sender cut one transfer on a link that goes on (`channel_closed`, for one)."""
-        rid = message.body["rid"]
+    def on_link(self, rid: str, channel: Any) -> tuple[bool, int | None]:
+        """Whether `rid` has a transfer on `channel` (admitted, or waiting for its memory),
+        and its number there (`seq`; None from a sender that does not number them)."""
         state = self.receiving.get(rid)
+        if state is not None and state["channel"] is channel:
+            return True, state["seq"]
         admission = self.admissions.get(rid)
-        if (state is not None and state["channel"] is message.channel) or (
-            admission is not None and admission.message.channel is message.channel
-        ):
-            self._cut(rid)
+        if admission is not None and admission.message.channel is channel:
+            return True, admission.seq
+        return False, None
+
+    async def on_kv_cut(self, message: Envelope) -> None:
+        """The sender cut one transfer on a link that goes on (`channel_closed`, for one). A
+        cut for an earlier transfer of the request (its number not the one here: a newer one
+        began since) is stale: ignored, counted."""
+        rid = message.body["rid"]
+        present, seq = self.on_link(rid, message.channel)
+        if not present:  # nothing of it here (it ended, or was refused)
+            return
+        if seq != message.body.get("seq"):
+            self.stale_link_messages += 1
+            return
+        self._cut(rid)
 
     def _cut(self, rid: str) -> None:
         """A transfer cut off mid-way: its memory is released (or its wait for it ended),
@@ -795,6 +823,7 @@ class DecodeInstance(Instance):
         return {
             **super().stats(),
             "transfers_cut": self.transfers_cut,
+            "kv_link_stale_messages": self.stale_link_messages,
             "resumed": self.resumed,
             "tokens_generated": self.tokens_generated,
             "active": len(self.requests),
@@ -827,4 +856,5 @@ class Admission:
     capacity: int  # genuine tokens its buffer is made for
     offset: int  # first prompt token sent (those before are held here)
     begun_at: float  # modelled time of its first byte
+    seq: int | None  # its number on its link (`kv_begin`'s seq)
     task: asyncio.Task | None = None  # its wait for memory, if it did not fit at once

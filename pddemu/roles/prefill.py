@@ -295,7 +295,7 @@ class PrefillInstance(Instance):
             if not lost:
                 raise
             return
-        admission = self.links.expect_admission(channel, job.rid)
+        seq, admission = self.links.expect_admission(channel, job.rid)
         self.tcp.begin(channel)
         # On a path without modelled time its reader's lateness is held (`hold_until_read`),
         # from the moment the link takes the message: a transfer cancelled while it queued
@@ -312,6 +312,7 @@ class PrefillInstance(Instance):
                     "meta": {**job.meta, **destination.meta},
                     "p": self.name,
                     "p_hit": job.hit,
+                    "seq": seq,
                 },
                 handed=begun.set,
                 on_turn=held,
@@ -343,6 +344,7 @@ class PrefillInstance(Instance):
                 "kv_end",
                 {
                     "rid": job.rid,
+                    "seq": seq,
                     "first_token": job.first_token,
                     "ready": job.progress.at,  # the modelled time the whole KV was computed
                 },
@@ -354,13 +356,14 @@ class PrefillInstance(Instance):
             # Cancelled, refused, or the link broke (the receiver was lost): the receiver sees
             # the transfer cut (`kv_cut`, or its link's end) and forgets it; the frontend hears
             # that it will not complete.
-            self.links.forget(channel, job.rid)
+            self.links.forget(channel, seq)
             self.tcp.forget(channel)
             lost = isinstance(error, ConnectionError)
             if lost:  # the link is broken: every transfer on it ends (its reader sees it too)
                 channel.close()
             elif begun.is_set() and not channel.closed:
-                self.spawn(self._cut(channel, job.rid), f"cut of {job.rid} to {destination.name}")
+                cut = self._cut(channel, job.rid, seq)
+                self.spawn(cut, f"cut of {job.rid} to {destination.name}")
             self.transfers_cut += 1
             destination.as_of_cut()
             cause = str(error) if lost else ""
@@ -372,11 +375,12 @@ class PrefillInstance(Instance):
         await self._report(job, destination, started, cancelled=False)
         self._forget_if_done(job)
 
-    async def _cut(self, channel: Channel, rid: str) -> None:
-        """Tell the receiver a transfer on a link that goes on is cut (after whatever of it
-        was handed to the link: the channel's lock keeps the order)."""
+    async def _cut(self, channel: Channel, rid: str, seq: int) -> None:
+        """Tell the receiver transfer `seq` on a link that goes on is cut (after whatever of
+        it was handed to the link: the channel's lock keeps the order; a newer transfer of
+        the same request may go first, which its number tells apart)."""
         with contextlib.suppress(ConnectionError):
-            await channel.control("kv_cut", {"rid": rid})
+            await channel.control("kv_cut", {"rid": rid, "seq": seq})
 
     def _serve_link(self, channel: Channel) -> None:
         """Read what a KV link's receiver says (`kv_admitted`) until the link ends, then fail
@@ -393,7 +397,7 @@ class PrefillInstance(Instance):
         time the receiver held the present until this was read (`let_sender_go`)."""
         self.let_sender_go(message)
         assert message.channel is not None
-        self.links.admitted(message.channel, message.body["rid"])
+        self.links.admitted(message.channel, message.body.get("seq"))
 
     async def on_kv_refused(self, message: Envelope) -> None:
         """The receiver refused a transfer (its `kv_begin` could not be admitted): it ends,
@@ -401,7 +405,8 @@ class PrefillInstance(Instance):
         meanwhile finds nothing waiting."""
         assert message.channel is not None
         body = message.body
-        self.links.refused(message.channel, str(body.get("rid")), str(body.get("reason", "")))
+        rid, reason = str(body.get("rid")), str(body.get("reason", ""))
+        self.links.refused(message.channel, body.get("seq"), rid, reason)
 
     def _forget_if_done(self, job: PrefillJob) -> None:
         """Drop a job once its prefill is done and nothing is left to send."""
@@ -456,6 +461,7 @@ class PrefillInstance(Instance):
             "prefill_tokens": self.prefill_tokens,
             "transfers_cut": self.transfers_cut,
             "kv_link_opens": self.links.open_attempts,
+            "kv_link_stale_replies": self.links.stale_replies,
             "cache_tokens": self.store.size_tokens,
             "kv_transfers_tcp": list(self.tcp.transfers),  # the latest KEPT_TRANSFERS
             "kv_transfers_tcp_totals": self.tcp.totals.as_dict(),

@@ -5,7 +5,10 @@ flows fit the emulated path, whose queue is scaled in bytes.
 
 A transfer on a link is `kv_begin`, then (once the receiver says `kv_admitted`: it has the
 request's memory, as an RDMA engine allocates before the write) KV chunks, `kv_end`; a
-`kv_cut` ends it unfinished. Transfers on a link are interleaved chunk by chunk (each chunk is
+`kv_cut` ends it unfinished. Each transfer on a link has a sequence number of its own
+(`seq`), which its messages both ways carry: a request's id is reused (a retry, a failover),
+and a reply or a cut still on its way for an earlier transfer of it must not resolve a newer
+one; such a stale message is ignored, and counted. Transfers on a link are interleaved chunk by chunk (each chunk is
 a send of its own, and sends queue on the channel's FIFO lock), and what a link's socket may
 hold unsent is bounded (`UNSENT_BYTES`), so a small increment is not stuck behind a large one:
 they share the link's bandwidth about as two flows would. A link that breaks ends every
@@ -110,8 +113,10 @@ class KvLinks:
         self.open_within_s = open_within_s
         self._opening: dict[str, asyncio.Future[Channel]] = {}  # the attempt under way, if any
         self.open_attempts = 0  # links opened or tried (each shared by its waiting transfers)
-        # each link's transfers waiting for their admission, by request
-        self._admissions: dict[Channel, dict[str, asyncio.Future[None]]] = {}
+        # each link's transfers waiting for their admission, by sequence number
+        self._admissions: dict[Channel, dict[int, asyncio.Future[None]]] = {}
+        self._last_seq: dict[Channel, int] = {}  # each link's last transfer's number
+        self.stale_replies = 0  # kv_admitted / kv_refused for no transfer waiting (cut, or old)
 
     async def acquire(self, destination: str) -> Channel:
         """The link to `destination`, opened if there is none (or it closed): the attempt
@@ -147,49 +152,65 @@ class KvLinks:
         bound_unsent(channel)
         self._links[f"{destination} (kv)"] = channel
         self._admissions[channel] = {}
+        self._last_seq[channel] = 0
         self._serve(channel)
         return channel
 
-    def expect_admission(self, channel: Channel, rid: str) -> asyncio.Future[None]:
-        """A future the receiver's `kv_admitted` for `rid` on `channel` resolves (fails with
-        LinkLost if the link ends first). Made before `kv_begin` is sent."""
+    def expect_admission(self, channel: Channel, rid: str) -> tuple[int, asyncio.Future[None]]:
+        """A new transfer of `rid` on `channel`: its sequence number on the link, and a future
+        the receiver's `kv_admitted` for that number resolves (fails with TransferRefused on
+        its `kv_refused`, with LinkLost if the link ends first). Made before `kv_begin`."""
         waiting = self._admissions.get(channel)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if waiting is None or channel.closed:
-            future.set_exception(LinkLost(f"the KV link to {channel.peer} is closed"))
-        elif rid in waiting:
-            raise ValueError(f"{rid}: a transfer of it already waits on the link to {channel.peer}")
-        else:
-            waiting[rid] = future
-        return future
+            future.set_exception(LinkLost(f"{rid}: the KV link to {channel.peer} is closed"))
+            return 0, future
+        seq = self._last_seq[channel] = self._last_seq[channel] + 1
+        waiting[seq] = future
+        return seq, future
 
-    def admitted(self, channel: Channel, rid: str) -> bool:
-        """The receiver admitted `rid`'s transfer on `channel`; False if none waits for it."""
-        future = self._admissions.get(channel, {}).pop(rid, None)
-        if future is None or future.done():
+    def admitted(self, channel: Channel, seq: object) -> bool:
+        """The receiver admitted transfer `seq` on `channel`; False (counted stale) if none
+        waits for it."""
+        future = self._waiting(channel, seq)
+        if future is None:
             return False
         future.set_result(None)
         return True
 
-    def refused(self, channel: Channel, rid: str, reason: str) -> bool:
-        """The receiver refused `rid`'s transfer on `channel`; False if none waits for it."""
-        future = self._admissions.get(channel, {}).pop(rid, None)
-        if future is None or future.done():
+    def refused(self, channel: Channel, seq: object, rid: str, reason: str) -> bool:
+        """The receiver refused transfer `seq` (of `rid`) on `channel`; False (counted stale)
+        if none waits for it."""
+        future = self._waiting(channel, seq)
+        if future is None:
             return False
         future.set_exception(TransferRefused(f"{rid}: {channel.peer} refused it: {reason}"))
         return True
 
-    def forget(self, channel: Channel, rid: str) -> None:
-        """`rid`'s transfer on `channel` ended without its admission (cut)."""
-        future = self._admissions.get(channel, {}).pop(rid, None)
+    def _waiting(self, channel: Channel, seq: object) -> asyncio.Future[None] | None:
+        """The admission transfer `seq` on `channel` waits for, taken; None, counted, for a
+        reply to none (a transfer cut since, an earlier one, a malformed number)."""
+        waiting = self._admissions.get(channel, {})
+        future = waiting.pop(seq, None) if type(seq) is int else None  # not a bool
+        if future is None or future.done():
+            self.stale_replies += 1
+            return None
+        return future
+
+    def forget(self, channel: Channel, seq: int) -> None:
+        """Transfer `seq` on `channel` ended without its admission (cut)."""
+        future = self._admissions.get(channel, {}).pop(seq, None)
         if future is not None and not future.done():
             future.cancel()
 
     def closed(self, channel: Channel) -> None:
         """The link ended: every transfer waiting for its admission on it fails."""
-        for rid, future in self._admissions.pop(channel, {}).items():
+        self._last_seq.pop(channel, None)
+        for seq, future in self._admissions.pop(channel, {}).items():
             if not future.done():
-                future.set_exception(LinkLost(f"{rid}: the KV link to {channel.peer} ended"))
+                future.set_exception(
+                    LinkLost(f"transfer {seq}: the KV link to {channel.peer} ended")
+                )
 
 
 class Progress:

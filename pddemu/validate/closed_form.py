@@ -167,7 +167,7 @@ class ClosedForm:
         link = self.wan
         sent = route + link.serialise(self._size(self._kv_begin(request, prompt, hit)))
         # the chunks go once the receiver's `kv_admitted` is back: a round trip after the begin
-        admitted = Control("kv_admitted", {"rid": request.rid})
+        admitted = Control("kv_admitted", {"rid": request.rid, "seq": 1})
         sent += 2 * link.delay_s + link.serialise(self._size(admitted))
         position = hit
         step = slice_tokens(self._kv_chunk(request.rid, 0, 1).nbytes, self.chunk)  # a frame's
@@ -177,7 +177,8 @@ class ClosedForm:
                 frame = self._size(self._kv_chunk(request.rid, position, end))
                 sent = max(sent, ready) + link.serialise(frame)
                 position = end
-        end_frame = self._size(Control("kv_end", {"rid": request.rid, "first_token": 255}))
+        end = {"rid": request.rid, "seq": 1, "first_token": 255}
+        end_frame = self._size(Control("kv_end", end))
         sent += link.serialise(end_frame)
         return sent + link.delay_s
 
@@ -204,7 +205,7 @@ class ClosedForm:
             "md": "MD0",
         }
         body = {"rid": request.rid, "offset": hit, "prompt_tokens": prompt, "meta": meta}
-        return Control("kv_begin", {**body, "p": "P0", "p_hit": hit})
+        return Control("kv_begin", {**body, "p": "P0", "p_hit": hit, "seq": 1})
 
     def _kv_chunk(self, rid: str, begin: int, end: int) -> KVChunk:
         model = self.model

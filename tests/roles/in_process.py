@@ -92,7 +92,7 @@ class KvLinkEnd:
     async def admitted(self, rid: str) -> None:
         """Until the receiver has admitted `rid`'s transfer (its sender may send its KV)."""
         deadline = time.monotonic() + 10
-        while ("kv_admitted", {"rid": rid}) not in self.said:
+        while not any(kind == "kv_admitted" and body["rid"] == rid for kind, body in self.said):
             assert time.monotonic() < deadline, f"{rid} never admitted"
             await asyncio.sleep(0.001)
 

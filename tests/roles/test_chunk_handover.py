@@ -39,7 +39,7 @@ class Receiver:
         if handed is not None:
             handed()
         if kind == "kv_begin":
-            self.links.admitted(self, body["rid"])
+            self.links.admitted(self, body["seq"])
 
     async def send(self, chunk: object, handed: Any = None) -> int:
         self.handed.append(("chunk", self.clock.now()))

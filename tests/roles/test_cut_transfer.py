@@ -100,7 +100,7 @@ class Receiver:
         if handed is not None:
             handed()
         if kind == "kv_begin" and self.links is not None:
-            self.links.admitted(self, body["rid"])
+            self.links.admitted(self, body["seq"])
 
     async def send(self, chunk: object, handed: Callable[[], None] | None = None) -> int:
         if self.fail_at is not None and self.chunks >= self.fail_at:

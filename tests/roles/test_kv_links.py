@@ -313,3 +313,47 @@ def test_transfers_waiting_for_a_link_share_one_bounded_attempt() -> None:
     assert not done["r4"]["cancelled"] and len(link.accepted) == 2  # the queued one, the link
     assert link.p.links.open_attempts == 2 and link.p.stats()["kv_link_opens"] == 2
     assert link.p.transfers_cut == 3 and link.p.errors == []
+
+
+def test_a_stale_reply_or_cut_for_a_reused_rid_resolves_no_newer_transfer() -> None:
+    """A request's id is reused on a link (a retry): transfer 1 of "r" waits for memory and is
+    cut, transfer 2 of "r" begins on the same link and waits too. The relay's `kv_admitted`
+    and `kv_refused` for transfer 1 (still on their way when it was cut) reach P: they are
+    stale (counted), and transfer 2 sends nothing until its own admission; at the relay, a
+    `kv_cut` for transfer 1 read after transfer 2 began (P's cut queued behind it) cuts
+    nothing. Transfer 2 then completes. On the code before, keyed by rid alone, the stale
+    admission let transfer 2's chunks go before the relay had admitted it, and the stale cut
+    ended it."""
+    link = Link()
+    rld = link.rld
+
+    async def scenario() -> None:
+        capacity = rld.cost.kv_capacity_tokens()
+        filler = await rld.reserve_tokens(capacity - 1)
+        first = await link.send("r", 1)
+        await until(lambda: "r" in rld.admitting, "transfer 1 waiting for memory")
+        await link.p.on_cut(Envelope("cut", {"rid": "r", "destination": "RLD0"}, [], None))
+        await until(lambda: "r" in link.reports.done, "transfer 1 reported cut")
+        await until(lambda: "r" not in rld.admitting, "transfer 1 released at the relay")
+        assert first.destinations[0].task.done()
+        link.reports.done.clear()
+        await link.send("r", 1)
+        await until(lambda: "r" in rld.admitting, "transfer 2 waiting for memory")
+        p_end = link.p._peers["RLD0 (kv)"]
+        for kind, extra in (("kv_admitted", {}), ("kv_refused", {"reason": "old"})):
+            stale = Envelope(kind, {"rid": "r", "seq": 1, **extra}, [], p_end)
+            await link.p._dispatch(stale, p_end)
+        relay_end = rld.admissions["r"].message.channel
+        await rld._dispatch(Envelope("kv_cut", {"rid": "r", "seq": 1}, [], relay_end), relay_end)
+        await asyncio.sleep(0.1)
+        assert link.chunks_read("r") == 0 and "r" in rld.admitting and not link.reports.done
+        await rld.release_tokens(filler)
+        await until(lambda: "r" in link.reports.done, "transfer 2's end")
+        await until(lambda: rld.kv_reserved == 0, "the relay's memory back")
+
+    run(link, scenario)
+    assert not link.reports.done["r"]["cancelled"] and link.chunks_read("r") == 1
+    assert link.p.links.stale_replies == 2 and link.p.stats()["kv_link_stale_replies"] == 2
+    assert rld.stale_link_messages == 1 and rld.stats()["kv_link_stale_messages"] == 1
+    assert rld.transfers_cut == 1 and len(link.accepted) == 1
+    assert link.p.errors == [] and rld.errors == []
