@@ -57,6 +57,7 @@ from pddemu.model.kv import KV
 from pddemu.roles.base import Instance
 from pddemu.roles.recent import Recent
 from pddemu.roles.spec import InstanceSpec
+from pddemu.roles.transfer import first_chunk_end
 from pddemu.runtime.channel import Envelope
 from pddemu.runtime.clock import InstantHold
 from pddemu.wire import KVChunk
@@ -443,6 +444,8 @@ class DecodeInstance(Instance):
         modelled = self.cost.kv_capacity_tokens()
         prompt_len = self.bounded(body, "prompt_tokens", 1, genuine)
         offset = self.bounded(body, "offset", 0, prompt_len)
+        if body.get("p_hit") is not None:  # where P's chunks begin (a sender may not say)
+            self.bounded(body, "p_hit", 0, prompt_len)
         seq = body.get("seq")  # the transfer's number on its link (a sender may not number)
         if seq is not None:
             self.bounded(body, "seq", 0, 2**63 - 1)
@@ -558,10 +561,15 @@ class DecodeInstance(Instance):
         state["bytes"] += chunk.nbytes
         at = max(state["begun_at"], self.kernel_dated(received))
         state.setdefault("arrivals", []).append((at, chunk.nbytes))  # timelines
-        # the first prefill chunk's KV (P sends it in slices: `SLICE_BYTES`), its last byte
+        # the first prefill chunk's KV (P sends it in slices: `SLICE_BYTES`), its last byte:
+        # up to P's first chunk boundary past the offset (`first_chunk_end`)
         body = state["body"]
-        first_chunk = min(int(body["offset"]) + self.chunk_genuine, int(body["prompt_tokens"]))
-        if state["kv"].tokens >= first_chunk:
+        offset, prompt = int(body["offset"]), int(body["prompt_tokens"])
+        p_hit = body.get("p_hit")
+        first = first_chunk_end(
+            offset, offset if p_hit is None else p_hit, self.chunk_genuine, prompt
+        )
+        if state["kv"].tokens >= first:
             body.setdefault("first_chunk_at", at)
 
     async def on_kv_end(self, message: Envelope) -> None:

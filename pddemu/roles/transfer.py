@@ -53,6 +53,17 @@ def slice_tokens(token_bytes: int, chunk_tokens: int) -> int:
     return max(1, min(chunk_tokens, SLICE_BYTES // max(1, token_bytes)))
 
 
+def first_chunk_end(offset: int, p_hit: int, chunk_tokens: int, prompt_tokens: int) -> int:
+    """Where the first prefill chunk a destination receives ends (genuine tokens): P computes
+    a prompt from its own hit `p_hit` in chunks of `chunk_tokens`, so its chunk boundaries
+    are p_hit + k chunks; a destination that needs the KV from `offset` gets first the part
+    of the chunk that holds it, up to the next boundary (a partial chunk when its offset is
+    not on one). Before P's hit the KV is cached, and goes at once a chunk at a time."""
+    if offset < p_hit:
+        return min(offset + chunk_tokens, p_hit)
+    return min(prompt_tokens, p_hit + ((offset - p_hit) // chunk_tokens + 1) * chunk_tokens)
+
+
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # linux/tcp.h
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from netem.clock import SharedClock
 from pddemu.roles.main_decode import MainDecodeInstance
-from pddemu.runtime.channel import Channel
+from pddemu.roles.transfer import first_chunk_end
+from pddemu.runtime.channel import Channel, Envelope
+from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import instance
+from tests.roles.in_process import KvLinkEnd, instance
 from tests.runtime.test_dated_reads import _connected, _until_the_kernel_dates
 
 GAP_S = 0.2  # wall seconds between the chunk's sending and kv_end's, and before MD reads
@@ -68,3 +70,50 @@ def test_a_first_chunk_read_late_is_dated_by_its_arrival_before_the_transfers_en
     assert first_chunk_at < read_from - GAP_S / 2
     # what the router learns of the transfer's time on the WAN (frontend.on_kv_arrived)
     assert arrived["first_chunk_at"] == first_chunk_at and arrived["at"] == event["end_s"]
+
+
+def test_the_first_chunk_ends_at_ps_first_chunk_boundary_past_the_offset() -> None:
+    """MD's DRC holds the prompt up to a page past P's first chunk boundary (P computes from
+    its hit, 0 here, in chunks): the first chunk MD receives is the rest of P's second chunk,
+    a partial one, and it is dated when that had arrived (P's boundary, `first_chunk_end`),
+    not when a whole chunk past the offset had (in P's third chunk, a step later)."""
+
+    async def scenario() -> tuple[dict, float, float]:
+        md = instance(MainDecodeInstance, "MD")
+        chunk, page = md.chunk_genuine, md.page_tokens
+        prompt = [1 + i % 200 for i in range(3 * chunk)]
+        offset = chunk + page  # not on P's boundaries (0, chunk, 2 chunks, 3 chunks)
+        assert first_chunk_end(offset, 0, chunk, len(prompt)) == 2 * chunk
+        kv, _ = md.model.prefill(prompt, None, len(prompt))
+        md.store.release(md.store.insert(prompt[:offset], kv.token_slice(0, offset).clone()))
+        link = KvLinkEnd()
+        await md.on_match(
+            Envelope("match", {"rid": "r1"}, [TokenIds.from_ints("r1", 0, prompt)], link)
+        )
+        meta = {
+            "input_tokens": 32 * len(prompt),
+            "output_tokens": 64,
+            "predicted_output_tokens": 64,
+            "pipeline": "P-RLD-MD",
+            "frontend": "FE0",
+            "rld": "RLD0",
+        }
+        begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": offset, "p_hit": 0}
+        await md.on_kv_begin(Envelope("kv_begin", {**begin, "meta": meta, "seq": 1}, [], link))
+        await link.admitted("r1")
+        dated = {}
+        for begin_at, end_at in ((offset, 2 * chunk), (2 * chunk, 3 * chunk)):  # P's steps
+            await asyncio.sleep(0.05)
+            part = kv_chunk_from_tensor("r1", 0, begin_at, kv.token_slice(begin_at, end_at).tensor)
+            await md.on_kv_chunk(part, link)
+            dated[end_at] = md.clock.now()
+        end = {"rid": "r1", "seq": 1, "first_token": 7, "ready": md.clock.now()}
+        await md.on_kv_end(Envelope("kv_end", end, [], link))
+        await asyncio.sleep(0.05)  # the arrival's bookkeeping runs beside
+        (arrived,) = [body for _, kind, body in md.told if kind == "kv_arrived"]
+        assert md.errors == [], md.errors
+        return arrived, dated[2 * chunk], dated[3 * chunk]
+
+    arrived, boundary_at, next_at = asyncio.run(scenario())
+    # dated by the partial chunk up to P's boundary; on the code before, by the next one
+    assert arrived["first_chunk_at"] <= boundary_at < next_at - 0.03, (arrived, boundary_at)
