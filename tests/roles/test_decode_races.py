@@ -721,3 +721,39 @@ def test_a_match_read_after_its_requests_kv_pins_nothing() -> None:
     pinned, matches, cached = asyncio.run(scenario())
     assert cached > 0, "the prompt never reached the DRC: nothing to pin"
     assert (pinned, matches) == (0, [])
+
+
+def test_a_newer_transfer_of_a_request_on_its_link_ends_the_earlier_one() -> None:
+    """A `kv_begin` for a request that still has a transfer on the same link (its sender cut
+    that one, and the cut is queued behind this begin) ends the earlier transfer as its cut
+    would (its memory given back); the earlier one's `kv_cut`, read after, is stale: the
+    newer transfer goes on and completes."""
+
+    async def scenario() -> RelayInstance:
+        rld = instance(RelayInstance, "RLD")
+        await rld.start()
+        prompt = list(range(1, 41))
+        kv, _ = rld.model.prefill(prompt, None, len(prompt))
+        link = KvLinkEnd()
+        meta = {**META, "predicted_output_tokens": 300}
+        reserved = []
+        for seq in (1, 2):
+            body = {"rid": "r", "prompt_tokens": 40, "offset": 0, "meta": meta, "seq": seq}
+            await rld.on_kv_begin(Envelope("kv_begin", body, [], link))
+            await link.admitted("r")
+            link.said.clear()
+            await asyncio.sleep(0.01)  # a release runs beside
+            reserved.append(rld.kv_reserved)
+        await rld.on_kv_cut(Envelope("kv_cut", {"rid": "r", "seq": 1}, [], link))
+        assert rld.receiving["r"]["seq"] == 2
+        assert reserved == [40 * 32 + 300] * 2 and rld.kv_reserved == reserved[0]  # one's
+        await rld.on_kv_chunk(kv_chunk_from_tensor("r", 0, 0, kv.tensor), link)
+        end = {"rid": "r", "seq": 2, "first_token": 7, "ready": 0.0}
+        await rld.on_kv_end(Envelope("kv_end", end, [], link))
+        await asyncio.sleep(0.05)
+        await rld.end_tasks()
+        return rld
+
+    rld = asyncio.run(scenario())
+    assert rld.transfers_cut == 1 and rld.stale_link_messages == 1
+    assert "r" in rld.requests and rld.errors == [], rld.errors
