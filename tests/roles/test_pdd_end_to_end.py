@@ -9,10 +9,9 @@ import uuid
 import numpy as np
 import pytest
 
-from pddemu.model import ModelConfig
-from pddemu.reference import reference_outputs
 from tests.conftest import require_namespaces
 from tests.roles.harness import Emulation, make_request, random_tokens, scenario_config
+from tests.roles.idle_reference import IdleReference
 
 MODES = [
     ("one-shot", "extend"),
@@ -72,10 +71,12 @@ def runs(tmp_path_factory):
     # (the same lengths and arrivals, other tokens), so it replays the first phase's once
     naive_requests = phases[0][1]
     name = "t" + uuid.uuid4().hex[:10]
-    with Emulation(name, config, tmp_path_factory.mktemp("e2e")) as emulation:
-        pdd = emulation.run("pdd", phases)
-        naive = emulation.run("naive", [({}, naive_requests)])
-    reference = reference_outputs(everything, ModelConfig(**config.model), 512)
+    run_dir = tmp_path_factory.mktemp("e2e")
+    with IdleReference(everything, config.model, run_dir / "reference") as computing:
+        with Emulation(name, config, run_dir) as emulation:
+            pdd = emulation.run("pdd", phases)
+            naive = emulation.run("naive", [({}, naive_requests)])
+        reference = computing.outputs()
     return {
         "pdd": pdd,
         "naive": naive,
