@@ -16,6 +16,7 @@ from pddemu.model import ModelConfig
 from pddemu.reference import reference_outputs
 from tests.conftest import require_namespaces
 from tests.roles.harness import Emulation, make_request, random_tokens, scenario_config
+from tests.roles.idle_reference import IdleReference
 
 DETECT_WITHIN_S = 1.0
 
@@ -59,10 +60,13 @@ def run(
     sessions: bool = True,
 ) -> dict:
     requests = workload(seed, sessions=sessions)
-    records, outputs, stats, deployment = emulation.run_with_faults(
-        system, requests, faults, config
-    )
-    reference = reference_outputs(requests, ModelConfig(**config.model), 512)
+    with IdleReference(
+        requests, config.model, emulation.run_dir / f"reference-{seed}"
+    ) as computing:
+        records, outputs, stats, deployment = emulation.run_with_faults(
+            system, requests, faults, config
+        )
+        reference = computing.outputs()
     return {
         "records": {r.request_id: r for r in records},
         "outputs": outputs,
