@@ -463,6 +463,7 @@ class DecodeInstance(Instance):
         outputs = min(
             genuine, genuine_output_length(max(1, planned), self.config.scale.token_scale)
         )
+        self.prompt_begun(message)
         return Admission(message, need, prompt_len + outputs + 1, offset, begun_at, seq), need
 
     async def _refuse(self, message: Envelope, error: Exception) -> None:
@@ -695,6 +696,10 @@ class DecodeInstance(Instance):
     def transfer_cut(self, rid: str, kv: KV) -> None:
         """A request's KV will not arrive complete; `kv` holds the prompt's first tokens that
         did (subclasses forget what they kept for it, or keep it)."""
+
+    def prompt_begun(self, message: Envelope) -> None:
+        """A transfer's `kv_begin`, its sizes checked: what a subclass keeps of the prompt it
+        describes (a ValueError refuses the transfer)."""
 
     def prefix_for(self, rid: str, offset: int) -> KV | None:
         """KV of the first `offset` prompt tokens, which this instance already holds."""

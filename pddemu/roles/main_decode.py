@@ -33,12 +33,15 @@ from pddemu.runtime.channel import Envelope
 
 @dataclass
 class Pinned:
-    """A prefix held for a request: from the frontend's match until the KV has arrived."""
+    """A prefix held for a request: from the frontend's match until the KV has arrived.
+    `prefix` holds the ids of the `length` tokens held; `prompt`, the whole prompt's, once
+    its `kv_begin` has brought the rest (the DRC's insert keys)."""
 
-    prompt: list[int]
+    prefix: list[int]
     length: int
     node: Any
     handles: list = field(default_factory=list)
+    prompt: list[int] | None = None
 
 
 class MainDecodeInstance(DecodeInstance):
@@ -80,7 +83,7 @@ class MainDecodeInstance(DecodeInstance):
             else (0, None, [])
         )
         if rid not in self.kv_begun:
-            self.matches[rid] = Pinned(prompt, length, node, handles)
+            self.matches[rid] = Pinned(prompt[:length], length, node, handles)
         answer = {"rid": rid, "hit": length, "instance": self.name}
         if self.exact(message.channel.peer):
             await message.channel.control("matched", answer)
@@ -107,6 +110,24 @@ class MainDecodeInstance(DecodeInstance):
         for frontend in self.spec.peers_with_role("FE"):
             self.connect_early(frontend.name)
         await super().on_kv_begin(message)
+
+    def prompt_begun(self, message: Envelope) -> None:
+        """The prompt's ids, for the DRC's insert when its KV comes: those of the prefix held
+        here for the request (its match's), then those `kv_begin` carries from its offset."""
+        if not self.config.policy.drc:
+            return
+        body = message.body
+        rid, offset, tokens = body["rid"], body["offset"], body["prompt_tokens"]
+        increment = message.token_ids()
+        pinned = self.matches.get(rid)
+        held = pinned.prefix if pinned is not None else []
+        if offset > len(held) or offset + len(increment) != tokens:
+            raise ValueError(
+                f"{rid}: kv_begin carries {len(increment)} ids from token {offset} of a prompt "
+                f"of {tokens}, {len(held)} of which are held here"
+            )
+        if pinned is not None:
+            pinned.prompt = held[:offset] + increment
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,
@@ -141,7 +162,7 @@ class MainDecodeInstance(DecodeInstance):
         """The transfer was cut off mid-way: keep what arrived of the prompt (whole pages) in
         the DRC, so the session's next turn sends less."""
         pinned = self.matches.get(rid)
-        if self.config.policy.drc and pinned is not None and kv.tokens:
+        if self.config.policy.drc and pinned is not None and pinned.prompt and kv.tokens:
             self.store.release(self.store.insert(pinned.prompt[: kv.tokens], kv.clone()))
         self._unpin_match(rid)
         resume = self.pending_resume.pop(rid, None)
@@ -169,7 +190,7 @@ class MainDecodeInstance(DecodeInstance):
         # The intake, under its hold (`DecodeInstance.intake_done`): the DRC's copy of the
         # prompt, then the request in the batch (if it streams now), before anything is sent.
         pinned = self.matches.get(rid)
-        if self.config.policy.drc and pinned is not None:
+        if self.config.policy.drc and pinned is not None and pinned.prompt is not None:
             self.held[rid] = self.store.insert(
                 pinned.prompt, request.kv.token_slice(0, request.prompt_len).clone()
             )

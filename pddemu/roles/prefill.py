@@ -36,6 +36,7 @@ from pddemu.roles.transfer import (
 )
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
+from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
 
 
@@ -314,6 +315,7 @@ class PrefillInstance(Instance):
                     "p_hit": job.hit,
                     "seq": seq,
                 },
+                *self.increment_ids(job, destination),
                 handed=begun.set,
                 on_turn=held,
             )
@@ -374,6 +376,16 @@ class PrefillInstance(Instance):
             return
         await self._report(job, destination, started, cancelled=False)
         self._forget_if_done(job)
+
+    def increment_ids(self, job: PrefillJob, destination: Destination) -> tuple[TokenIds, ...]:
+        """The ids of the prompt beyond the destination's offset, for a decode instance that
+        keeps a DRC: its insert takes the prompt's ids from here (the part it holds it knows from
+        the frontend's `match`), so that the match need not carry them. The relay keeps nothing
+        across requests: it gets none."""
+        if not self.config.policy.drc or self.address(destination.name).role == "RLD":
+            return ()
+        increment = job.prompt[destination.offset :]
+        return (TokenIds.from_ints(job.rid, destination.offset, increment),)
 
     async def _cut(self, channel: Channel, rid: str, seq: int) -> None:
         """Tell the receiver transfer `seq` on a link that goes on is cut (after whatever of

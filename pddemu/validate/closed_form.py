@@ -165,7 +165,10 @@ class ClosedForm:
         if not across_wan:
             return max(route, steps[-1][0])
         link = self.wan
-        sent = route + link.serialise(self._size(self._kv_begin(request, prompt, hit)))
+        begin = self._size(self._kv_begin(request, prompt, hit))
+        if self.config.policy.drc:  # with the increment's ids, for the DRC's insert
+            begin += self._size(TokenIds.from_ints(request.rid, hit, [0] * (prompt - hit)))
+        sent = route + link.serialise(begin)
         # the chunks go once the receiver's `kv_admitted` is back: a round trip after the begin
         admitted = Control("kv_admitted", {"rid": request.rid, "seq": 1})
         sent += 2 * link.delay_s + link.serialise(self._size(admitted))
@@ -205,6 +208,8 @@ class ClosedForm:
             "md": "MD0",
         }
         body = {"rid": request.rid, "offset": hit, "prompt_tokens": prompt, "meta": meta}
+        if self.config.policy.drc:  # the increment's ids attached
+            body["attach"] = 1
         return Control("kv_begin", {**body, "p": "P0", "p_hit": hit, "seq": 1})
 
     def _kv_chunk(self, rid: str, begin: int, end: int) -> KVChunk:

@@ -32,7 +32,9 @@ class Receiver:
     def get_extra_info(self, _name: str) -> None:
         return None
 
-    async def control(self, kind: str, body: dict, handed: Any = None, on_turn: Any = None) -> None:
+    async def control(
+        self, kind: str, body: dict, *_attachments: Any, handed: Any = None, on_turn: Any = None
+    ) -> None:
         if on_turn is not None:
             on_turn()
         self.handed.append((kind, self.clock.now()))

@@ -55,7 +55,7 @@ def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> Non
         await md.on_match(Envelope("match", {"rid": "r1"}, ids, Connection()))
         meta = {"input_tokens": 4096, "output_tokens": 512, "predicted_output_tokens": 300}
         begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
-        await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
+        await md.on_kv_begin(Envelope("kv_begin", begin, ids, connection))
         reserved = md.kv_reserved
         kv, _ = md.model.prefill(prompt[: 2 * page], None, 2 * page)
         await md.on_kv_chunk(kv_chunk_from_tensor("r1", 0, 0, kv.tensor), connection)
@@ -91,6 +91,7 @@ class Receiver:
         self,
         kind: str,
         body: dict,
+        *_attachments: object,
         handed: Callable[[], None] | None = None,
         on_turn: Callable[[], None] | None = None,
     ) -> None:

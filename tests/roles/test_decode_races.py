@@ -299,7 +299,7 @@ def test_a_release_while_a_failed_requests_kv_is_here_leaves_no_memory_held(stag
         begin = Envelope(
             "kv_begin",
             {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": meta},
-            [],
+            [TokenIds.from_ints("r", 0, prompt)],
             connection,
         )
         release = Envelope("release", {"rid": "r", "kv_expected": False}, [], None)
@@ -360,7 +360,7 @@ def test_a_request_dropped_by_a_failed_step_unpins_its_prompt_in_the_drc() -> No
         connection = KvLinkEnd()
         meta = {**META, "pipeline": "P-MD", "predicted_output_tokens": 300}
         begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
-        await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
+        await md.on_kv_begin(Envelope("kv_begin", begin, ids, connection))
         await md.on_kv_chunk(kv_chunk_from_tensor("r", 0, 0, kv.tensor), connection)
         await md.on_kv_end(Envelope("kv_end", {"rid": "r", "first_token": 7}, [], connection))
         deadline = time.monotonic() + 10
@@ -499,7 +499,7 @@ def p_md_transfer(made: Any, rid: str, meta: dict[str, Any]) -> list[Envelope]:
     connection = KvLinkEnd()
     begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
     return [
-        Envelope("kv_begin", begin, [], connection),
+        Envelope("kv_begin", begin, [TokenIds.from_ints(rid, 0, prompt)], connection),
         kv_chunk_from_tensor(rid, 0, 0, kv.tensor),
         Envelope("kv_end", {"rid": rid, "first_token": 7}, [], connection),
     ]
@@ -702,7 +702,8 @@ def test_a_match_read_after_its_requests_kv_pins_nothing() -> None:
             connection = KvLinkEnd()
             meta = {**META, "pipeline": "P-MD", "output_tokens": 2, "predicted_output_tokens": 2}
             begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
-            await md.on_kv_begin(Envelope("kv_begin", begin, [], connection))
+            ids = [TokenIds.from_ints(rid, 0, prompt)]
+            await md.on_kv_begin(Envelope("kv_begin", begin, ids, connection))
             await md.on_kv_chunk(kv_chunk_from_tensor(rid, 0, 0, kv.tensor), connection)
             end = {"rid": rid, "first_token": 7}
             await md.on_kv_end(Envelope("kv_end", end, [], connection))

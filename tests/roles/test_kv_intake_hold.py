@@ -57,9 +57,10 @@ async def transfer(md: Any, rid: str, output_tokens: int = 64) -> None:
         "pipeline": "P-MD",
         "frontend": "FE0",
     }
-    md.matches[rid] = Pinned(PROMPT, 0, None)  # the frontend's match: nothing held yet
+    md.matches[rid] = Pinned([], 0, None)  # the frontend's match: nothing held yet
     begin = {"rid": rid, "prompt_tokens": len(PROMPT), "offset": 0, "meta": meta, "p": "P0"}
-    await md.on_kv_begin(Envelope("kv_begin", begin, [], channel, md.clock.now()))
+    ids = [TokenIds.from_ints(rid, 0, PROMPT)]
+    await md.on_kv_begin(Envelope("kv_begin", begin, ids, channel, md.clock.now()))
     chunk = kv_chunk_from_tensor(rid, 0, 0, kv.tensor)
     await md.on_kv_chunk(chunk, channel, md.clock.now())
     end = Envelope("kv_end", {"rid": rid, "first_token": 7}, [], channel, md.clock.now())
@@ -131,7 +132,8 @@ def test_a_transfer_refused_at_its_end_lets_time_go_on(tmp_path: Path) -> None:
         channel = KvLinkEnd()
         meta = {"input_tokens": 8192, "output_tokens": 64, "pipeline": "P-MD", "frontend": "FE0"}
         begin = {"rid": "r1", "prompt_tokens": len(PROMPT), "offset": 0, "meta": meta}
-        await md.on_kv_begin(Envelope("kv_begin", begin, [], channel, md.clock.now()))
+        ids = [TokenIds.from_ints("r1", 0, PROMPT)]
+        await md.on_kv_begin(Envelope("kv_begin", begin, ids, channel, md.clock.now()))
         half = kv.token_slice(0, len(PROMPT) // 2).clone()
         await md.on_kv_chunk(kv_chunk_from_tensor("r1", 0, 0, half.tensor), channel, None)
         end = Envelope("kv_end", {"rid": "r1", "first_token": 7}, [], channel, md.clock.now())

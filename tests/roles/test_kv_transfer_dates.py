@@ -43,7 +43,7 @@ def test_a_first_chunk_read_late_is_dated_by_its_arrival_before_the_transfers_en
             "rld": "RLD0",
         }
         begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": 0, "meta": meta, "p": "P0"}
-        await writer.control("kv_begin", begin)
+        await writer.control("kv_begin", begin, TokenIds.from_ints("r1", 0, prompt))
         await writer.send(kv_chunk_from_tensor("r1", 0, 0, kv.tensor))
         await asyncio.sleep(GAP_S)
         await writer.control("kv_end", {"rid": "r1", "first_token": 7, "ready": md.clock.now()})
@@ -99,7 +99,8 @@ def test_the_first_chunk_ends_at_ps_first_chunk_boundary_past_the_offset() -> No
             "rld": "RLD0",
         }
         begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": offset, "p_hit": 0}
-        await md.on_kv_begin(Envelope("kv_begin", {**begin, "meta": meta, "seq": 1}, [], link))
+        ids = [TokenIds.from_ints("r1", offset, prompt[offset:])]
+        await md.on_kv_begin(Envelope("kv_begin", {**begin, "meta": meta, "seq": 1}, ids, link))
         await link.admitted("r1")
         dated = {}
         for begin_at, end_at in ((offset, 2 * chunk), (2 * chunk, 3 * chunk)):  # P's steps

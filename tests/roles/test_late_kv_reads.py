@@ -51,7 +51,9 @@ class LateConnection:
     def get_extra_info(self, _name: str) -> None:
         return None
 
-    async def control(self, kind: str, body: dict, handed: Any = None, on_turn: Any = None) -> int:
+    async def control(
+        self, kind: str, body: dict, *_attachments: Any, handed: Any = None, on_turn: Any = None
+    ) -> int:
         if on_turn is not None:  # its turn on the connection: at once
             on_turn()
         stamped = Control(kind, {**body, "t": self.p.clock.now()})

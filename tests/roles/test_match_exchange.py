@@ -1,7 +1,8 @@
 """MD's answer to the frontend's `match`: the whole pages of the prompt its DRC holds (a prefix
 that ends mid-page counts its whole pages only, and never the whole prompt: its last token must
 be computed), pinned for the request until it is released; a match read after the request's KV
-began to come (the frontend gave up waiting) pins nothing."""
+began to come (the frontend gave up waiting) pins nothing. The DRC's insert keys the prompt by
+the held prefix's ids and those its `kv_begin` brings."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
-from tests.roles.in_process import instance
+from pddemu.wire.tensors import kv_chunk_from_tensor
+from tests.roles.in_process import KvLinkEnd, instance
 
 
 class Frontend:
@@ -91,3 +93,57 @@ def test_a_match_read_after_the_kv_began_pins_nothing() -> None:
 
     cached = [1 + i for i in range(PAGES * 2)]
     assert asyncio.run(scenario()) == (0, 0)
+
+
+META = {"input_tokens": 14 * 32, "output_tokens": 40, "frontend": "FE0", "pipeline": "P-RLD-MD"}
+
+
+async def transfer(md: MainDecodeInstance, rid: str, prompt: list[int], offset: int) -> None:
+    """P's transfer of `prompt`'s KV from `offset`, its ids with its `kv_begin` as P sends
+    them to a decode instance with a DRC."""
+    link = KvLinkEnd()
+    begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": offset, "meta": META}
+    ids = [TokenIds.from_ints(rid, offset, prompt[offset:])]
+    await md.on_kv_begin(Envelope("kv_begin", begin, ids, link))
+    kv, _ = md.model.prefill(prompt, None, len(prompt))
+    increment = kv.token_slice(offset, len(prompt)).tensor
+    await md.on_kv_chunk(kv_chunk_from_tensor(rid, 0, offset, increment), link)
+    await md.on_kv_end(Envelope("kv_end", {"rid": rid, "first_token": 7}, [], link))
+    while md.expects(rid):  # its intake runs beside
+        await asyncio.sleep(0.001)
+
+
+def test_the_drc_keys_a_prompt_by_the_held_prefix_and_the_ids_its_kv_begin_brings() -> None:
+    """The match tells MD the prefix it holds; `kv_begin` brings the ids beyond it: the DRC
+    then holds the whole prompt, which the session's next turn finds."""
+
+    async def scenario() -> tuple[int, int, int]:
+        md = cached_md(cached)
+        page = md.page_tokens
+        prompt = cached[: 3 * page + 1] + [200 + i for i in range(4 * page - 1)]  # 7 pages
+        hit = await match(md, "r", prompt)
+        await transfer(md, "r", prompt, hit)
+        next_turn = await match(md, "s", [*prompt, 1, 2, 3])
+        return page, hit, next_turn
+
+    cached = [1 + i for i in range(PAGES * 2)]
+    page, hit, next_turn = asyncio.run(scenario())
+    assert hit == 3 * page
+    assert next_turn == 7 * page
+
+
+def test_a_kv_begin_whose_ids_do_not_make_its_prompt_is_refused_naming_them() -> None:
+    async def scenario() -> list[tuple[str, dict]]:
+        md = cached_md(cached)
+        prompt = cached[:7] + [200, 201, 202]
+        hit = await match(md, "r", prompt)
+        link = KvLinkEnd()
+        begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": hit, "meta": META}
+        ids = [TokenIds.from_ints("r", hit + 1, prompt[hit + 1 :])]  # one id short
+        with pytest.raises(ValueError, match="kv_begin carries 3 ids from token 6 of a prompt"):
+            await md.on_kv_begin(Envelope("kv_begin", begin, ids, link))
+        return link.said
+
+    cached = [1 + i for i in range(PAGES * 2)]
+    ((kind, body),) = asyncio.run(scenario())
+    assert kind == "kv_refused" and "kv_begin carries" in body["reason"]

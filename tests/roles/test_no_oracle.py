@@ -21,11 +21,13 @@ from pddemu.roles.decode import DecodeRequest
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
+from pddemu.wire import TokenIds
 from tests.roles.in_process import KvLinkEnd, admit, frontend, instance
 
 CONFIG = load_config(None, ["scale.time_scale=20"])
 G = CONFIG.scale.token_scale
 INPUT = 30 * G  # modelled prompt tokens
+PROMPT_IDS = [TokenIds.from_ints("r", 0, range(1, 31))]  # its genuine ids, with its kv_begin
 SWITCH = 45  # where the relay's (steered) final part would name MD's switch
 
 
@@ -87,7 +89,7 @@ def test_memory_admitted_for_a_transfer_is_the_prompt_and_the_predicted_output(t
         md = instance(MainDecodeInstance, "MD", CONFIG)
         body = {"rid": "r", "prompt_tokens": 30, "offset": 0, "meta": leg_meta(40, truth)}
         body["meta"]["pipeline"] = "P-MD"
-        await md.on_kv_begin(Envelope("kv_begin", body, [], KvLinkEnd()))
+        await md.on_kv_begin(Envelope("kv_begin", body, PROMPT_IDS, KvLinkEnd()))
         return md.kv_reserved
 
     assert asyncio.run(scenario()) == INPUT + 40
@@ -116,7 +118,7 @@ def test_a_transfer_with_a_bad_output_length_is_refused_at_its_begin(key: str, v
         else:
             body["meta"][key] = value
         with pytest.raises(ValueError, match=key):
-            await md.on_kv_begin(Envelope("kv_begin", body, [], KvLinkEnd()))
+            await md.on_kv_begin(Envelope("kv_begin", body, PROMPT_IDS, KvLinkEnd()))
         return md.kv_reserved
 
     assert asyncio.run(scenario()) == 0
