@@ -48,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pddemu.cache.page_hashes import chained_page_hashes, hash_text
 from pddemu.emulated_network import queue_seconds, scale_model
 from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
@@ -57,6 +58,7 @@ from pddemu.policy.wan import WanEstimator
 from pddemu.roles.base import Instance, log
 from pddemu.roles.client_gone import client_gone_abandons
 from pddemu.roles.openai_api import OpenAIFrontDoor
+from pddemu.roles.routed_prompts import RoutedPrompts
 from pddemu.roles.sizing import cost_model
 from pddemu.roles.spec import InstanceSpec
 from pddemu.runtime.channel import Envelope
@@ -186,6 +188,10 @@ class Frontend(Instance):
         self.predictor = OutputLengthPredictor()
         self.inexact_dates = 0
         self.unmatched = 0  # requests routed with no decode-side hit (`decode_side_hit`)
+        # what it sent each decode instance (from the first), named in its `match` (DRC only)
+        self.routed_prompts: dict[str, RoutedPrompts] = {}
+        # the matches' bytes as sent (framing included): count, total, smallest, largest
+        self.match_bytes = {"count": 0, "total": 0, "min": 0, "max": 0}
 
     def request_token_limit(self) -> int:
         """Modelled tokens (prompt and output) one request may have: what the smallest instance
@@ -239,6 +245,8 @@ class Frontend(Instance):
             change.reason,
         )
         if change.state == DOWN:
+            if change.instance in self.routed_prompts:  # it may come back restarted, empty
+                self.routed_prompts[change.instance].lost()
             self.spawn(self.fail_over(change.instance), f"failover from {change.instance}")
 
     def routable(self, names: list[str]) -> list[str]:
@@ -397,6 +405,8 @@ class Frontend(Instance):
         flight.transfers_reported.clear()
         prompt = TokenIds.from_ints(leg, 0, flight.prompt)
         await self.tell(flight.p, "prefill", {"rid": leg, **meta}, prompt)
+        if not relay:
+            self.routed_there(target, leg, flight.prompt)
         destination = {"name": target, "offset": offset, "meta": meta}
         await self.tell(flight.p, "route", {"rid": leg, "destinations": [destination]})
 
@@ -416,13 +426,37 @@ class Frontend(Instance):
             return 0
         loop = asyncio.get_running_loop()
         flight.replies = {"matched": loop.create_future()}
-        await self.tell(target, "match", {"rid": leg}, TokenIds.from_ints(leg, 0, flight.prompt))
+        await self.ask_match(target, leg, flight.prompt)
         try:
             hit = await self.decode_side_hit(flight, target)
         finally:
             self.drop_answer_hold(flight)
         flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
         return hit
+
+    async def ask_match(self, target: str, leg: str, prompt: list[int]) -> None:
+        """Ask `target` how much of the prompt its DRC holds: named by the chained hashes of
+        the points where it leaves the prompts routed there (`RoutedPrompts`), not its ids."""
+        points = self.prompts_routed_to(target).points(prompt)
+        hashes = chained_page_hashes(prompt[: points[0]], self.page_tokens) if points else []
+        named = [[point, hash_text(hashes[point // self.page_tokens - 1])] for point in points]
+        body = {"rid": leg, "prompt_tokens": len(prompt), "prefixes": named}
+        sent = await self.tell(target, "match", body)
+        tally = self.match_bytes
+        tally["min"] = min(tally["min"], sent) if tally["count"] else sent
+        tally["max"] = max(tally["max"], sent)
+        tally["count"] += 1
+        tally["total"] += sent
+
+    def routed_there(self, target: str, leg: str, prompt: list[int]) -> None:
+        """P is told to send the leg's KV to `target`: its record of what it may hold."""
+        if self.asks_decode_side:
+            self.prompts_routed_to(target).routed(leg, prompt)
+
+    def prompts_routed_to(self, target: str) -> RoutedPrompts:
+        if target not in self.routed_prompts:
+            self.routed_prompts[target] = RoutedPrompts(self.page_tokens)
+        return self.routed_prompts[target]
 
     @property
     def asks_decode_side(self) -> bool:
@@ -697,8 +731,7 @@ class Frontend(Instance):
         match = None
         if self.asks_decode_side:
             flight.replies["matched"] = loop.create_future()
-            message = self.tell(flight.decode, "match", {"rid": rid}, prompt)
-            match = asyncio.ensure_future(message)
+            match = asyncio.ensure_future(self.ask_match(flight.decode, rid, flight.prompt))
         try:
             await self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt)
             if not self.exact(flight.p):
@@ -824,6 +857,7 @@ class Frontend(Instance):
         if pipeline != "RLD-only":
             record.md_hit_tokens = min(md_hit * scale, record.input_tokens)
             destinations.append({"name": flight.decode, "offset": md_hit, "meta": meta})
+            self.routed_there(flight.decode, rid, flight.prompt)
             self.add_load(flight, flight.decode)
             if WAN_DECODE[self.system]:
                 self.wan.started(rid, increment * self.target_kv_bytes)
@@ -1091,10 +1125,13 @@ class Frontend(Instance):
         return None
 
     async def on_transfer_done(self, message: Envelope) -> None:
+        destination = message.body["destination"]
+        if destination in self.routed_prompts and int(message.body["tokens_sent"]) > 0:
+            # chunks go only once the receiver admitted the transfer: it read the prompt's ids
+            self.routed_prompts[destination].began(message.body["rid"])
         flight = self.legs.get(message.body["rid"])
         if flight is None:
             return
-        destination = message.body["destination"]
         if message.body["rid"] != flight.leg:  # an abandoned leg's: its bytes did cross
             if WAN_DECODE[self.system] and destination in self.decode_names:
                 self.add_wan_bytes(flight, int(message.body["bytes"]))
@@ -1285,5 +1322,6 @@ class Frontend(Instance):
             "failovers": self.failover_log,
             "door": self.door.stats(),
             "unmatched": self.unmatched,  # serve's verdict judges them (emulate: the records)
+            "match_bytes": self.match_bytes,
             "verdict": self.verdict,  # pddemu serve's lag verdict so far (None elsewhere)
         }

@@ -1,7 +1,10 @@
 """MD: main decode across the WAN (and, with other wiring, a baseline's decode instance D).
 
 It keeps a decode-side radix cache (DRC) of prompt KV, so the frontend can ask how much of a
-prompt it already holds (`match`, which pins that prefix) and P sends only the rest. Then:
+prompt it already holds (`match`, which pins that prefix) and P sends only the rest. The match
+names the prompt's prefixes by chained page hashes (`pddemu.roles.routed_prompts`), which MD
+resolves to ids through its index of every prompt whose KV began to come (`PrefixIndex`); the
+ids beyond the hit come with P's `kv_begin`. Then:
 - pipeline P-MD (and the baselines): MD owns the stream from the first token;
 - pipeline P-RLD-MD: MD tells the relay it has the KV (`md_ready`, with what the relay needs to
   pick the handoff mode: MD's batch and the message's send time) and takes the request over
@@ -22,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pddemu.cache.page_hashes import PrefixIndex, parse_hash
 from pddemu.model import greedy
 from pddemu.model.kv import KV
 from pddemu.policy.handoff import PACE_SLACK
@@ -56,6 +60,7 @@ class MainDecodeInstance(DecodeInstance):
         self.role = spec.me.role  # MD, or D for a baseline
         capacity = self.kv_capacity_genuine() if self.config.policy.drc else 0
         self.store = PrefixKVStore(self.page_tokens, capacity)
+        self.prefixes = PrefixIndex(self.page_tokens)  # what the frontend's match names
         self.matches: dict[str, Pinned] = {}
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
         # finished or dropped here: a release that comes after has no KV still on its way
@@ -76,14 +81,15 @@ class MainDecodeInstance(DecodeInstance):
         shaper holds modelled time at the match's release until the answer has left
         (`let_routing_go`): it leaves as of the match's arrival, however late it is read."""
         rid = message.body["rid"]
-        prompt = message.token_ids()
+        prompt_tokens, named = self.named_prefixes(message.body)
+        prefix = self.prefixes.longest(named)
         length, node, handles = (
-            self.store.match(prompt)
+            self.store.match(prefix, prompt_tokens)
             if self.config.policy.drc and rid not in self.kv_begun
             else (0, None, [])
         )
         if rid not in self.kv_begun:
-            self.matches[rid] = Pinned(prompt[:length], length, node, handles)
+            self.matches[rid] = Pinned(prefix[:length], length, node, handles)
         answer = {"rid": rid, "hit": length, "instance": self.name}
         if self.exact(message.channel.peer):
             await message.channel.control("matched", answer)
@@ -103,6 +109,21 @@ class MainDecodeInstance(DecodeInstance):
         # first token back by a WAN round trip.
         self.connect_early(message.channel.peer)
 
+    def named_prefixes(self, body: dict[str, Any]) -> tuple[int, list[tuple[int, int]]]:
+        """A match's prompt length (genuine tokens) and the prefixes it names, (tokens, hash)
+        pairs; ValueError naming what is malformed."""
+        prompt_tokens = self.bounded(body, "prompt_tokens", 1, self.kv_capacity_genuine())
+        named = body.get("prefixes")
+        if not isinstance(named, list):
+            raise ValueError(f"prefixes must be a list, got {named!r:.80}")
+        pairs = []
+        for item in named:
+            if not (isinstance(item, list) and len(item) == 2):
+                raise ValueError(f"a named prefix is [tokens, hash], got {item!r:.80}")
+            tokens = self.bounded({"tokens": item[0]}, "tokens", 1, prompt_tokens)
+            pairs.append((tokens, parse_hash(item[1])))
+        return prompt_tokens, pairs
+
     async def on_kv_begin(self, message: Envelope) -> None:
         self.kv_begun.add(message.body["rid"])
         # With no DRC the frontend asks no match: the connection to it (see `on_match`) is
@@ -113,7 +134,8 @@ class MainDecodeInstance(DecodeInstance):
 
     def prompt_begun(self, message: Envelope) -> None:
         """The prompt's ids, for the DRC's insert when its KV comes: those of the prefix held
-        here for the request (its match's), then those `kv_begin` carries from its offset."""
+        here for the request (its match's), then those `kv_begin` carries from its offset.
+        Every prefix of it is indexed by its hash, for the matches that name it."""
         if not self.config.policy.drc:
             return
         body = message.body
@@ -126,8 +148,10 @@ class MainDecodeInstance(DecodeInstance):
                 f"{rid}: kv_begin carries {len(increment)} ids from token {offset} of a prompt "
                 f"of {tokens}, {len(held)} of which are held here"
             )
+        prompt = held[:offset] + increment
+        self.prefixes.add(prompt)  # before its KV can come: the DRC's keys are all indexed
         if pinned is not None:
-            pinned.prompt = held[:offset] + increment
+            pinned.prompt = prompt
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,
@@ -471,7 +495,11 @@ class MainDecodeInstance(DecodeInstance):
         self.ended.add(request.rid)
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "drc_tokens": self.store.size_tokens}
+        return {
+            **super().stats(),
+            "drc_tokens": self.store.size_tokens,
+            "drc_prefixes_known": len(self.prefixes),
+        }
 
 
 def _once(action: Callable[[], object]) -> Callable[[], None]:

@@ -21,11 +21,14 @@ class PrefixKVStore:
         self.page_tokens = page_tokens
         self.cache = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=capacity_tokens))
 
-    def match(self, tokens: Sequence[int] | np.ndarray) -> tuple[int, RadixNode, list]:
+    def match(
+        self, tokens: Sequence[int] | np.ndarray, prompt_tokens: int | None = None
+    ) -> tuple[int, RadixNode, list]:
         """The usable cached prefix of a prompt, pinned until `release`: whole pages, and never
-        the whole prompt (its last token must be computed: its logits give the first output)."""
+        the whole prompt (its last token must be computed: its logits give the first output).
+        `tokens` may be a prefix of the prompt (of `prompt_tokens`; by default, the prompt)."""
         found = self.cache.match(np.asarray(tokens, dtype=np.int64), pin=True)
-        usable = min(found.length, len(tokens) - 1)
+        usable = min(found.length, (len(tokens) if prompt_tokens is None else prompt_tokens) - 1)
         return usable - usable % self.page_tokens, found.node, found.handles
 
     def assemble(self, handles: list, length: int) -> KV | None:

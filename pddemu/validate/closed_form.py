@@ -125,10 +125,11 @@ class ClosedForm:
     # -- the parts --------------------------------------------------------------------------
 
     def _route_time(self, request: Request, prompt: int) -> float:
-        """When the frontend knows the decode side's hit: `match` with the prompt's ids out,
-        `matched` back, each a one-way delay plus its frames' serialisation."""
-        out = self._size(Control("match", {"rid": request.rid, "attach": 1}))
-        out += self._size(TokenIds.from_ints(request.rid, 0, [0] * prompt))
+        """When the frontend knows the decode side's hit: `match` out (a lone request names no
+        prefix: nothing was routed there before), `matched` back, each a one-way delay plus
+        its frames' serialisation."""
+        body = {"rid": request.rid, "prompt_tokens": prompt, "prefixes": []}
+        out = self._size(Control("match", body))
         back = self._size(
             Control("matched", {"rid": request.rid, "hit": prompt, "instance": "MD0"})
         )

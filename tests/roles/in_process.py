@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from pddemu.cache.page_hashes import chained_page_hashes, hash_text
 from pddemu.config import Config, config_to_json, load_config
 from pddemu.roles.frontend import Flight, Frontend
 from pddemu.roles.spec import Address, InstanceSpec
@@ -95,6 +96,19 @@ class KvLinkEnd:
         while not any(kind == "kv_admitted" and body["rid"] == rid for kind, body in self.said):
             assert time.monotonic() < deadline, f"{rid} never admitted"
             await asyncio.sleep(0.001)
+
+
+def match_naming_every_page(
+    made: Any, rid: str, prompt: Sequence[int], channel: Any, **envelope: Any
+) -> Envelope:
+    """The frontend's `match` for `prompt` as a router would send it that had routed every
+    prefix of it to `made`: naming each whole page's prefix, deepest first (the longest the
+    decode side knows is then the longest it can hold)."""
+    page = made.page_tokens
+    hashes = chained_page_hashes(prompt, page)
+    named = [[(k + 1) * page, hash_text(h)] for k, h in reversed(list(enumerate(hashes)))]
+    body = {"rid": rid, "prompt_tokens": len(prompt), "prefixes": named}
+    return Envelope("match", body, [], channel, **envelope)
 
 
 def frontend() -> Frontend:

@@ -25,7 +25,7 @@ from pddemu.runtime.clock import ModelledClock
 from pddemu.runtime.liveness import Liveness
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import WireEnd, instance, wire
+from tests.roles.in_process import WireEnd, instance, match_naming_every_page, wire
 
 
 class Connection:
@@ -52,7 +52,7 @@ def test_a_transfer_cut_mid_way_is_released_counted_and_its_prefix_kept() -> Non
         prompt = list(range(1, 4 * page + 1))
         connection = Connection()
         ids = [TokenIds.from_ints("r1", 0, prompt)]
-        await md.on_match(Envelope("match", {"rid": "r1"}, ids, Connection()))
+        await md.on_match(match_naming_every_page(md, "r1", prompt, Connection()))
         meta = {"input_tokens": 4096, "output_tokens": 512, "predicted_output_tokens": 300}
         begin = {"rid": "r1", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
         await md.on_kv_begin(Envelope("kv_begin", begin, ids, connection))

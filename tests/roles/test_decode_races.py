@@ -16,7 +16,14 @@ from pddemu.roles.relay import Handoff, RelayInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import KvLinkEnd, admit, frontend, instance, tokens
+from tests.roles.in_process import (
+    KvLinkEnd,
+    admit,
+    frontend,
+    instance,
+    match_naming_every_page,
+    tokens,
+)
 
 META = {
     "input_tokens": 40 * 32,
@@ -356,7 +363,7 @@ def test_a_request_dropped_by_a_failed_step_unpins_its_prompt_in_the_drc() -> No
         prompt = list(range(1, 4 * md.page_tokens + 1))
         kv, _ = md.model.prefill(prompt, None, len(prompt))
         ids = [TokenIds.from_ints("r", 0, prompt)]
-        await md.on_match(Envelope("match", {"rid": "r"}, ids, Answers()))
+        await md.on_match(match_naming_every_page(md, "r", prompt, Answers()))
         connection = KvLinkEnd()
         meta = {**META, "pipeline": "P-MD", "predicted_output_tokens": 300}
         begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": meta}
@@ -696,7 +703,6 @@ def test_a_match_read_after_its_requests_kv_pins_nothing() -> None:
         await md.start()
         prompt = list(range(1, 4 * md.page_tokens + 1))
         kv, _ = md.model.prefill(prompt, None, len(prompt))
-        ids = [TokenIds.from_ints("a", 0, prompt)]
 
         async def served(rid: str) -> None:
             connection = KvLinkEnd()
@@ -712,11 +718,10 @@ def test_a_match_read_after_its_requests_kv_pins_nothing() -> None:
                 assert time.monotonic() < deadline, f"{rid} never finished"
                 await asyncio.sleep(0.02)
 
-        await md.on_match(Envelope("match", {"rid": "a"}, ids, Answers()))  # on time
+        await md.on_match(match_naming_every_page(md, "a", prompt, Answers()))  # on time
         await served("a")
         await served("r")  # routed with no hit: its match still on its way
-        ids = [TokenIds.from_ints("r", 0, prompt)]
-        await md.on_match(Envelope("match", {"rid": "r"}, ids, Answers()))
+        await md.on_match(match_naming_every_page(md, "r", prompt, Answers()))
         return md.store.cache.pinned_size, sorted(md.matches), md.store.size_tokens
 
     pinned, matches, cached = asyncio.run(scenario())

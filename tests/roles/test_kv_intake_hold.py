@@ -20,7 +20,7 @@ from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import KvLinkEnd, instance, run_started
+from tests.roles.in_process import KvLinkEnd, instance, match_naming_every_page, run_started
 
 SLOW_S = 0.2  # wall seconds the forced-slow intake takes (the cap of an instant hold: 0.25)
 NOISE_S = 0.001  # modelled seconds; the first step was 0.19-0.20 s late on the code before
@@ -189,8 +189,7 @@ def test_md_opens_its_connection_to_the_frontend_when_asked_for_a_match(asked: s
         md.spec.peers["FE0"] = Address("FE0", "FE", "127.0.0.1", port, port + 1)
         if asked == "match":
             channel = SimpleNamespace(peer="FE0", control=lambda *_, **__: asyncio.sleep(0))
-            ids = [TokenIds.from_ints("r1", 0, PROMPT)]
-            await md.on_match(Envelope("match", {"rid": "r1"}, ids, channel))
+            await md.on_match(match_naming_every_page(md, "r1", PROMPT, channel))
         else:
             await transfer(md, "r1")
         for _ in range(100):

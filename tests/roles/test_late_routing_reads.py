@@ -25,8 +25,7 @@ from pddemu.roles.sizing import cost_model
 from pddemu.runtime.channel import Envelope
 from pddemu.runtime.clock import INSTANT_HOLD_CAP_S
 from pddemu.runtime.liveness import UP, Liveness
-from pddemu.wire import TokenIds
-from tests.roles.in_process import WireEnd, admit, instance
+from tests.roles.in_process import WireEnd, admit, instance, match_naming_every_page
 
 WAN_ONE_WAY_S = 0.02  # modelled: the answer's arrival, this long after the match leaves
 LATE_S = 0.05  # wall seconds the frontend's loop is blocked before it reads the answer
@@ -146,9 +145,8 @@ def test_a_late_read_of_the_match_does_not_move_mds_answer(
         # the match released: the shaper holds
         arrived = shaper.hold_for_one_more(slot, md.clock.now())
         time.sleep(LATE_S)  # MD's loop is busy elsewhere: it reads the match late
-        ids = [TokenIds.from_ints("r", 0, [1, 2, 3])]
         await md.on_match(
-            Envelope("match", {"rid": "r"}, ids, frontend, routing_slot=CONNECTION_SLOT)
+            match_naming_every_page(md, "r", [1, 2, 3], frontend, routing_slot=CONNECTION_SLOT)
         )
         return arrived
 
@@ -184,9 +182,8 @@ def test_md_lets_the_routing_hold_go_once_its_answer_is_written_or_fails(
 
     async def match(frontend: StalledFrontendEnd, rid: str) -> asyncio.Future[None]:
         shaper.hold_for_one_more(slot, md.clock.now())  # the match released: the shaper holds
-        ids = [TokenIds.from_ints(rid, 0, [1, 2, 3])]
         answer = md.on_match(
-            Envelope("match", {"rid": rid}, ids, frontend, routing_slot=CONNECTION_SLOT)
+            match_naming_every_page(md, rid, [1, 2, 3], frontend, routing_slot=CONNECTION_SLOT)
         )
         answering = asyncio.ensure_future(answer)
         await asyncio.sleep(0.01)

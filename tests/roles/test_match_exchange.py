@@ -1,8 +1,10 @@
 """MD's answer to the frontend's `match`: the whole pages of the prompt its DRC holds (a prefix
 that ends mid-page counts its whole pages only, and never the whole prompt: its last token must
 be computed), pinned for the request until it is released; a match read after the request's KV
-began to come (the frontend gave up waiting) pins nothing. The DRC's insert keys the prompt by
-the held prefix's ids and those its `kv_begin` brings."""
+began to come (the frontend gave up waiting) pins nothing. The match names prefixes by their
+chained page hashes: MD holds only what it can prove, the longest it knows (a prefix of a prompt
+whose KV began to come here). The DRC's insert keys the prompt by the held prefix's ids and
+those its `kv_begin` brings."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
+from pddemu.cache.page_hashes import PrefixIndex
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import KvLinkEnd, instance
+from tests.roles.in_process import KvLinkEnd, instance, match_naming_every_page
 
 
 class Frontend:
@@ -40,13 +43,13 @@ def cached_md(prompt: list[int]) -> MainDecodeInstance:
     md = instance(MainDecodeInstance, "MD")
     kv, _ = md.model.prefill(prompt, None, len(prompt))
     md.store.release(md.store.insert(prompt, kv))
+    md.prefixes.add(prompt)  # as its kv_begin would have
     return md
 
 
 async def match(md: MainDecodeInstance, rid: str, prompt: list[int]) -> int:
     frontend = Frontend()
-    ids = [TokenIds.from_ints(rid, 0, prompt)]
-    await md.on_match(Envelope("match", {"rid": rid}, ids, frontend))
+    await md.on_match(match_naming_every_page(md, rid, prompt, frontend))
     (answer,) = frontend.answers
     return int(answer["hit"])
 
@@ -147,3 +150,35 @@ def test_a_kv_begin_whose_ids_do_not_make_its_prompt_is_refused_naming_them() ->
     cached = [1 + i for i in range(PAGES * 2)]
     ((kind, body),) = asyncio.run(scenario())
     assert kind == "kv_refused" and "kv_begin carries" in body["reason"]
+
+
+def test_a_prefix_named_by_hashes_md_does_not_know_holds_nothing() -> None:
+    """A restarted MD (or one whose index lost the prompt) cannot tell what a hash names: the
+    hit is what it can prove, here 0, however much of the prompt its DRC holds."""
+
+    async def scenario() -> tuple[int, int]:
+        md = cached_md(cached)
+        md.prefixes = PrefixIndex(md.page_tokens)  # knows no prompt
+        return await match(md, "r", [*cached, 3, 4]), md.store.cache.pinned_size
+
+    cached = [1 + i for i in range(PAGES * 2)]
+    assert asyncio.run(scenario()) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"prompt_tokens": 0, "prefixes": []}, "prompt_tokens"),
+        ({"prompt_tokens": 10, "prefixes": "00"}, "prefixes must be a list"),
+        ({"prompt_tokens": 10, "prefixes": [[4]]}, "a named prefix is"),
+        ({"prompt_tokens": 10, "prefixes": [[12, "0" * 16]]}, "tokens must be"),
+        ({"prompt_tokens": 10, "prefixes": [[4, "xyz"]]}, "a page hash is 16"),
+        ({"prompt_tokens": 10, "prefixes": [[4, "g" * 16]]}, "hexadecimal"),
+    ],
+)
+def test_a_malformed_match_is_refused_naming_what_is_wrong(body: dict, named: str) -> None:
+    md = cached_md([1, 2, 3, 4])
+    message = Envelope("match", {"rid": "r", **body}, [], Frontend())
+    with pytest.raises(ValueError, match=named):
+        asyncio.run(md.on_match(message))
+    assert md.matches == {}
