@@ -186,8 +186,9 @@ class MainDecodeInstance(DecodeInstance):
         """The transfer was cut off mid-way: keep what arrived of the prompt (whole pages) in
         the DRC, so the session's next turn sends less."""
         pinned = self.matches.get(rid)
-        if self.config.policy.drc and pinned is not None and pinned.prompt and kv.tokens:
-            self.store.release(self.store.insert(pinned.prompt[: kv.tokens], kv.clone()))
+        prompt = pinned.prompt if pinned is not None else None
+        if self.config.policy.drc and prompt is not None and kv.tokens:
+            self.store.release(self.store.insert(prompt[: kv.tokens], kv.clone()))
         self._unpin_match(rid)
         resume = self.pending_resume.pop(rid, None)
         if resume is not None:  # its relay is lost too: the frontend moves it elsewhere
