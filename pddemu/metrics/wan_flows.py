@@ -245,10 +245,18 @@ def starved_by_both(share: float, seconds: float) -> bool:
 
 
 def flows_reason(flows: Mapping[str, Any]) -> str:
-    """The judgement in a user's words, with its figures."""
+    """The judgement in a user's words, with the starved direction's own figures (the run's
+    peak and least share may be the other direction's, crowded without losses)."""
+    direction = flows.get("starved_direction")
+    own = flows.get("directions", {}).get(direction, flows) if direction else flows
+    where = ""
+    if direction:
+        source, _, destination = direction.partition("2")
+        where = f" from {source.upper()} to {destination.upper()}"
     return (
         f"{FLOWS_CAUSE} (a path of {flows['path_packets']:.0f} packets, up to "
-        f"{flows['flows_peak']} flows at once; their fair share under {flows['bound_packets']} "
-        f"packets each, down to {flows['share_min_packets']:.1f}, with losses in "
-        f"{flows['starved_share']:.0%} of the replay, {flows['starved_s']:.1f} s: wan_flows)"
+        f"{own['flows_peak']} flows at once{where}; their fair share under "
+        f"{flows['bound_packets']} packets each, down to {own['share_min_packets']:.1f}, with "
+        f"losses in {flows['starved_share']:.0%} of the replay, {flows['starved_s']:.1f} s: "
+        "wan_flows)"
     )

@@ -20,6 +20,7 @@ from pddemu.metrics.wan_flows import (
     FAST_RETRANSMIT_PACKETS,
     STARVED_MIN_S,
     STARVED_SHARE_MAX,
+    flows_reason,
     judge_wan_flows,
     starved,
     wan_flows_summary,
@@ -146,3 +147,14 @@ def test_a_flow_count_that_cannot_be_read_leaves_the_run_partial(tmp_path: Path)
     found = replay_wan_flows(network, load_config(), run, 10.0, tmp_path)  # type: ignore[arg-type]
     assert found is None
     assert run.partial == ["the WAN's flow count could not be read: shaper: no answer within 5 s"]
+
+
+def test_the_reason_gives_the_starved_directions_own_figures() -> None:
+    """B to A crowded by 60 flows without a loss is not what starved A to B's 12 flows."""
+    starving = record([12] * 20, [3.5] * 20, [2] * 20)
+    crowded = record([60] * 20, [0.7] * 20, [0] * 20)
+    flows = wan_flows_summary({"a2b": starving, "b2a": crowded}, 0.0, 2.0, PATH)
+    assert flows["starved_direction"] == "a2b" and flows["flows_peak"] == 60
+    reason = flows_reason(flows)
+    assert "up to 12 flows at once from A to B" in reason and "down to 3.5" in reason
+    assert "60" not in reason and "0.7" not in reason
