@@ -57,5 +57,7 @@ class RoutedPrompts:
             self.reached.add(node)
 
     def lost(self) -> None:
-        """The instance was down: what it knew may be gone (a restart)."""
+        """The instance was down: what it knew may be gone (a restart). Legs sent before went
+        to the old process: their beginnings, reported after this, say nothing of the new one."""
         self.reached.clear()
+        self.sent.clear()
