@@ -204,6 +204,8 @@ class Channel:
         sock = self.writer.get_extra_info("socket") if routing else None
         marked = sock is not None and sock.family == socket.AF_INET
         async with self._lock:
+            if self.closed:  # closed while it queued: nothing is written, nor held for reading
+                raise ConnectionResetError(f"the connection to {self.peer} is closed")
             if on_turn is not None:
                 on_turn()
             if self.stamp is not None and isinstance(control, Control):
