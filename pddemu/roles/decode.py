@@ -417,16 +417,17 @@ class DecodeInstance(Instance):
         allocates before the write. Its sender's hold until it was read goes first: only
         modelled time passing frees memory."""
         self.let_sender_go(message)
+        rid = message.body.get("rid")
+        if self.on_link(rid, message.channel)[0]:
+            # an earlier transfer of the request on this link: its sender has moved on from
+            # it (its kv_cut, queued behind this, will be stale); its memory goes back, and
+            # what the request keeps here (a match's pin, a pending resume) stays for this one
+            self._cut(rid, superseded=True)
         try:
             admission, need = self._admission(message)
         except Exception as error:  # refused: its sender, waiting for `kv_admitted`, hears why
             await self._refuse(message, error)
             raise
-        rid = message.body["rid"]
-        if self.on_link(rid, message.channel)[0]:
-            # an earlier transfer of the request on this link: its sender has moved on from
-            # it (its kv_cut, queued behind this, will be stale); it ends as a cut would
-            self._cut(rid)
         if self.try_reserve(need):
             await self._admitted(admission, need)
             return
@@ -483,8 +484,8 @@ class DecodeInstance(Instance):
         try:
             reserved = await self.reserve_tokens(admission.need)
         finally:
-            self.admitting.discard(rid)
-            if self.admissions.get(rid) is admission:
+            if self.admissions.get(rid) is admission:  # not a newer transfer's, admitting
+                self.admitting.discard(rid)
                 del self.admissions[rid]
         await self._admitted(admission, reserved)
 
@@ -673,9 +674,10 @@ class DecodeInstance(Instance):
             return
         self._cut(rid)
 
-    def _cut(self, rid: str) -> None:
+    def _cut(self, rid: str, superseded: bool = False) -> None:
         """A transfer cut off mid-way: its memory is released (or its wait for it ended),
-        what arrived of it is the subclass's to keep or forget."""
+        what arrived of it is the subclass's to keep or forget; unless a newer transfer of the
+        request `superseded` it, which needs what the request keeps here."""
         admission = self.admissions.pop(rid, None)
         if admission is not None:
             self.admitting.discard(rid)
@@ -686,6 +688,9 @@ class DecodeInstance(Instance):
             state = self.receiving.pop(rid)
             self.spawn(self.release_tokens(state["reserved"]), f"memory of {rid}")
             kv = state["kv"]
+        if superseded:
+            self.transfers_cut += 1
+            return
         self._count_cut(rid, kv)
 
     def _count_cut(self, rid: str, kv: KV) -> None:

@@ -763,3 +763,59 @@ def test_a_newer_transfer_of_a_request_on_its_link_ends_the_earlier_one() -> Non
     rld = asyncio.run(scenario())
     assert rld.transfers_cut == 1 and rld.stale_link_messages == 1
     assert "r" in rld.requests and rld.errors == [], rld.errors
+
+
+def test_a_newer_transfer_with_a_hit_is_admitted_where_it_replaces_an_earlier_one() -> None:
+    """MD holds a prefix for the request (its match's pin): the earlier transfer on the link
+    ends, and the pin stays for the newer one, sent from the same offset."""
+
+    async def scenario() -> list[tuple[str, Any, Any]]:
+        md = instance(MainDecodeInstance, "MD")
+        await md.start()
+        prompt = list(range(1, 4 * md.page_tokens + 1))
+        kv, _ = md.model.prefill(prompt, None, len(prompt))
+        meta = {**META, "pipeline": "P-MD", "output_tokens": 2, "predicted_output_tokens": 2}
+        link = KvLinkEnd()
+        await md.on_match(match_naming_every_page(md, "a", prompt, Answers()))
+        begin = {"rid": "a", "prompt_tokens": len(prompt), "offset": 0, "meta": meta, "seq": 1}
+        await md.on_kv_begin(Envelope("kv_begin", begin, [TokenIds.from_ints("a", 0, prompt)], link))
+        await md.on_kv_chunk(kv_chunk_from_tensor("a", 0, 0, kv.tensor), link)
+        await md.on_kv_end(Envelope("kv_end", {"rid": "a", "seq": 1, "first_token": 7}, [], link))
+        deadline = time.monotonic() + 10
+        while "a" not in md.ended:  # the prompt is in the DRC: the next one hits it
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await md.on_match(match_naming_every_page(md, "r", prompt, Answers()))
+        hit = 2 * md.page_tokens
+        for seq in (2, 3):
+            body = {"rid": "r", "prompt_tokens": len(prompt), "offset": hit, "meta": meta}
+            ids = [TokenIds.from_ints("r", hit, prompt[hit:])]
+            await md.on_kv_begin(Envelope("kv_begin", {**body, "seq": seq}, ids, link))
+            await asyncio.sleep(0.01)
+        said = [(k, b.get("seq"), b.get("reason")) for k, b in link.said if b.get("rid") == "r"]
+        await md.end_tasks()
+        return said
+
+    said = asyncio.run(scenario())
+    assert ("kv_admitted", 3, None) in said and not [s for s in said if s[0] == "kv_refused"]
+
+
+def test_a_newer_transfer_waiting_for_memory_stays_expected_where_it_replaces_one() -> None:
+    """Both wait for memory: the earlier one's wait, cancelled, ends after the newer one began
+    to wait, and must not take the newer one off the admissions."""
+
+    async def scenario() -> tuple[bool, bool, Any]:
+        rld = instance(RelayInstance, "RLD")
+        await rld.start()
+        filler = await rld.reserve_tokens(rld.cost.kv_capacity_tokens() - 1)
+        link = KvLinkEnd()
+        for seq in (1, 2):
+            body = {"rid": "r", "prompt_tokens": 40, "offset": 0, "meta": dict(META), "seq": seq}
+            await rld.on_kv_begin(Envelope("kv_begin", body, [], link))
+            await asyncio.sleep(0.01)
+        state = ("r" in rld.admitting, rld.expects("r"), rld.admissions["r"].seq)
+        await rld.release_tokens(filler)
+        await rld.end_tasks()
+        return state
+
+    assert asyncio.run(scenario()) == (True, True, 2)
