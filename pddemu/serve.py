@@ -21,7 +21,8 @@ emulator's lag judged as `pddemu emulate` judges it, and `unmatched`, the reques
 decode-side hit (their match answered too late), which make it not valid as there;
 `wan_flows`, the WAN's TCP flows against its packets since ready, judged as there (null when
 the kernel's netem carries the WAN, which counts no flows, the WAN is unshaped, the system is
-in-DC PD, the run schedules link events, or the count could not be read);
+in-DC PD, or the run schedules link events; when a round's count could not be read, the
+windows taken in before are judged and `wan_flows.unread` says why);
 `late_requests`: how many requests carry more of it than the bound)
 and removes everything it made. While it runs, the frontend's `/stats` (inside the emulated
 datacenter, behind the run's secret) has the same judgement so far under `verdict`, with
@@ -166,14 +167,15 @@ async def served_wan_flows(
 ) -> dict[str, Any] | None:
     """The WAN's flows so far (`pddemu.metrics.wan_flows`; the shaper runs in wall time here),
     from the windows the shaper counted since the last round (`Network.flows_since`: it keeps
-    only those, so a round costs the same after hours as after seconds); None, the verdict
-    going on without them, when the count cannot be read."""
+    only those, so a round costs the same after hours as after seconds). When the count cannot
+    be read, the windows taken in by earlier rounds are judged, and `unread` says why the
+    figures stop there (a starved run must not read valid for a lost answer)."""
     since = dict(wan_flows.cursors)  # as of now: a round cancelled meanwhile takes in nothing
     try:
         records = await asyncio.to_thread(deployment.network.flows_since, since)
-    except (OSError, KeyError, ControlError) as error:  # the verdict goes on without it
+    except (OSError, KeyError, ControlError) as error:  # the verdict goes on with what it had
         print(f"pddemu serve: the WAN's flow count could not be read: {error}", file=sys.stderr)
-        return None
+        return wan_flows.taken(time.monotonic(), f"the WAN's flow count could not be read: {error}")
     return wan_flows.summary(records, time.monotonic())
 
 

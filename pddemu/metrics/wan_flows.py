@@ -176,6 +176,7 @@ class RunningFlows:
         self.path_packets = path_packets
         self.totals: dict[str, DirectionTotals] = {}
         self.cursors: dict[str, int] = {}  # direction -> the first window not taken in
+        self.width: float | None = None
 
     def summary(self, records: Mapping[str, Mapping[str, Any]], end: float) -> dict[str, Any]:
         """`wan_flows` over [start, end) from the shaper's records since `cursors` (each with
@@ -189,7 +190,15 @@ class RunningFlows:
             totals.add(*windows_between(record, cursor, closed))
             self.cursors[name] = closed
             directions[name] = asdict(totals.with_windows(*windows_between(record, closed, hi)))
-        return summary_of(directions, window_width(records), end - self.start, self.path_packets)
+        self.width = window_width(records) or self.width
+        return summary_of(directions, self.width, end - self.start, self.path_packets)
+
+    def taken(self, end: float, unread: str) -> dict[str, Any]:
+        """`wan_flows` from the closed windows taken in so far, when a round's count could not
+        be read (`unread`, why): still judged on them, and saying it is short of the run."""
+        directions = {name: asdict(totals) for name, totals in sorted(self.totals.items())}
+        summary = summary_of(directions, self.width, end - self.start, self.path_packets)
+        return {**summary, "unread": unread}
 
 
 def judged_direction(

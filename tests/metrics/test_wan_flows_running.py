@@ -174,3 +174,30 @@ def test_a_shaper_that_counts_no_flows_says_so(tmp_path: Path) -> None:
     finally:
         shaper.control.close()
         link.close()
+
+
+def test_a_round_whose_count_is_unread_judges_the_windows_taken_in_before() -> None:
+    """A lost answer (the control socket timed out) leaves the verdict on the closed windows
+    of earlier rounds, starved as they were, and says so: not null, which reads as not judged
+    and lets a starved run read valid."""
+    followed = counts()
+    running = RunningFlows(10.0, 40.0)
+    assert not starved_run(running.taken(10.5, "refused"))  # nothing taken in yet: no figures
+    dropped = 0
+    for window in range(300):
+        now = 10.005 + window * WIDTH
+        burst = 100 <= window < 120  # two seconds of 12 flows losing packets
+        dropped += 2 if burst else 0
+        flows = 12 if burst else 2
+        packets = [segment(port, data=960) for port in range(flows) for _ in range(5)]
+        followed["a2b"].count(packets, now, dropped, RATE, MTU)
+        if window == 249:  # the last round read
+            records = {
+                d: c.since(running.cursors.get(d, 0), RATE, MTU) for d, c in followed.items()
+            }
+            read = running.summary(records, now + 0.01)
+    unread = running.taken(now + 0.01, "timed out")
+    assert starved_run(read) and starved_run(unread) and unread["unread"] == "timed out"
+    assert unread["starved_s"] == read["starved_s"] == pytest.approx(2.0)
+    assert unread["directions"]["a2b"]["windows_active"] == 249  # the closed ones of that round
+    assert unread["window_s"] == WIDTH
