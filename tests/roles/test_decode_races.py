@@ -778,7 +778,9 @@ def test_a_newer_transfer_with_a_hit_is_admitted_where_it_replaces_an_earlier_on
         link = KvLinkEnd()
         await md.on_match(match_naming_every_page(md, "a", prompt, Answers()))
         begin = {"rid": "a", "prompt_tokens": len(prompt), "offset": 0, "meta": meta, "seq": 1}
-        await md.on_kv_begin(Envelope("kv_begin", begin, [TokenIds.from_ints("a", 0, prompt)], link))
+        await md.on_kv_begin(
+            Envelope("kv_begin", begin, [TokenIds.from_ints("a", 0, prompt)], link)
+        )
         await md.on_kv_chunk(kv_chunk_from_tensor("a", 0, 0, kv.tensor), link)
         await md.on_kv_end(Envelope("kv_end", {"rid": "a", "seq": 1, "first_token": 7}, [], link))
         deadline = time.monotonic() + 10
