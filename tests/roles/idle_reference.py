@@ -1,7 +1,9 @@
 """The single-process greedy reference (`pddemu.reference.reference_outputs`) computed beside an
-emulation, in a process of its own at the idle CPU priority (SCHED_IDLE): it runs only on CPU
-time the emulation leaves unused and takes none from it, so the wait for a run also pays for
-most of its reference (the end-to-end test's 36 requests: 34 s alone, unlocked at load 3.4). Once
+emulation, in a process of its own at the idle CPU priority (SCHED_IDLE): it runs on CPU time
+the emulation leaves unused and takes little from it (the scheduler weighs it 3 against a
+normal process's 1,024; the emulation's clock dilates for what it takes), so the wait for a
+run also pays for most of its reference (the end-to-end test's 36 requests: 34 s alone,
+unlocked at load 3.4). Once
 the run is over it goes on at the normal priority; the streams are the same whichever process
 computes them (the model is exact, docs/model.md).
 
@@ -56,9 +58,10 @@ class IdleReference:
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            # set in the child before it runs: it never computes at the normal priority, and a
+            # refusal fails the start instead of leaving a child nobody ends
+            preexec_fn=lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)),
         )
-        # set here, not by the process itself: outputs() may raise it before it could start
-        os.sched_setscheduler(self.process.pid, os.SCHED_IDLE, os.sched_param(0))
         return self
 
     def outputs(self) -> dict[str, list[int]]:
