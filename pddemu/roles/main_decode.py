@@ -141,6 +141,14 @@ class MainDecodeInstance(DecodeInstance):
         body = message.body
         rid, offset, tokens = body["rid"], body["offset"], body["prompt_tokens"]
         increment = message.token_ids()
+        position = offset
+        for part in message.attachments:  # the request's ids, in order from the offset
+            if part.request_id != rid or part.first_position != position:
+                raise ValueError(
+                    f"{rid}: kv_begin's ids from token {position} expected, got "
+                    f"{part.request_id}'s from token {part.first_position}"
+                )
+            position += len(part.ids)
         pinned = self.matches.get(rid)
         held = pinned.prefix if pinned is not None else []
         if offset > len(held) or offset + len(increment) != tokens:

@@ -142,7 +142,7 @@ def test_a_kv_begin_whose_ids_do_not_make_its_prompt_is_refused_naming_them() ->
         hit = await match(md, "r", prompt)
         link = KvLinkEnd()
         begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": hit, "meta": META}
-        ids = [TokenIds.from_ints("r", hit + 1, prompt[hit + 1 :])]  # one id short
+        ids = [TokenIds.from_ints("r", hit, prompt[hit + 1 :])]  # one id short
         with pytest.raises(ValueError, match="kv_begin carries 3 ids from token 6 of a prompt"):
             await md.on_kv_begin(Envelope("kv_begin", begin, ids, link))
         return link.said
@@ -150,6 +150,29 @@ def test_a_kv_begin_whose_ids_do_not_make_its_prompt_is_refused_naming_them() ->
     cached = [1 + i for i in range(PAGES * 2)]
     ((kind, body),) = asyncio.run(scenario())
     assert kind == "kv_refused" and "kv_begin carries" in body["reason"]
+
+
+@pytest.mark.parametrize(("rid", "shift"), [("r", 1), ("q", 0)])
+def test_a_kv_begin_whose_ids_are_not_the_requests_from_its_offset_is_refused(
+    rid: str, shift: int
+) -> None:
+    """As many ids as the prompt needs, but from another position or of another request:
+    inserted, they would key the DRC's pages by the wrong ids."""
+
+    async def scenario() -> list[tuple[str, dict]]:
+        md = cached_md(cached)
+        prompt = cached[:7] + [200, 201, 202]
+        hit = await match(md, "r", prompt)
+        link = KvLinkEnd()
+        begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": hit, "meta": META}
+        ids = [TokenIds.from_ints(rid, hit + shift, prompt[hit:])]
+        with pytest.raises(ValueError, match="kv_begin's ids from token 6 expected"):
+            await md.on_kv_begin(Envelope("kv_begin", begin, ids, link))
+        return link.said
+
+    cached = [1 + i for i in range(PAGES * 2)]
+    ((kind, body),) = asyncio.run(scenario())
+    assert kind == "kv_refused" and "expected" in body["reason"]
 
 
 def test_a_prefix_named_by_hashes_md_does_not_know_holds_nothing() -> None:
