@@ -156,7 +156,7 @@ class KvLinks:
         self.open_attempts += 1
         try:
             channel = await self._clock.within(self._open(destination, "kv"), self.open_within_s)
-        except OSError as error:  # refused, unreachable, or not open in time (TimeoutError)
+        except Exception as error:  # refused, unreachable, not open in time, or not known
             silent = isinstance(error, TimeoutError)
             why = f"the KV link to {destination} could not open: {error}"
             raise LinkUnavailable(why, silent) from error

@@ -10,15 +10,20 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from netem.clock import SharedClock
 from pddemu.config import Config, load_config
 from pddemu.model import greedy
 from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
-from pddemu.roles.transfer import UNSENT_BYTES
-from pddemu.runtime.channel import Envelope
+from pddemu.roles.transfer import UNSENT_BYTES, KvLinks, LinkUnavailable
+from pddemu.runtime.channel import Channel, Envelope
+from pddemu.runtime.clock import ModelledClock
 from pddemu.wire import KVChunk
 from tests.roles.in_process import instance, run_started
 
@@ -357,3 +362,21 @@ def test_a_stale_reply_or_cut_for_a_reused_rid_resolves_no_newer_transfer() -> N
     assert rld.stale_link_messages == 1 and rld.stats()["kv_link_stale_messages"] == 1
     assert rld.transfers_cut == 1 and len(link.accepted) == 1
     assert link.p.errors == [] and rld.errors == []
+
+
+def test_a_link_that_cannot_open_for_any_reason_is_unavailable(tmp_path: Path) -> None:
+    """A destination the sender does not know (`Instance.address` raises ValueError), not
+    only a refused connect: its transfers are reported unreachable, not left unanswered."""
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, ceiling=100.0)
+    clock = ModelledClock(shared, shared.claim("P0"))
+
+    async def unknown(destination: str, _kind: str) -> Channel:
+        raise ValueError(f"unknown peer {destination}")
+
+    async def scenario() -> None:
+        links = KvLinks(unknown, lambda _channel: None, clock=clock, open_within_s=0.5)
+        with pytest.raises(LinkUnavailable, match="could not open: unknown peer MD9") as caught:
+            await links.acquire("MD9")
+        assert not caught.value.silent
+
+    asyncio.run(scenario())
