@@ -80,28 +80,29 @@ class MainDecodeInstance(DecodeInstance):
         """How much of the prompt the DRC holds, pinned for the request. Across the WAN the
         shaper holds modelled time at the match's release until the answer has left
         (`let_routing_go`): it leaves as of the match's arrival, however late it is read."""
-        rid = message.body["rid"]
-        prompt_tokens, named = self.named_prefixes(message.body)
-        prefix = self.prefixes.longest(named)
-        length, node, handles = (
-            self.store.match(prefix, prompt_tokens)
-            if self.config.policy.drc and rid not in self.kv_begun
-            else (0, None, [])
-        )
-        if rid not in self.kv_begun:
-            self.matches[rid] = Pinned(prefix[:length], length, node, handles)
-        answer = {"rid": rid, "hit": length, "instance": self.name}
-        if self.exact(message.channel.peer):
-            await message.channel.control("matched", answer)
-        else:  # the shaper held the present for the match: let go once the answer is written
-            # (the wait for the send buffer can wait on acknowledgements the hold keeps still),
-            # or when writing it failed or was cancelled
-            let_go = _once(
-                lambda: self.clock.let_routing_go(message.received, message.routing_slot)
+        exact = self.exact(message.channel.peer)
+        # the shaper held the present for the match: let go once the answer is written (the
+        # wait for the send buffer can wait on acknowledgements the hold keeps still), or when
+        # reading the match or writing the answer failed or was cancelled
+        let_go = _once(lambda: self.clock.let_routing_go(message.received, message.routing_slot))
+        try:
+            rid = message.body["rid"]
+            prompt_tokens, named = self.named_prefixes(message.body)
+            prefix = self.prefixes.longest(named)
+            length, node, handles = (
+                self.store.match(prefix, prompt_tokens)
+                if self.config.policy.drc and rid not in self.kv_begun
+                else (0, None, [])
             )
-            try:
+            if rid not in self.kv_begun:
+                self.matches[rid] = Pinned(prefix[:length], length, node, handles)
+            answer = {"rid": rid, "hit": length, "instance": self.name}
+            if exact:
+                await message.channel.control("matched", answer)
+            else:
                 await message.channel.control("matched", answer, handed=let_go)
-            finally:
+        finally:
+            if not exact:
                 let_go()
         # The request's KV comes a round trip and a prefill after this at the earliest: by then
         # this instance's own connection to the frontend (its tokens and reports) is open, as a

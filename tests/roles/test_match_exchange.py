@@ -200,8 +200,13 @@ def test_a_prefix_named_by_hashes_md_does_not_know_holds_nothing() -> None:
     ],
 )
 def test_a_malformed_match_is_refused_naming_what_is_wrong(body: dict, named: str) -> None:
+    """And the shaper's hold at the match's release is let go (across the WAN it would
+    otherwise stand until its cap, the clock still)."""
     md = cached_md([1, 2, 3, 4])
+    let_go: list[object] = []
+    md.clock.let_routing_go = lambda *held: let_go.append(held) or True  # type: ignore[method-assign]
     message = Envelope("match", {"rid": "r", **body}, [], Frontend())
     with pytest.raises(ValueError, match=named):
         asyncio.run(md.on_match(message))
     assert md.matches == {}
+    assert len(let_go) == 1
