@@ -48,7 +48,6 @@ from typing import Any
 
 from aiohttp import web
 
-from pddemu.cache.page_hashes import chained_page_hashes, hash_text
 from pddemu.emulated_network import queue_seconds, scale_model
 from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
@@ -437,9 +436,7 @@ class Frontend(Instance):
     async def ask_match(self, target: str, leg: str, prompt: list[int]) -> None:
         """Ask `target` how much of the prompt its DRC holds: named by the chained hashes of
         the points where it leaves the prompts routed there (`RoutedPrompts`), not its ids."""
-        points = self.prompts_routed_to(target).points(prompt)
-        hashes = chained_page_hashes(prompt[: points[0]], self.page_tokens) if points else []
-        named = [[point, hash_text(hashes[point // self.page_tokens - 1])] for point in points]
+        named = self.prompts_routed_to(target).named(prompt)
         body = {"rid": leg, "prompt_tokens": len(prompt), "prefixes": named}
         sent = await self.tell(target, "match", body)
         tally = self.match_bytes

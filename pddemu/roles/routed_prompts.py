@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pddemu.cache import RadixCache, RadixCacheConfig, RadixNode
+from pddemu.cache.page_hashes import chained_page_hashes, hash_text
 from pddemu.roles.recent import Recent
 
 
@@ -28,6 +29,7 @@ class RoutedPrompts:
     def __init__(self, page_tokens: int) -> None:
         # every prompt's path pinned: a leaf is never extended in place, so each prompt's end
         # stays a node's end, and nothing is evicted (no capacity)
+        self.page_tokens = page_tokens
         self.tree = RadixCache(RadixCacheConfig(page_size=page_tokens))
         self.reached: set[RadixNode] = set()  # ends of prompts whose KV began there
         self.sent: Recent[RadixNode] = Recent()  # leg -> its prompt's end, until it is known
@@ -45,6 +47,13 @@ class RoutedPrompts:
             depth -= node.keys.shape[0]
             node = node.parent
         return points
+
+    def named(self, prompt: Sequence[int]) -> list[list[int | str]]:
+        """The match's `prefixes`: each point (`points`) with the chained hash of the prompt's
+        pages up to it, as it crosses the wire."""
+        points = self.points(prompt)
+        hashes = chained_page_hashes(prompt[: points[0]], self.page_tokens) if points else []
+        return [[point, hash_text(hashes[point // self.page_tokens - 1])] for point in points]
 
     def routed(self, leg: str, prompt: Sequence[int]) -> None:
         """P is told to send the leg's KV there."""

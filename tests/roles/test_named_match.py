@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pddemu.cache.page_hashes import PrefixIndex, chained_page_hashes, hash_text
+from pddemu.cache.page_hashes import PrefixIndex, parse_hash
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.routed_prompts import RoutedPrompts
 from pddemu.workload.replay_source import load_workload
@@ -57,10 +57,9 @@ class MainDecodeSide:
 
 
 def named_by(router: RoutedPrompts, prompt: list[int]) -> list[tuple[int, int]]:
-    """What the frontend's match names (`Frontend.ask_match`), as MD parses it."""
-    points = router.points(prompt)
-    hashes = chained_page_hashes(prompt[: points[0]], PAGE) if points else []
-    return [(point, int(hash_text(hashes[point // PAGE - 1]), 16)) for point in points]
+    """What the frontend's match names (`RoutedPrompts.named`, as `Frontend.ask_match` sends
+    it), as MD parses it."""
+    return [(int(point), parse_hash(value)) for point, value in router.named(prompt)]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
