@@ -17,7 +17,7 @@ def request(path: str, message: dict[str, Any], timeout: float = 5.0) -> dict[st
         try:
             sock.connect(path)
             sock.sendall(json.dumps(message).encode() + b"\n")
-            reply = b""
+            reply = bytearray()  # appended in place: a long reply is not copied once per chunk
             while not reply.endswith(b"\n"):
                 chunk = sock.recv(65536)
                 if not chunk:
@@ -29,7 +29,7 @@ def request(path: str, message: dict[str, Any], timeout: float = 5.0) -> dict[st
         answer = json.loads(reply)
     except ValueError:
         raise ControlError(
-            f"shaper control socket {path}: unreadable reply {reply[:80]!r}"
+            f"shaper control socket {path}: unreadable reply {bytes(reply[:80])!r}"
         ) from None
     if not answer.get("ok"):
         raise ControlError(answer.get("error", "request refused"))
