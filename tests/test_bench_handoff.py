@@ -8,6 +8,7 @@ import argparse
 import itertools
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -32,6 +33,7 @@ from pddemu.bench.handoff import (
     phases,
     sample_cap,
     schedule_text,
+    verdict,
     workload,
 )
 from pddemu.config import load_config
@@ -123,6 +125,23 @@ def test_only_handoffs_of_exactly_the_eager_tokens_count() -> None:
         record("bulk:0", 100),
     ]
     assert [r.request_id for r in handoffs(records, 100)] == ["sample:0:0"]
+
+
+def test_a_deployment_with_requests_routed_unmatched_is_not_valid() -> None:
+    """Its handoffs would be the emulator's: MD's answer to their match came late."""
+    lagging = {"valid": False, "invalid_reason": "mean handler lag 9.00 ms is over its bound"}
+    clean = [record("sample:0:0", 100), record("bulk:0", 100)]
+    late = [record("sample:0:0", 100), replace(record("bulk:0", 100), unmatched=True)]
+    assert verdict({"valid": True, "invalid_reason": None}, clean) == {
+        "valid": True,
+        "invalid_reason": None,
+        "unmatched": 0,
+    }
+    judged = verdict({"valid": True, "invalid_reason": None}, late)
+    assert judged["valid"] is False and judged["unmatched"] == 1
+    assert judged["invalid_reason"].startswith("1 requests routed with no decode-side hit")
+    both = verdict(lagging, late)
+    assert both["invalid_reason"].startswith("mean handler lag 9.00 ms is over its bound; 1 ")
 
 
 def test_overlapping_handoffs_and_the_autocorrelation_are_reported() -> None:

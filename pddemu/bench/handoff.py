@@ -85,6 +85,7 @@ from netem.topology import Network
 from pddemu.config import Config, load_config
 from pddemu.help_format import HelpFormatter
 from pddemu.metrics.records import RequestRecord
+from pddemu.metrics.summary import UNMATCHED_CAUSE
 from pddemu.sweep.provenance import code_version
 from pddemu.workload.replay_source import WorkloadRequest
 
@@ -526,14 +527,26 @@ def run_payload(
         "slowed_by": dict(
             list(((run.timing.get("dilation") or {}).get("slowed_by") or {}).items())[:3]
         ),
-        "valid": run.timing.get("valid"),
-        # why not: the worst kind of lag's mean against its bound (a share of TPOT p50)
-        "invalid_reason": run.timing.get("invalid_reason"),
+        **verdict(run.timing, run.records),
         "lag_mean_by_kind_s": (run.timing.get("lag") or {}).get("mean_by_kind"),
         "partial": run.partial,
         "tcp_counters_error": tcp.error,
     }
     return cells, cost
+
+
+def verdict(timing: dict[str, Any], records: list[RequestRecord]) -> dict[str, Any]:
+    """A deployment's `valid` and `invalid_reason`: its lag's (the worst kind's mean against
+    its bound, a share of TPOT p50), and not valid either when a request, sample, bulk or
+    warm-up, was routed with no decode-side hit because MD's answer to its match came late
+    (`unmatched`, as `pddemu.metrics.judge_unmatched` judges an emulation): its handoff
+    would then be the emulator's, not the modelled system's."""
+    unmatched = sum(1 for r in records if r.unmatched)
+    valid, reason = timing.get("valid"), timing.get("invalid_reason")
+    if unmatched:
+        why = f"{unmatched} requests {UNMATCHED_CAUSE} (unmatched)"
+        valid, reason = False, f"{reason}; {why}" if reason else why
+    return {"valid": valid, "invalid_reason": reason, "unmatched": unmatched}
 
 
 def _within(span: tuple[float, float] | None, phase: Phase) -> bool:
