@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from netem.clock import SharedClock
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.transfer import first_chunk_end
@@ -117,3 +119,29 @@ def test_the_first_chunk_ends_at_ps_first_chunk_boundary_past_the_offset() -> No
     arrived, boundary_at, next_at = asyncio.run(scenario())
     # dated by the partial chunk up to P's boundary; on the code before, by the next one
     assert arrived["first_chunk_at"] <= boundary_at < next_at - 0.03, (arrived, boundary_at)
+
+
+@pytest.mark.parametrize(
+    ("offset", "p_hit", "expected"),
+    [
+        (0, 0, 64),  # nothing held anywhere: P's first chunk
+        (64, 0, 128),  # on a boundary of P's: the next whole chunk
+        (128, 0, 192),
+        (96, 32, 160),  # on a boundary of P's counted from its hit
+        (32, 32, 96),  # at P's hit: the first chunk P computes
+        (0, 32, 32),  # before P's hit: its cached KV, up to the hit
+        (0, 100, 64),  # before P's hit by more than a chunk: a chunk's worth of it
+        (80, 100, 100),
+        (160, 0, 192),
+        (192, 0, 200),  # on P's last boundary: its last chunk, ending at the prompt's end
+        (200, 0, 200),  # at the prompt's end: nothing is sent
+        (200, 200, 200),
+        (40, 200, 104),  # P holds it all: its cached KV a chunk at a time
+    ],
+)
+def test_the_first_chunk_end_on_and_off_ps_boundaries(
+    offset: int, p_hit: int, expected: int
+) -> None:
+    """`first_chunk_end` with chunks of 64 genuine tokens and a prompt of 200, the offset on
+    P's chunk boundaries (p_hit + k chunks), at its hit, at 0 and at the prompt's end."""
+    assert first_chunk_end(offset, p_hit, 64, 200) == expected
