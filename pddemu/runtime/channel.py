@@ -159,7 +159,9 @@ class Channel:
         secret: RunSecret,
         dated: bool = False,
     ) -> Channel:
-        """`dated`: read with kernel-dated reads (the owner sets `modelled_at`)."""
+        """`dated`: read with kernel-dated reads (the owner sets `modelled_at`). A connect
+        that fails or is cancelled at any point (the hello's send too: a dated writer's waits)
+        closes what it opened: no connection is left open that its caller never got."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
@@ -173,7 +175,11 @@ class Channel:
         else:
             reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
             channel = cls(reader, writer, peer, purpose)
-        await channel.send(Control(HELLO, secret.hello(me, peer, purpose)))
+        try:
+            await channel.send(Control(HELLO, secret.hello(me, peer, purpose)))
+        except BaseException:
+            channel.close()
+            raise
         return channel
 
     async def send(
