@@ -155,7 +155,9 @@ class KvLinks:
     async def _open_link(self, destination: str) -> Channel:
         self.open_attempts += 1
         try:
-            channel = await self._clock.within(self._open(destination, "kv"), self.open_within_s)
+            channel = await self._clock.within(
+                self._open(destination, "kv"), self.open_within_s, discard=Channel.close
+            )
         except Exception as error:  # refused, unreachable, not open in time, or not known
             silent = isinstance(error, TimeoutError)
             why = f"the KV link to {destination} could not open: {error}"

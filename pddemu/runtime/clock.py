@@ -79,6 +79,20 @@ STOP_TIMEOUT_S = 5.0  # wall seconds a paused process is waited for to stop (not
 # its lag is known only as a bound (now - sent - least transit), recorded as `<kind>_wan`.
 
 
+def abandon(task: asyncio.Future[T], discard: Callable[[T], object] | None) -> None:
+    """Cancel `task`, whose outcome no one will take: a result it comes to all the same (it
+    was done already, or ends before it reads the cancel) goes to `discard`."""
+    task.cancel()
+    if discard is None:
+        return
+
+    def dropped(done: asyncio.Future[T]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            discard(done.result())
+
+    task.add_done_callback(dropped)
+
+
 def participant_of(slot_name: str) -> str:
     """The participant a slot of the clock page belongs to: its name without the suffix of an
     instant hold's slot or of a sender's reads slot (one process may claim all three)."""
@@ -217,21 +231,28 @@ class ModelledClock:
         """Wall seconds until `modelled` at the present rate (an estimate, for progress)."""
         return self.source.wall_delay(modelled)
 
-    async def within(self, awaitable: Awaitable[T], seconds: float) -> T:
+    async def within(
+        self,
+        awaitable: Awaitable[T],
+        seconds: float,
+        discard: Callable[[T], object] | None = None,
+    ) -> T:
         """`awaitable`'s result, or TimeoutError (and it cancelled) once `seconds` of modelled
-        time have passed: asyncio.wait_for on the modelled clock."""
+        time have passed: asyncio.wait_for on the modelled clock. A result that comes when it
+        can no longer be returned (this wait was cancelled, or timed out, as it came) is handed
+        to `discard` (a connection made, to close), not dropped."""
         task = asyncio.ensure_future(awaitable)
         timer = asyncio.ensure_future(self.sleep_until(self.now() + seconds))
         try:
             await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            task.cancel()
+            abandon(task, discard)
             raise
         finally:
             timer.cancel()
         if task.done():
             return task.result()
-        task.cancel()
+        abandon(task, discard)
         try:
             await task
         except asyncio.CancelledError:

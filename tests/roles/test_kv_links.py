@@ -7,8 +7,10 @@ none of the others on its link."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from pddemu.roles.prefill import Destination, PrefillInstance, PrefillJob
 from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import UNSENT_BYTES, KvLinks, LinkUnavailable
+from pddemu.runtime.auth import RunSecret
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.runtime.clock import ModelledClock
 from pddemu.wire import KVChunk
@@ -380,3 +383,47 @@ def test_a_link_that_cannot_open_for_any_reason_is_unavailable(tmp_path: Path) -
         assert not caught.value.silent
 
     asyncio.run(scenario())
+
+
+def test_a_link_opened_as_its_attempt_is_cancelled_is_closed(tmp_path: Path) -> None:
+    """The connect completes in the turn its attempt is cancelled (the instance stopping):
+    the attempt cannot hand the link over, and closes it; it is in no instance's `links`,
+    so nothing else would. On the code before, it was dropped open (the garbage collector's
+    to close, with a ResourceWarning; the far end open until then)."""
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, ceiling=100.0)
+    clock = ModelledClock(shared, shared.claim("P0"))
+
+    async def scenario() -> None:
+        accepted: asyncio.Queue[asyncio.StreamReader] = asyncio.Queue()
+        writers: list[asyncio.StreamWriter] = []
+
+        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)  # kept open: only P's end may close it
+            await accepted.put(reader)
+
+        server = await asyncio.start_server(peer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def connect(destination: str, purpose: str) -> Channel:
+            channel = await Channel.connect(
+                "127.0.0.1", port, "P0", destination, purpose, RunSecret.new()
+            )
+            links._opening[destination].cancel()  # as the instance's end does
+            return channel
+
+        links = KvLinks(connect, lambda _channel: None, clock=clock, open_within_s=0.5)
+        async with server:
+            with pytest.raises(asyncio.CancelledError):
+                await links.acquire("MD0")
+            reader = await accepted.get()
+            try:  # the hello, then the close: not silence
+                await asyncio.wait_for(reader.read(), 2.0)
+            finally:
+                for writer in writers:
+                    writer.close()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.run(scenario())
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
