@@ -99,6 +99,7 @@ class PrefillInstance(Instance):
             self.open,
             self._serve_link,
             self._peers,
+            spawn=self.spawn,
             clock=self.clock,
             open_within_s=self.config.faults.down_after_s,
         )

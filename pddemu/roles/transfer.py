@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,9 @@ class KvLinks:
     (one attempt at a time, shared by the transfers waiting for it). `serve_replies` reads
     what the receiver says on a link (`kv_admitted`, `kv_refused`) until it closes, then calls
     `closed`. The links are kept in `links` (the instance's connections to its peers, as
-    "<destination> (kv)": closed with them)."""
+    "<destination> (kv)": closed with them). An attempt is a task of the instance's (`spawn`:
+    `Instance.spawn`), which its stop ends: none opens a link after the instance closed its
+    connections, and an unforeseen failure of one is logged and counted."""
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class KvLinks:
         serve_replies: Callable[[Channel], Any],
         links: dict[str, Channel] | None = None,
         *,
+        spawn: Callable[[Coroutine[Any, Any, Channel | LinkUnavailable], str], asyncio.Task],
         clock: ModelledClock,
         open_within_s: float,
     ) -> None:
@@ -120,9 +123,11 @@ class KvLinks:
         self._open = open_channel
         self._serve = serve_replies
         self._links: dict[str, Channel] = {} if links is None else links
+        self._spawn = spawn
         self._clock = clock
         self.open_within_s = open_within_s
-        self._opening: dict[str, asyncio.Future[Channel]] = {}  # the attempt under way, if any
+        # the attempt under way, if any
+        self._opening: dict[str, asyncio.Task[Channel | LinkUnavailable]] = {}
         self.open_attempts = 0  # links opened or tried (each shared by its waiting transfers)
         # each link's transfers waiting for their admission, by sequence number
         self._admissions: dict[Channel, dict[int, asyncio.Future[None]]] = {}
@@ -139,20 +144,22 @@ class KvLinks:
             return channel
         opening = self._opening.get(destination)
         if opening is None:
-            opening = asyncio.ensure_future(self._open_link(destination))
+            opening = self._spawn(self._open_link(destination), f"KV link to {destination}")
             self._opening[destination] = opening
             opening.add_done_callback(lambda done: self._opened(destination, done))
-        return await asyncio.shield(opening)
+        outcome = await asyncio.shield(opening)
+        if isinstance(outcome, LinkUnavailable):
+            raise outcome
+        return outcome
 
-    def _opened(self, destination: str, attempt: asyncio.Future[Channel]) -> None:
-        """An attempt ended: the next transfer to need the link makes a new one if it failed
-        (its outcome read here, so that one no transfer waited for is not reported unread)."""
+    def _opened(self, destination: str, attempt: asyncio.Task[Any]) -> None:
+        """An attempt ended: the next transfer to need the link makes a new one if it failed."""
         if self._opening.get(destination) is attempt:
             del self._opening[destination]
-        if not attempt.cancelled():
-            attempt.exception()
 
-    async def _open_link(self, destination: str) -> Channel:
+    async def _open_link(self, destination: str) -> Channel | LinkUnavailable:
+        """The link, or why it could not open: a failure its transfers report (the
+        destination's), returned, not raised, since it is no failure of the instance's."""
         self.open_attempts += 1
         try:
             channel = await self._clock.within(
@@ -161,7 +168,9 @@ class KvLinks:
         except Exception as error:  # refused, unreachable, not open in time, or not known
             silent = isinstance(error, TimeoutError)
             why = f"the KV link to {destination} could not open: {error}"
-            raise LinkUnavailable(why, silent) from error
+            unavailable = LinkUnavailable(why, silent)
+            unavailable.__cause__ = error
+            return unavailable
         bound_unsent(channel)
         self._links[f"{destination} (kv)"] = channel
         self._admissions[channel] = {}

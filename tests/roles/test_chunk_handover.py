@@ -77,7 +77,7 @@ def test_a_late_wake_up_after_a_prefill_step_does_not_make_its_chunks_late(
         return receiver
 
     async def scenario() -> None:
-        p.links = links_to(opened, p.clock)
+        p.links = links_to(opened, p)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         prompt = [1 + i % 200 for i in range(3 * p.chunk_genuine)]
         body = {"rid": "r1", "input_tokens": 32 * len(prompt), "output_tokens": 2}

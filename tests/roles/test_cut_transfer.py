@@ -21,7 +21,6 @@ from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import KvLinks
 from pddemu.runtime.channel import Envelope
-from pddemu.runtime.clock import ModelledClock
 from pddemu.runtime.liveness import Liveness
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -116,9 +115,9 @@ class Receiver:
 
 
 def links_to(
-    open_channel: Callable[[str, str], Awaitable[Receiver]], clock: ModelledClock
+    open_channel: Callable[[str, str], Awaitable[Receiver]], p: PrefillInstance
 ) -> KvLinks:
-    """KV links to fake receivers, which admit each transfer at once (opened within the
+    """`p`'s KV links to fake receivers, which admit each transfer at once (opened within the
     default bound, `faults.down_after`)."""
 
     async def opened(name: str, purpose: str) -> Receiver:
@@ -127,7 +126,9 @@ def links_to(
         return receiver
 
     bound = load_config().faults.down_after_s
-    links = KvLinks(opened, lambda _channel: None, clock=clock, open_within_s=bound)
+    links = KvLinks(
+        opened, lambda _channel: None, spawn=p.spawn, clock=p.clock, open_within_s=bound
+    )
     return links
 
 
@@ -147,7 +148,7 @@ def test_the_sender_counts_each_transfer_it_could_not_finish() -> None:
                 raise ConnectionRefusedError("nobody listens")
             return receivers[name]
 
-        p.links = links_to(open_channel, p.clock)
+        p.links = links_to(open_channel, p)
         for name in receivers:
             p.spec.peers[name] = Address(name, "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
@@ -202,7 +203,7 @@ def test_a_cut_while_the_connection_opens_is_reported() -> None:
             await asyncio.sleep(3600)
             raise AssertionError("the connection never opens")
 
-        p.links = links_to(never_opens, p.clock)
+        p.links = links_to(never_opens, p)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
         frontend.closed = False
@@ -234,7 +235,7 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
         p = instance(PrefillInstance, "P")
         step = p.chunk_genuine
         receiver = Receiver()
-        p.links = links_to(lambda _name, _purpose: _opened(receiver), p.clock)
+        p.links = links_to(lambda _name, _purpose: _opened(receiver), p)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         frontend = Connection()
         frontend.closed = False
@@ -302,7 +303,7 @@ def _relay_ends_a_request_during_ps_transfer(
             one.transit[other.name] = other.transit[one.name] = (0.0, True)
         wire({"P0": p, "FE0": fe, "RLD0": rld, "MD0": md}, {("RLD0", "FE0"): frontend_late_s})
         receiver = Receiver()
-        p.links = links_to(lambda _name, _purpose: _opened(receiver), p.clock)
+        p.links = links_to(lambda _name, _purpose: _opened(receiver), p)
         p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
         step = p.chunk_genuine
         scale = fe.config.scale.token_scale

@@ -11,7 +11,7 @@ import gc
 import socket
 import time
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,11 @@ def test_a_transfer_the_receiver_refuses_ends_and_the_link_goes_on() -> None:
     assert any("holds no prefix" in error for error in link.rld.errors)
 
 
+def spawn(coroutine: Coroutine[Any, Any, Any], _what: str) -> asyncio.Task:
+    """A task as an instance's `spawn` makes one, for links without an instance."""
+    return asyncio.ensure_future(coroutine)
+
+
 def test_transfers_waiting_for_a_link_share_one_bounded_attempt() -> None:
     """The relay does not answer a connect (its listener's queue is full: the kernel drops the
     SYNs, as for a destination gone silent). Three transfers that need the link wait for ONE
@@ -377,7 +382,7 @@ def test_a_link_that_cannot_open_for_any_reason_is_unavailable(tmp_path: Path) -
         raise ValueError(f"unknown peer {destination}")
 
     async def scenario() -> None:
-        links = KvLinks(unknown, lambda _channel: None, clock=clock, open_within_s=0.5)
+        links = KvLinks(unknown, lambda _channel: None, spawn=spawn, clock=clock, open_within_s=0.5)
         with pytest.raises(LinkUnavailable, match="could not open: unknown peer MD9") as caught:
             await links.acquire("MD9")
         assert not caught.value.silent
@@ -411,7 +416,7 @@ def test_a_link_opened_as_its_attempt_is_cancelled_is_closed(tmp_path: Path) -> 
             links._opening[destination].cancel()  # as the instance's end does
             return channel
 
-        links = KvLinks(connect, lambda _channel: None, clock=clock, open_within_s=0.5)
+        links = KvLinks(connect, lambda _channel: None, spawn=spawn, clock=clock, open_within_s=0.5)
         async with server:
             with pytest.raises(asyncio.CancelledError):
                 await links.acquire("MD0")
@@ -427,3 +432,36 @@ def test_a_link_opened_as_its_attempt_is_cancelled_is_closed(tmp_path: Path) -> 
         asyncio.run(scenario())
         gc.collect()
     assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_the_instances_stop_ends_a_links_attempt_under_way() -> None:
+    """P stops (`end_tasks`) while a link's connect is under way: the attempt ends with it,
+    its connect cancelled, as every task of the instance's is; none opens a link after P
+    closed its connections. On the code before, the attempt was no task of P's: it went on
+    after the stop (and its bound's timer read the clock after its page was closed)."""
+    p = instance(PrefillInstance, "P")
+
+    async def scenario() -> tuple[list[str], bool]:
+        connecting = asyncio.Event()
+        ended: list[str] = []
+
+        async def connect(destination: str, _purpose: str) -> Channel:
+            connecting.set()
+            try:
+                await asyncio.sleep(3600)  # a connect the destination does not answer
+            except asyncio.CancelledError:
+                ended.append(destination)
+                raise
+            raise AssertionError("never answered")
+
+        p.links = KvLinks(
+            connect, p._serve_link, p._peers, spawn=p.spawn, clock=p.clock, open_within_s=2
+        )
+        p.spawn(p.links.acquire("MD0"), "a transfer")
+        await connecting.wait()
+        await p.end_tasks()
+        await asyncio.sleep(0.01)  # its connect's own end (`ModelledClock.within` cancels it)
+        return list(ended), any(not task.done() for task in p._tasks)
+
+    assert asyncio.run(scenario()) == (["MD0"], False)
+    assert p.errors == []

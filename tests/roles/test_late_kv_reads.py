@@ -129,7 +129,11 @@ def test_a_relay_reading_a_transfer_late_takes_it_in_at_its_end(tmp_path: Path) 
 
     async def scenario() -> None:
         p.links = KvLinks(
-            lambda _name, _purpose: opened(), lambda _channel: None, clock=p.clock, open_within_s=2
+            lambda _name, _purpose: opened(),
+            lambda _channel: None,
+            spawn=p.spawn,
+            clock=p.clock,
+            open_within_s=2,
         )
 
         async def opened() -> LateConnection:
@@ -215,7 +219,9 @@ def test_a_kv_begin_that_queues_on_its_link_holds_from_its_turn(tmp_path: Path) 
             channel.stamp = p.clock.now
             return channel
 
-        p.links = KvLinks(opened, p._serve_link, p._peers, clock=p.clock, open_within_s=2)
+        p.links = KvLinks(
+            opened, p._serve_link, p._peers, spawn=p.spawn, clock=p.clock, open_within_s=2
+        )
         channel = await p.links.acquire("RLD0")
         empty = KV.empty(p.model_config).tensor
         shape = (*empty.shape[:3], 8 << 10, empty.shape[4])  # MBs: far more than sockets hold

@@ -138,7 +138,7 @@ async def two_transfers(
     async def reopened(_name: str, _purpose: str) -> Socketed:
         return connection
 
-    p.links = links_to(reopened, p.clock)
+    p.links = links_to(reopened, p)
     p.spec.peers["MD0"] = Address("MD0", "MD", "127.0.0.1", 3, 4)
     frontend = Connection()
     frontend.closed = False  # type: ignore[attr-defined]
