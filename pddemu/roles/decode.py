@@ -424,6 +424,12 @@ class DecodeInstance(Instance):
             # what the request keeps here (a match's pin, a pending resume) stays for this one
             self._cut(rid, superseded=True)
         try:
+            if rid in self.admitting or rid in self.receiving:
+                # A transfer of the request on another link (one on this link was superseded
+                # above). A request's KV has one sender, on one link (a routing or a move is a
+                # leg of its own): the transfer here goes on untouched (its state, memory and
+                # what the request keeps are its own), this one is refused.
+                raise ValueError(f"{rid}: its KV is already coming here on another link")
             admission, need = self._admission(message)
         except Exception as error:  # refused: its sender, waiting for `kv_admitted`, hears why
             await self._refuse(message, error)

@@ -821,3 +821,46 @@ def test_a_newer_transfer_waiting_for_memory_stays_expected_where_it_replaces_on
         return state
 
     assert asyncio.run(scenario()) == (True, True, 2)
+
+
+@pytest.mark.parametrize("first", ["admitted", "waiting for memory"])
+def test_a_transfer_of_a_request_on_another_link_is_refused_and_the_first_goes_on(
+    first: str,
+) -> None:
+    """A request's KV comes from its one sender on its one link (each routing or move is a
+    leg of its own, and a newer transfer on the same link supersedes the earlier: above). A
+    `kv_begin` for it from another link while its transfer is here is refused
+    (`kv_refused`), and the first transfer's state is untouched: its chunks and end are
+    taken, and only its memory is held. On the code before, the second overwrote the
+    first's state: the first's chunks and end were errors and its memory never came back."""
+
+    async def scenario() -> tuple[list[str], int, int, bool]:
+        rld = instance(RelayInstance, "RLD")
+        await rld.start()
+        prompt = list(range(1, 41))
+        kv, _ = rld.model.prefill(prompt, None, len(prompt))
+        meta = {**META, "predicted_output_tokens": 300}
+        need = 40 * 32 + 300
+        filler = None
+        if first == "waiting for memory":
+            filler = await rld.reserve_tokens(rld.cost.kv_capacity_tokens() - 1)
+        link, other = KvLinkEnd("P0"), KvLinkEnd("P1")
+        body = {"rid": "r", "prompt_tokens": 40, "offset": 0, "meta": meta, "seq": 1}
+        await rld.on_kv_begin(Envelope("kv_begin", body, [], link))
+        with pytest.raises(ValueError, match="another link"):
+            await rld.on_kv_begin(Envelope("kv_begin", body, [], other))
+        refused = [kind for kind, said in other.said if said.get("rid") == "r"]
+        if filler is not None:
+            await rld.release_tokens(filler)
+        await link.admitted("r")
+        held = rld.kv_reserved
+        await rld.on_kv_chunk(kv_chunk_from_tensor("r", 0, 0, kv.tensor), link)
+        end = {"rid": "r", "seq": 1, "first_token": 7, "ready": 0.0}
+        await rld.on_kv_end(Envelope("kv_end", end, [], link))
+        await asyncio.sleep(0.05)
+        arrived = "r" in rld.requests
+        await rld.end_tasks()
+        return refused, held, need, arrived
+
+    refused, held, need, arrived = asyncio.run(scenario())
+    assert refused == ["kv_refused"] and held == need and arrived
