@@ -122,6 +122,11 @@ class PrefillInstance(Instance):
     async def start(self) -> None:
         self.spawn(self.schedule(), "prefill scheduler")
 
+    async def close_connections(self, server: Any) -> None:
+        """No KV link opens once the connections are being closed (`KvLinks.close`)."""
+        self.links.close()
+        await super().close_connections(server)
+
     # -- messages from the frontend -----------------------------------------------------
 
     async def on_prefill(self, message: Envelope) -> None:

@@ -128,6 +128,7 @@ class KvLinks:
         self.open_within_s = open_within_s
         # the attempt under way, if any
         self._opening: dict[str, asyncio.Task[Channel | LinkUnavailable]] = {}
+        self._closed = False  # the instance stopped (`close`): no link opens any more
         self.open_attempts = 0  # links opened or tried (each shared by its waiting transfers)
         # each link's transfers waiting for their admission, by sequence number
         self._admissions: dict[Channel, dict[int, asyncio.Future[None]]] = {}
@@ -148,9 +149,17 @@ class KvLinks:
             self._opening[destination] = opening
             opening.add_done_callback(lambda done: self._opened(destination, done))
         outcome = await asyncio.shield(opening)
-        if isinstance(outcome, LinkUnavailable):
-            raise outcome
+        if isinstance(outcome, LinkUnavailable):  # each waiter its own, with its own traceback
+            raise LinkUnavailable(str(outcome), outcome.silent) from outcome.__cause__
         return outcome
+
+    def close(self) -> None:
+        """The instance stops: the attempts under way end, and no link opens after this (one
+        whose connect completes meanwhile is closed), so none is added after the instance
+        closed its connections."""
+        self._closed = True
+        for attempt in list(self._opening.values()):
+            attempt.cancel()
 
     def _opened(self, destination: str, attempt: asyncio.Task[Any]) -> None:
         """An attempt ended: the next transfer to need the link makes a new one if it failed."""
@@ -171,6 +180,9 @@ class KvLinks:
             unavailable = LinkUnavailable(why, silent)
             unavailable.__cause__ = error
             return unavailable
+        if self._closed:
+            channel.close()
+            return LinkUnavailable(f"the KV link to {destination}: the sender stopped", False)
         bound_unsent(channel)
         self._links[f"{destination} (kv)"] = channel
         self._admissions[channel] = {}

@@ -465,3 +465,49 @@ def test_the_instances_stop_ends_a_links_attempt_under_way() -> None:
 
     assert asyncio.run(scenario()) == (["MD0"], False)
     assert p.errors == []
+
+
+def test_no_link_opens_once_the_sender_stopped(tmp_path: Path) -> None:
+    """A connect that completes after the sender began to close its connections
+    (`KvLinks.close`, at P's stop) is closed at once and never becomes a link: none is
+    added to the connections the stop already closed."""
+    shared = SharedClock.create(tmp_path / "clock", rate=1.0, ceiling=100.0)
+    clock = ModelledClock(shared, shared.claim("P0"))
+
+    async def scenario() -> dict[str, Channel]:
+        accepted: asyncio.Queue[asyncio.StreamReader] = asyncio.Queue()
+        writers: list[asyncio.StreamWriter] = []
+
+        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            await accepted.put(reader)
+
+        server = await asyncio.start_server(peer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def connect(destination: str, purpose: str) -> Channel:
+            return await Channel.connect(
+                "127.0.0.1", port, "P0", destination, purpose, RunSecret.new()
+            )
+
+        kept: dict[str, Channel] = {}
+        links = KvLinks(
+            connect, lambda _channel: None, kept, spawn=spawn, clock=clock, open_within_s=0.5
+        )
+        links.close()
+        async with server:
+            with pytest.raises(LinkUnavailable, match="the sender stopped"):
+                await links.acquire("MD0")
+            reader = await accepted.get()
+            try:  # the hello, then the close
+                await asyncio.wait_for(reader.read(), 2.0)
+            finally:
+                for writer in writers:
+                    writer.close()
+        return kept
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        assert asyncio.run(scenario()) == {}
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
