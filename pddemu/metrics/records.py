@@ -51,7 +51,7 @@ class RequestRecord:
     wan_bytes_cancelled: int = 0  # modelled bytes not sent because the anomaly filter acted
     anomaly_filtered: bool = False  # routed RLD-only, or its WAN transfer cut off mid-way
     predicted_output_tokens: float | None = None  # the router's prediction (pdd)
-    routed_s: float | None = None  # when the frontend routed it (P starts sending its KV)
+    routed_s: float | None = None  # when its last leg was routed (P starts sending its KV)
     kv_first_chunk_s: float | None = None  # when the decode side (MD, D) had the first KV chunk
     kv_arrived_s: float | None = None  # when the decode side (MD, D) had its KV, last byte
     token_mismatch: bool = False  # the user's tokens differ from the single-process reference

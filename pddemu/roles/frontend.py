@@ -79,6 +79,14 @@ CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its conne
 REPORTS = frozenset({"transfer_done", "kv_arrived", "handoff_sent"})
 
 
+def routed_now(record: RequestRecord, now: float) -> None:
+    """A leg is routed (a first routing, a retry or a move): the request's KV transfer is now
+    this leg's (`kv_transfer_s.to_ready` measures it from here), so an earlier leg's
+    transfer is not the record's any more."""
+    record.routed_s = now
+    record.kv_first_chunk_s = record.kv_arrived_s = None
+
+
 class Unanswered(Exception):
     """An instance did not answer the routing exchange in time: alive perhaps (its handler
     failed, or it does not know the leg), but not judged down, so no failover ends the wait."""
@@ -407,6 +415,7 @@ class Frontend(Instance):
         if not relay:
             self.routed_there(target, leg, flight.prompt)
         destination = {"name": target, "offset": offset, "meta": meta}
+        routed_now(record, self.clock.now())
         await self.tell(flight.p, "route", {"rid": leg, "destinations": [destination]})
 
     def move_target(self, flight: Flight) -> str | None:
@@ -865,7 +874,7 @@ class Frontend(Instance):
             if self.asks_decode_side:  # it pinned the prompt's hit for the leg
                 await self.tell(flight.decode, "release", {"rid": rid, "kv_expected": False})
         flight.transfers = {d["name"] for d in destinations}
-        record.routed_s = self.clock.now()
+        routed_now(record, self.clock.now())
         await self.tell(flight.p, "route", {"rid": rid, "destinations": destinations})
         if self.exact(flight.p):  # P answers once its sends are under way (or the hold's cap)
             try:
@@ -1176,10 +1185,13 @@ class Frontend(Instance):
         flight.record.wan_bytes += int(modelled_bytes)
 
     async def on_kv_arrived(self, message: Envelope) -> None:
+        """The decode side holds a leg's whole KV. The record keeps its request's current
+        leg's transfer (named by the leg, as every routing and move is): an earlier leg's,
+        arriving late, is the WAN's estimate's only."""
         body = message.body
         self.wan.arrived(body["rid"], float(body["at"]) - float(body["first_chunk_at"]))
-        flight = self.flights.get(body["rid"])
-        if flight is not None:
+        flight = self.legs.get(body["rid"])
+        if flight is not None and flight.leg == body["rid"]:
             flight.record.kv_first_chunk_s = float(body["first_chunk_at"])
             flight.record.kv_arrived_s = float(body["at"])
 
