@@ -36,13 +36,17 @@ class RadixCacheConfig:
 
     Capacity is in tokens (a page costs `page_size * key_tokens`) unless `handle_size` is given,
     in which case a page costs `handle_size(handle)` (e.g. the bytes of its KV tensor) and the
-    capacity is in those units. `capacity=None` means unbounded.
+    capacity is in those units. `capacity=None` means unbounded. `on_evict`, if given, is told
+    the handles of the pages each eviction drops (in their order on the path), so that a record
+    kept beside the cache (the decode side's index of its pages by hash) can drop them too; it
+    must not use the cache.
     """
 
     page_size: int = 1
     key_tokens: int = 1
     capacity: int | None = None
     handle_size: Callable[[Any], int] | None = None
+    on_evict: Callable[[list[Any]], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("page_size", "key_tokens"):
@@ -373,6 +377,8 @@ class RadixCache:
         self._size -= freed
         self._pages -= drop
         leaf.cost -= freed
+        if self.config.on_evict is not None:
+            self.config.on_evict(leaf.handles[keep:])
         if keep:
             del leaf.handles[keep:]
             leaf.keys = leaf.keys[: keep * self._page].copy()

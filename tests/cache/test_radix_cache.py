@@ -96,6 +96,19 @@ def test_eviction_trims_a_leaf_from_its_end_only_as_far_as_needed() -> None:
     assert cache.match(np.arange(8)).length == 7
 
 
+def test_eviction_tells_which_pages_it_dropped() -> None:
+    dropped: list[list[str]] = []
+    cache = RadixCache(RadixCacheConfig(page_size=2, capacity=8, on_evict=dropped.append))
+    cache.insert([1, 1, 2, 2, 3, 3], ["a", "b", "c"])
+    cache.insert([1, 1, 4, 4], ["a", "d"])
+    assert dropped == []
+    cache.insert([5, 5, 6, 6], ["e", "f"])  # 12 tokens: the oldest leaf's two pages go
+    assert dropped == [["b", "c"]]
+    cache.insert([7, 7, 8, 8], ["g", "h"])  # then the next leaf, and the page it left alone
+    assert dropped == [["b", "c"], ["d"], ["a"]]
+    assert cache.size == 8
+
+
 def test_shared_prefix_survives_while_a_child_uses_it() -> None:
     cache = RadixCache(RadixCacheConfig(capacity=5))
     cache.insert([1, 2, 3])
