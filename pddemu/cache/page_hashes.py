@@ -10,8 +10,11 @@ requests at the default page).
 
 from __future__ import annotations
 
+import secrets
+from collections import deque
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
+from typing import Any
 
 import numpy as np
 
@@ -47,25 +50,89 @@ def parse_hash(text: object) -> int:
 
 
 class PrefixIndex:
-    """Chained page hash -> the ids of the prefix it names, for every prefix of every prompt
-    added (the decode side adds each prompt whose KV began to come: whatever its DRC holds
-    is a prefix of one of those). A prefix shared by several prompts is kept once; the
-    entries share their prompt's id array. Kept for the instance's life: its DRC may hold a
-    prompt's first pages long after the prompt (the pages are touched by later hits)."""
+    """Chained page hash -> the ids of the prefix it names, for the prefixes the router may
+    name that the decode side may hold, and the changes to its DRC the router must hear of.
+
+    A prefix is held while the DRC holds its last page (`stored`, until `evicted`) or while a
+    prompt whose KV is coming holds it (`hold`, from its `kv_begin` until `let_go`: a transfer
+    cut mid-way keeps a part of it, the prompt's longer prefixes the router may still name).
+    One let go of by all is forgotten only once the router has heard the report that says so
+    (`heard`): until then the router may still name it, and the hit must still count it.
+
+    The router's record (`RoutedPrompts`) mirrors the DRC's pages from the reports: `kept`, the
+    part of a prompt its DRC took in; `evicted`, the pages its DRC dropped, in the order they
+    happened. So the entries are the DRC's pages (its capacity in pages), the prompts on their
+    way, and the pages dropped since the router's last report heard (a round trip's worth)."""
 
     def __init__(self, page_tokens: int) -> None:
         self.page_tokens = page_tokens
-        self.prefixes: dict[int, tuple[np.ndarray, int]] = {}  # hash -> (ids, whole pages)
+        # hash -> [ids, whole pages, holds, the report after which it may be forgotten]
+        self.prefixes: dict[int, list] = {}
+        self.since = secrets.token_hex(4)  # this process's reports: a restarted one's differ
+        self.reports = 0  # numbered from 1, in the order sent
+        self.changes: list[list] = []  # for the next report
+        self.doomed: deque[tuple[int, int]] = deque()  # (report, hash) let go of by all
 
-    def add(self, ids: Sequence[int]) -> None:
+    def hold(self, ids: Sequence[int]) -> list[int]:
+        """Hold every whole page's prefix of `ids` (a prompt whose KV is coming); returns their
+        hashes, for `let_go` and the DRC's insert."""
         array = np.asarray(ids, dtype=_ID_DTYPE)
-        for pages, value in enumerate(chained_page_hashes(array, self.page_tokens), 1):
-            self.prefixes.setdefault(value, (array, pages))
+        hashes = chained_page_hashes(array, self.page_tokens)
+        for pages, value in enumerate(hashes, 1):
+            entry = self.prefixes.get(value)
+            if entry is None:
+                self.prefixes[value] = [array, pages, 1, 0]
+            else:
+                entry[2] += 1
+        return hashes
+
+    def let_go(self, hashes: Iterable[int]) -> None:
+        for value in hashes:
+            entry = self.prefixes[value]
+            entry[2] -= 1
+            if entry[2] == 0:  # the router hears of it with the next report
+                entry[3] = self.reports + 1
+                self.doomed.append((entry[3], value))
+
+    def stored(self, hashes: Sequence[int]) -> None:
+        """The DRC took in pages (new ones: those it held already are held once): each is
+        held while there."""
+        for value in hashes:
+            self.prefixes[value][2] += 1
+
+    def evicted(self, hashes: Sequence[int]) -> None:
+        """The DRC dropped these pages (a leaf's last ones, in their order)."""
+        self.let_go(hashes)
+        self.changes.append(["evicted", [hash_text(value) for value in hashes]])
+
+    def kept(self, rid: str, tokens: int) -> None:
+        """The first `tokens` of the request's prompt are about to enter the DRC (0: none will,
+        its KV came or was cut short of a page, or it was let go before it came)."""
+        self.changes.append(["kept", rid, tokens])
+
+    def report(self) -> dict[str, Any] | None:
+        """The changes since the last report, numbered for the router's `heard`; None if none."""
+        if not self.changes:
+            return None
+        self.reports += 1
+        changes, self.changes = self.changes, []
+        return {"since": self.since, "report": self.reports, "changes": changes}
+
+    def heard(self, since: str, report: int) -> None:
+        """The router has applied this process's reports up to `report` (a match says so):
+        what they let go of, it names no more."""
+        if since != self.since:
+            return  # another process's (the one before a restart)
+        while self.doomed and self.doomed[0][0] <= report:
+            _, value = self.doomed.popleft()
+            entry = self.prefixes.get(value)
+            if entry is not None and entry[2] == 0 and entry[3] <= report:
+                del self.prefixes[value]
 
     def longest(self, named: Iterable[tuple[int, int]]) -> list[int]:
         """The ids of the longest prefix known among `named`, (tokens, hash) pairs; [] if it
         knows none."""
-        best: tuple[np.ndarray, int] | None = None
+        best: list | None = None
         for tokens, value in named:
             entry = self.prefixes.get(value)
             if entry is None or entry[1] * self.page_tokens != tokens:
@@ -74,8 +141,7 @@ class PrefixIndex:
                 best = entry
         if best is None:
             return []
-        array, pages = best
-        return array[: pages * self.page_tokens].tolist()
+        return best[0][: best[1] * self.page_tokens].tolist()
 
     def __len__(self) -> int:
         return len(self.prefixes)

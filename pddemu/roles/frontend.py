@@ -75,8 +75,9 @@ CLEANUP_TIMEOUT_S = 5.0  # wall seconds a cleanup message may wait for its conne
 # Reports that carry the times they report (a transfer's end and bytes, the KV's arrival, a
 # handoff's start and bytes): when the frontend reads one moves no recorded time (only the
 # router's later estimates a little: docs/architecture.md), so its lateness there is reported
-# (`report`), not judged (docs/validation.md, "Which lag counts").
-REPORTS = frozenset({"transfer_done", "kv_arrived", "handoff_sent"})
+# (`report`), not judged (docs/validation.md, "Which lag counts"). A decode instance's DRC
+# report neither: read late, it leaves the router naming more points, never a different hit.
+REPORTS = frozenset({"transfer_done", "kv_arrived", "handoff_sent", "drc_report"})
 
 
 def routed_now(record: RequestRecord, now: float) -> None:
@@ -445,8 +446,13 @@ class Frontend(Instance):
     async def ask_match(self, target: str, leg: str, prompt: list[int]) -> None:
         """Ask `target` how much of the prompt its DRC holds: named by the chained hashes of
         the points where it leaves the prompts routed there (`RoutedPrompts`), not its ids."""
-        named = self.prompts_routed_to(target).named(prompt)
-        body = {"rid": leg, "prompt_tokens": len(prompt), "prefixes": named}
+        record = self.prompts_routed_to(target)
+        body = {
+            "rid": leg,
+            "prompt_tokens": len(prompt),
+            "prefixes": record.named(prompt),
+            "heard": record.acknowledged(),
+        }
         sent = await self.tell(target, "match", body)
         tally = self.match_bytes
         tally["min"] = min(tally["min"], sent) if tally["count"] else sent
@@ -1130,11 +1136,15 @@ class Frontend(Instance):
             return flight
         return None
 
+    async def on_drc_report(self, message: Envelope) -> None:
+        """What a decode instance's DRC took in and dropped: its record here follows."""
+        self.prompts_routed_to(message.channel.peer).reported(message.body)
+
     async def on_transfer_done(self, message: Envelope) -> None:
         destination = message.body["destination"]
-        if destination in self.routed_prompts and int(message.body["tokens_sent"]) > 0:
-            # chunks go only once the receiver admitted the transfer: it read the prompt's ids
-            self.routed_prompts[destination].began(message.body["rid"])
+        if destination in self.routed_prompts and int(message.body["tokens_sent"]) == 0:
+            # no new page of it can enter the DRC there: the instance may never report on it
+            self.routed_prompts[destination].never_came(message.body["rid"])
         flight = self.legs.get(message.body["rid"])
         if flight is None:
             return

@@ -3,8 +3,10 @@
 It keeps a decode-side radix cache (DRC) of prompt KV, so the frontend can ask how much of a
 prompt it already holds (`match`, which pins that prefix) and P sends only the rest. The match
 names the prompt's prefixes by chained page hashes (`pddemu.roles.routed_prompts`), which MD
-resolves to ids through its index of every prompt whose KV began to come (`PrefixIndex`); the
-ids beyond the hit come with P's `kv_begin`. Then:
+resolves to ids through its index of the prefixes its DRC holds and of the prompts whose KV is
+coming (`PrefixIndex`); the ids beyond the hit come with P's `kv_begin`. MD reports to the
+frontend what its DRC took in and dropped (`drc_report`), which the router's record mirrors.
+Then:
 - pipeline P-MD (and the baselines): MD owns the stream from the first token;
 - pipeline P-RLD-MD: MD tells the relay it has the KV (`md_ready`, with what the relay needs to
   pick the handoff mode: MD's batch and the message's send time) and takes the request over
@@ -21,6 +23,7 @@ for every output too): it pins exactly what it counts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +49,8 @@ class Pinned:
     node: Any
     handles: list = field(default_factory=list)
     prompt: list[int] | None = None
+    hashes: list[int] | None = None  # the prompt's pages', held in the index until let go
+    kept: bool = False  # the DRC took its KV in (and the frontend is told)
 
 
 class MainDecodeInstance(DecodeInstance):
@@ -59,8 +64,10 @@ class MainDecodeInstance(DecodeInstance):
         super().__init__(spec)
         self.role = spec.me.role  # MD, or D for a baseline
         capacity = self.kv_capacity_genuine() if self.config.policy.drc else 0
-        self.store = PrefixKVStore(self.page_tokens, capacity)
         self.prefixes = PrefixIndex(self.page_tokens)  # what the frontend's match names
+        self.store = PrefixKVStore(self.page_tokens, capacity, self.prefixes)
+        self.last_report: asyncio.Task | None = None  # the reports go one after the other
+        self.report_bytes = {"count": 0, "total": 0}
         self.matches: dict[str, Pinned] = {}
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
         # finished or dropped here: a release that comes after has no KV still on its way
@@ -88,6 +95,7 @@ class MainDecodeInstance(DecodeInstance):
         try:
             rid = message.body["rid"]
             prompt_tokens, named = self.named_prefixes(message.body)
+            self.prefixes.heard(*self.reports_heard(message.body))
             prefix = self.prefixes.longest(named)
             length, node, handles = (
                 self.store.match(prefix, prompt_tokens)
@@ -125,6 +133,22 @@ class MainDecodeInstance(DecodeInstance):
             pairs.append((tokens, parse_hash(item[1])))
         return prompt_tokens, pairs
 
+    @staticmethod
+    def reports_heard(body: dict[str, Any]) -> tuple[str, int]:
+        """Which of this instance's DRC reports the frontend had applied when it sent the match
+        (`heard`: [process, number]; absent: none); ValueError if malformed."""
+        heard = body.get("heard", ["", 0])
+        if not (
+            isinstance(heard, list)
+            and len(heard) == 2
+            and isinstance(heard[0], str)
+            and isinstance(heard[1], int)
+            and not isinstance(heard[1], bool)
+            and heard[1] >= 0
+        ):
+            raise ValueError(f"heard must be [process, report number], got {heard!r:.80}")
+        return heard[0], heard[1]
+
     async def on_kv_begin(self, message: Envelope) -> None:
         self.kv_begun.add(message.body["rid"])
         # With no DRC the frontend asks no match: the connection to it (see `on_match`) is
@@ -158,9 +182,9 @@ class MainDecodeInstance(DecodeInstance):
                 f"of {tokens}, {len(held)} of which are held here"
             )
         prompt = held[:offset] + increment
-        self.prefixes.add(prompt)  # before its KV can come: the DRC's keys are all indexed
-        if pinned is not None:
+        if pinned is not None:  # held before its KV can come: the DRC's keys are all indexed
             pinned.prompt = prompt
+            pinned.hashes = self.prefixes.hold(prompt)
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,
@@ -182,14 +206,47 @@ class MainDecodeInstance(DecodeInstance):
         pinned = self.matches.pop(rid, None)
         if pinned is not None and pinned.node is not None:
             self.store.release(pinned.node)
+        if pinned is not None and pinned.hashes is not None:
+            if not pinned.kept:
+                self.prefixes.kept(rid, 0)
+            self.prefixes.let_go(pinned.hashes)
+        self.report_drc()
 
     def _release_held(self, rid: str) -> None:
         self.etas.pop(rid, None)
         node = self.held.pop(rid, None)
         if node is not None:
             self.store.release(node)
+            self.report_drc()
         self.known.pop(rid, None)
         self.predicted.pop(rid, None)
+
+    def keep(self, pinned: Pinned, rid: str, tokens: int, kv: KV) -> Any:
+        """The DRC's copy of the first `tokens` of the prompt (pinned), the frontend told."""
+        assert pinned.prompt is not None and pinned.hashes is not None
+        pinned.kept = True
+        self.prefixes.kept(rid, tokens)
+        return self.store.insert(pinned.prompt[:tokens], kv, pinned.hashes)
+
+    def report_drc(self) -> None:
+        """Tell the frontend what the DRC took in and dropped since the last report (in order:
+        each report waits for the one before it to be sent)."""
+        body = self.prefixes.report()
+        if body is not None:
+            self.last_report = self.spawn(self._send_report(self.last_report, body), "drc report")
+
+    async def _send_report(self, before: asyncio.Task | None, body: dict[str, Any]) -> None:
+        if before is not None:
+            await asyncio.wait([before])
+        routers = [a.name for a in self.spec.peers_with_role("FE")]
+        if not routers:  # an instance on its own (tests): nobody to tell
+            return
+        try:
+            sent = await self.tell(routers[0], "drc_report", body)
+        except OSError:  # the frontend finds the next report's number ahead: it starts anew
+            return
+        self.report_bytes["count"] += 1
+        self.report_bytes["total"] += sent
 
     def transfer_cut(self, rid: str, kv: KV) -> None:
         """The transfer was cut off mid-way: keep what arrived of the prompt (whole pages) in
@@ -197,7 +254,7 @@ class MainDecodeInstance(DecodeInstance):
         pinned = self.matches.get(rid)
         prompt = pinned.prompt if pinned is not None else None
         if self.config.policy.drc and prompt is not None and kv.tokens:
-            self.store.release(self.store.insert(prompt[: kv.tokens], kv.clone()))
+            self.store.release(self.keep(pinned, rid, kv.tokens, kv.clone()))  # type: ignore[arg-type]
         self._unpin_match(rid)
         resume = self.pending_resume.pop(rid, None)
         if resume is not None:  # its relay is lost too: the frontend moves it elsewhere
@@ -225,9 +282,8 @@ class MainDecodeInstance(DecodeInstance):
         # prompt, then the request in the batch (if it streams now), before anything is sent.
         pinned = self.matches.get(rid)
         if self.config.policy.drc and pinned is not None and pinned.prompt is not None:
-            self.held[rid] = self.store.insert(
-                pinned.prompt, request.kv.token_slice(0, request.prompt_len).clone()
-            )
+            prompt_kv = request.kv.token_slice(0, request.prompt_len).clone()
+            self.held[rid] = self.keep(pinned, rid, len(pinned.prompt), prompt_kv)
         self._unpin_match(rid)
         streams_now = request.meta["pipeline"] != "P-RLD-MD" and rid not in self.released
         arrival = {
@@ -509,6 +565,7 @@ class MainDecodeInstance(DecodeInstance):
             **super().stats(),
             "drc_tokens": self.store.size_tokens,
             "drc_prefixes_known": len(self.prefixes),
+            "drc_report_bytes": dict(self.report_bytes),
         }
 
 

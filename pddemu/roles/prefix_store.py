@@ -3,7 +3,8 @@
 A radix cache over genuine token ids whose page handles point into the KV tensors of the
 requests that inserted them (a view and an offset, never a copy), so a hit is assembled from a
 few contiguous slices. Capacity is in genuine tokens; pinned pages (requests in flight) are
-never evicted.
+never evicted. MD's store tells its index of pages by hash (`PrefixIndex`) which pages it took
+in and which it dropped: each page's handle carries its hash.
 """
 
 from __future__ import annotations
@@ -13,13 +14,20 @@ from collections.abc import Sequence
 import numpy as np
 
 from pddemu.cache import RadixCache, RadixCacheConfig, RadixNode
+from pddemu.cache.page_hashes import PrefixIndex
 from pddemu.model.kv import KV
 
 
 class PrefixKVStore:
-    def __init__(self, page_tokens: int, capacity_tokens: int | None) -> None:
+    def __init__(
+        self, page_tokens: int, capacity_tokens: int | None, index: PrefixIndex | None = None
+    ) -> None:
         self.page_tokens = page_tokens
-        self.cache = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=capacity_tokens))
+        self.index = index
+        on_evict = None if index is None else self._evicted
+        self.cache = RadixCache(
+            RadixCacheConfig(page_size=page_tokens, capacity=capacity_tokens, on_evict=on_evict)
+        )
 
     def match(
         self, tokens: Sequence[int] | np.ndarray, prompt_tokens: int | None = None
@@ -37,7 +45,7 @@ class PrefixKVStore:
             return None
         pieces: list[KV] = []
         run_kv, run_start, run_end = None, 0, 0
-        for kv, offset in handles[: length // self.page_tokens]:
+        for kv, offset, _ in handles[: length // self.page_tokens]:
             if kv is run_kv and offset == run_end:
                 run_end += self.page_tokens
                 continue
@@ -47,13 +55,26 @@ class PrefixKVStore:
         pieces.append(run_kv.token_slice(run_start, run_end))  # type: ignore[union-attr]
         return pieces[0].clone() if len(pieces) == 1 else KV.concat(pieces)
 
-    def insert(self, tokens: Sequence[int] | np.ndarray, kv: KV) -> RadixNode:
-        """Cache the full pages of `tokens` whose KV is `kv` (same length), pinned."""
+    def insert(
+        self, tokens: Sequence[int] | np.ndarray, kv: KV, hashes: Sequence[int] = ()
+    ) -> RadixNode:
+        """Cache the full pages of `tokens` whose KV is `kv` (same length), pinned. With an
+        index, `hashes` are the pages' chained hashes (at least one a page)."""
         keys = np.asarray(tokens, dtype=np.int64)
         pages = len(keys) // self.page_tokens
         frozen = kv.token_slice(0, pages * self.page_tokens)
-        handles = [(frozen, i * self.page_tokens) for i in range(pages)]
-        return self.cache.insert(keys[: pages * self.page_tokens], handles, pin=True).node
+        tags = list(hashes[:pages]) if self.index is not None else [None] * pages
+        if len(tags) != pages:
+            raise ValueError(f"{pages} pages to insert, {len(tags)} hashes for them")
+        handles = [(frozen, i * self.page_tokens, tags[i]) for i in range(pages)]
+        # the path is pinned before the insert evicts: none of its pages is among those dropped
+        done = self.cache.insert(keys[: pages * self.page_tokens], handles, pin=True)
+        if self.index is not None:
+            self.index.stored(tags[done.existing // self.page_tokens :])
+        return done.node
+
+    def _evicted(self, handles: list) -> None:
+        self.index.evicted([tag for _, _, tag in handles])  # type: ignore[union-attr]
 
     def release(self, node: RadixNode) -> None:
         self.cache.unpin(node)

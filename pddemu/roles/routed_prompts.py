@@ -1,72 +1,120 @@
-"""The router's record of the prompts it sent one decode instance, as a KV-aware router keeps
-one: what it names in its `match` instead of the prompt's ids.
+"""The router's record of what one decode instance's DRC may hold, as a KV-aware router keeps
+one fed by its workers' stored/removed events: what it names in its `match` instead of the
+prompt's ids.
 
-The decode instance's DRC holds prefixes of prompts whose KV began to come to it, each routed
-there by this router. So the longest prefix of a new prompt it can hold ends where the prompt
-leaves one of the prompts routed there (whole pages): the router names those points only,
-each by its chained page hash (`pddemu.cache.page_hashes`), deepest first. The instance
-indexes every prefix of every prompt whose KV began (`PrefixIndex`), takes the longest point
-it knows and matches that prefix's ids against its DRC: the same hit as the prompt's own ids
-would give, since the prefix it knows is at least as long as what its DRC holds of the prompt.
+Two parts. The pages the DRC holds, by chained page hash (`pddemu.cache.page_hashes`), as the
+instance's reports say (`drc_report`: the part of a prompt it took in, the pages it dropped, in
+the order they happened): a prefix-closed set, at most the DRC's capacity in pages. And the
+prompts routed there whose fate the instance has not reported yet (P is told to send their KV
+there; they are a few, those in flight): a pinned prefix tree of their ids.
 
-The list stops at the first point that ends a prompt known to have reached the instance (its
-KV began there: P sent it some, or it arrived): every point beyond it is one the instance
-knows too. In a session, the previous turn's end is usually that point: one or two hashes.
-An instance found down forgets what it knew as far as this record goes (a restarted one
-starts empty): until the router hears of new transfers, it names every point.
+A match names, deepest first, where the prompt leaves the prompts in flight (whole pages), then
+how far the reported pages go along it: each by its chained hash. The instance takes the
+longest point its index knows (`PrefixIndex`) and matches that prefix's ids against its DRC:
+the same hit as the prompt's own ids would give. Whatever the DRC holds of the prompt was
+either reported (the reported pages reach at least as far, and the index keeps what it dropped
+since until the router has heard that), or taken in from a prompt still in flight here (the
+point where the prompt leaves it reaches as far, and the index holds that prompt's prefixes).
+The match says which reports the router had heard (`heard`), so the index forgets what they
+dropped.
+
+An instance found down forgets what it held as far as this record goes (a restarted one starts
+empty, its reports numbered anew); a report missed (one that could not be sent) empties the
+set too: the router then names less than the instance holds until new reports come.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pddemu.cache import RadixCache, RadixCacheConfig, RadixNode
-from pddemu.cache.page_hashes import chained_page_hashes, hash_text
-from pddemu.roles.recent import Recent
+from pddemu.cache.page_hashes import chained_page_hashes, hash_text, parse_hash
+from pddemu.roles.recent import KEPT
 
 
 class RoutedPrompts:
     def __init__(self, page_tokens: int) -> None:
-        # every prompt's path pinned: a leaf is never extended in place, so each prompt's end
-        # stays a node's end, and nothing is evicted (no capacity)
         self.page_tokens = page_tokens
-        self.tree = RadixCache(RadixCacheConfig(page_size=page_tokens))
-        self.reached: set[RadixNode] = set()  # ends of prompts whose KV began there
-        self.sent: Recent[RadixNode] = Recent()  # leg -> its prompt's end, until it is known
+        self.held: set[int] = set()  # the DRC's pages by hash, as reported
+        self.since = ""  # the reporting process, and its last report applied
+        self.heard = 0
+        # prompts in flight, each path pinned (a leaf is never extended in place, so each
+        # prompt's end stays a node's end); one whose fate is known goes (capacity 0)
+        self.in_flight = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=0))
+        self.legs: dict[str, tuple[RadixNode, Sequence[int]]] = {}  # leg -> its end, prompt
 
-    def points(self, prompt: Sequence[int]) -> list[int]:
-        """Where `prompt` leaves the prompts routed there (genuine tokens, whole pages),
-        deepest first, down to the first that ends a prompt known to have reached it."""
-        found = self.tree.match(prompt)
+    def points(self, prompt: Sequence[int], hashes: Sequence[int]) -> list[int]:
+        """Where `prompt` leaves the prompts in flight (genuine tokens, whole pages), deepest
+        first, down to how far the reported pages go along it (`hashes`: the prompt's)."""
+        reported = 0
+        while reported < len(hashes) and hashes[reported] in self.held:
+            reported += 1
+        reach = reported * self.page_tokens
+        found = self.in_flight.match(prompt)
         node, depth = found.node, found.length
         points: list[int] = []
-        while node.parent is not None and depth > 0:
+        while node.parent is not None and depth > reach:
             points.append(depth)
-            if node in self.reached:
-                break
             depth -= node.keys.shape[0]
             node = node.parent
-        return points
+        return points + [reach] if reach else points
 
     def named(self, prompt: Sequence[int]) -> list[list[int | str]]:
         """The match's `prefixes`: each point (`points`) with the chained hash of the prompt's
         pages up to it, as it crosses the wire."""
-        points = self.points(prompt)
-        hashes = chained_page_hashes(prompt[: points[0]], self.page_tokens) if points else []
+        hashes = chained_page_hashes(prompt, self.page_tokens)
+        points = self.points(prompt, hashes)
         return [[point, hash_text(hashes[point // self.page_tokens - 1])] for point in points]
+
+    def acknowledged(self) -> list[str | int]:
+        """The reports applied, as the match tells the instance (`heard`)."""
+        return [self.since, self.heard]
 
     def routed(self, leg: str, prompt: Sequence[int]) -> None:
         """P is told to send the leg's KV there."""
-        self.sent[leg] = self.tree.insert(prompt, pin=True).node
+        self.forget(leg)
+        self.legs[leg] = (self.in_flight.insert(prompt, pin=True).node, prompt)
+        if len(self.legs) > KEPT:  # one never heard of again (its P lost with it)
+            self.forget(next(iter(self.legs)))
 
-    def began(self, leg: str) -> None:
-        """The leg's KV began to come there (P sent some, or it arrived)."""
-        node = self.sent.pop(leg, None)
-        if node is not None:
-            self.reached.add(node)
+    def never_came(self, leg: str) -> None:
+        """None of the leg's KV was sent there."""
+        self.forget(leg)
+
+    def forget(self, leg: str) -> None:
+        known = self.legs.pop(leg, None)
+        if known is not None:
+            self.in_flight.unpin(known[0])
+
+    def reported(self, body: dict[str, Any]) -> None:
+        """The instance's `drc_report`: apply its changes, in order. Another process's first
+        report starts the set anew (a restart); a report missed empties it."""
+        since, number = str(body["since"]), int(body["report"])
+        if since != self.since or number != self.heard + 1:
+            if since == self.since and number <= self.heard:
+                return  # one applied already
+            self.held.clear()
+            self.since = since
+        self.heard = number
+        for change in body["changes"]:
+            if change[0] == "kept":
+                _, leg, tokens = change
+                known = self.legs.get(leg)
+                if known is not None:
+                    self.held.update(chained_page_hashes(known[1][: int(tokens)], self.page_tokens))
+                    self.forget(leg)
+            else:
+                self.held.difference_update(parse_hash(value) for value in change[1])
 
     def lost(self) -> None:
-        """The instance was down: what it knew may be gone (a restart). Legs sent before went
-        to the old process: their beginnings, reported after this, say nothing of the new one."""
-        self.reached.clear()
-        self.sent.clear()
+        """The instance was down: what it held may be gone (a restart). Legs sent before went
+        to the old process: what it did with them says nothing of the new one."""
+        self.held.clear()
+        self.since, self.heard = "", 0
+        for leg in list(self.legs):
+            self.forget(leg)
+
+    def __len__(self) -> int:
+        """Entries kept: reported pages and the pages of prompts in flight."""
+        return len(self.held) + self.in_flight.num_pages

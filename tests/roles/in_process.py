@@ -98,6 +98,14 @@ class KvLinkEnd:
             await asyncio.sleep(0.001)
 
 
+def keep_in_drc(md: Any, prompt: Sequence[int], kv: Any) -> None:
+    """Put `prompt`'s KV in `md`'s DRC, its pages indexed by hash, as a transfer that came
+    would have (its kv_begin held the prompt, its arrival kept it)."""
+    hashes = md.prefixes.hold(prompt)
+    md.store.release(md.store.insert(prompt, kv, hashes))
+    md.prefixes.let_go(hashes)  # its pages in the DRC hold them
+
+
 def match_naming_every_page(
     made: Any, rid: str, prompt: Sequence[int], channel: Any, **envelope: Any
 ) -> Envelope:

@@ -15,7 +15,7 @@ from pddemu.roles.transfer import first_chunk_end
 from pddemu.runtime.channel import Channel, Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import KvLinkEnd, instance, match_naming_every_page
+from tests.roles.in_process import KvLinkEnd, instance, keep_in_drc, match_naming_every_page
 from tests.runtime.test_dated_reads import _connected, _until_the_kernel_dates
 
 GAP_S = 0.2  # wall seconds between the chunk's sending and kv_end's, and before MD reads
@@ -87,8 +87,7 @@ def test_the_first_chunk_ends_at_ps_first_chunk_boundary_past_the_offset() -> No
         offset = chunk + page  # not on P's boundaries (0, chunk, 2 chunks, 3 chunks)
         assert first_chunk_end(offset, 0, chunk, len(prompt)) == 2 * chunk
         kv, _ = md.model.prefill(prompt, None, len(prompt))
-        md.store.release(md.store.insert(prompt[:offset], kv.token_slice(0, offset).clone()))
-        md.prefixes.add(prompt[:offset])  # as its kv_begin would have
+        keep_in_drc(md, prompt[:offset], kv.token_slice(0, offset).clone())
         link = KvLinkEnd()
         await md.on_match(match_naming_every_page(md, "r1", prompt, link))
         meta = {

@@ -2,8 +2,8 @@
 that ends mid-page counts its whole pages only, and never the whole prompt: its last token must
 be computed), pinned for the request until it is released; a match read after the request's KV
 began to come (the frontend gave up waiting) pins nothing. The match names prefixes by their
-chained page hashes: MD holds only what it can prove, the longest it knows (a prefix of a prompt
-whose KV began to come here). The DRC's insert keys the prompt by the held prefix's ids and
+chained page hashes: MD holds only what it can prove, the longest it knows (a prefix its DRC
+holds, or one of a prompt whose KV is coming here). The DRC's insert keys the prompt by the held prefix's ids and
 those its `kv_begin` brings."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
-from tests.roles.in_process import KvLinkEnd, instance, match_naming_every_page
+from tests.roles.in_process import KvLinkEnd, instance, keep_in_drc, match_naming_every_page
 
 
 class Frontend:
@@ -42,8 +42,7 @@ def cached_md(prompt: list[int]) -> MainDecodeInstance:
     """An MD whose DRC holds `prompt`'s whole pages, pinned by nothing."""
     md = instance(MainDecodeInstance, "MD")
     kv, _ = md.model.prefill(prompt, None, len(prompt))
-    md.store.release(md.store.insert(prompt, kv))
-    md.prefixes.add(prompt)  # as its kv_begin would have
+    keep_in_drc(md, prompt, kv)
     return md
 
 
@@ -197,6 +196,7 @@ def test_a_prefix_named_by_hashes_md_does_not_know_holds_nothing() -> None:
         ({"prompt_tokens": 10, "prefixes": [[12, "0" * 16]]}, "tokens must be"),
         ({"prompt_tokens": 10, "prefixes": [[4, "xyz"]]}, "a page hash is 16"),
         ({"prompt_tokens": 10, "prefixes": [[4, "g" * 16]]}, "hexadecimal"),
+        ({"prompt_tokens": 10, "prefixes": [], "heard": ["a", -1]}, "heard must be"),
     ],
 )
 def test_a_malformed_match_is_refused_naming_what_is_wrong(body: dict, named: str) -> None:

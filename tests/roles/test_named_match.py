@@ -1,8 +1,10 @@
 """The match by hashes gives the hit the match by ids gave, request for request: pdd-janfeb's
 prompts replayed through the router's record (`RoutedPrompts`) and MD's index (`PrefixIndex`)
 beside a DRC matched by the prompts' own ids, the two DRCs fed the same inserts, under LRU
-eviction, with transfers that never begin, begin and are cut mid-way, or complete, the
-router hearing of them late, and MD restarted once (the router seeing it down)."""
+eviction (the replay holds the DRC's capacity 11 times over), with transfers that never begin,
+begin and are cut mid-way, or complete, the router hearing of them and of MD's DRC reports
+late, and MD restarted once (the router seeing it down). Both records stay bounded by the
+DRC's capacity in pages and what is in flight."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pddemu.cache.page_hashes import PrefixIndex, parse_hash
+from pddemu.cache.page_hashes import PrefixIndex, chained_page_hashes, parse_hash
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.routed_prompts import RoutedPrompts
 from pddemu.workload.replay_source import load_workload
@@ -19,7 +21,7 @@ from pddemu.workload.replay_source import load_workload
 PAGE = 2  # the default DRC page in genuine tokens (64 modelled at token scale 32)
 REQUESTS = 300
 CAPACITY = 60_000  # genuine tokens: about 27 prompts, so the LRU evicts all along
-REPORT_LAG = 3  # the router hears of a transfer's beginning this many requests later
+REPORT_LAG = 3  # the router hears of a transfer's end and of MD's reports this many requests later
 
 
 class Pages:
@@ -38,22 +40,47 @@ class MainDecodeSide:
 
     def __init__(self, by_ids: bool) -> None:
         self.by_ids = by_ids
-        self.store = PrefixKVStore(PAGE, CAPACITY)
         self.prefixes = PrefixIndex(PAGE)
+        self.store = PrefixKVStore(PAGE, CAPACITY, None if by_ids else self.prefixes)
+        self.hashes: list[int] | None = None  # the prompt's, held from its kv_begin
 
-    def hit(self, prompt: list[int], named: list[tuple[int, int]]) -> tuple[int, Any]:
+    def hit(self, prompt: list[int], named: list[tuple[int, int]], heard: list) -> tuple[int, Any]:
+        if not self.by_ids:
+            self.prefixes.heard(*heard)
         prefix = prompt if self.by_ids else self.prefixes.longest(named)
         length, node, _ = self.store.match(prefix, len(prompt))
         return length, node
 
     def kv_begins(self, prompt: list[int]) -> None:
-        self.prefixes.add(prompt)
+        if not self.by_ids:
+            self.hashes = self.prefixes.hold(prompt)
 
-    def kv_ends(self, prompt: list[int], node: Any, tokens: int) -> None:
-        """The transfer ended with `tokens` of the prompt's KV here: kept, the match let go."""
+    def kv_ends(self, leg: str, prompt: list[int], node: Any, tokens: int) -> dict | None:
+        """The transfer ended with `tokens` of the prompt's KV here: kept, the match let go;
+        returns MD's report to the router (None if nothing changed)."""
         if tokens:
-            self.store.release(self.store.insert(prompt[:tokens], Pages()))  # type: ignore[arg-type]
+            if not self.by_ids:
+                self.prefixes.kept(leg, tokens)
+            kept = self.store.insert(prompt[:tokens], Pages(), self.hashes or ())  # type: ignore[arg-type]
+            self.store.release(kept)
         self.store.release(node)
+        if self.hashes is not None:
+            if not tokens:
+                self.prefixes.kept(leg, 0)
+            self.prefixes.let_go(self.hashes)
+            self.hashes = None
+        return self.prefixes.report()
+
+    def page_hashes(self) -> set[int]:
+        """The hashes of the pages the DRC holds."""
+        return {tag for _, _, tag in _handles(self.store.cache._root)}
+
+
+def _handles(node: Any) -> list:
+    found = list(node.handles)
+    for child in node.children.values():
+        found.extend(_handles(child))
+    return found
 
 
 def named_by(router: RoutedPrompts, prompt: list[int]) -> list[tuple[int, int]]:
@@ -65,25 +92,34 @@ def named_by(router: RoutedPrompts, prompt: list[int]) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("restart_at", [40, 60, 200])  # MD restarts before this request
 def test_hits_by_hashes_equal_hits_by_ids_request_for_request(seed: int, restart_at: int) -> None:
-    """A restart while beginnings are still unheard (40, 60) is where a leg sent to the old
-    process would otherwise count as reached on the new one."""
+    """A restart while reports are still unheard (40, 60) is where the old process's reports
+    or legs could otherwise count for the new one."""
     requests = load_workload("pdd-janfeb", requests=REQUESTS, seed=seed, token_scale=32)
     fate = random.Random(seed)
     router = RoutedPrompts(PAGE)
     by_ids, by_hashes = MainDecodeSide(by_ids=True), MainDecodeSide(by_ids=False)
-    unheard: list[tuple[int, str]] = []  # (request, leg): beginnings the router hears of later
+    unheard: list[tuple[int, Any]] = []  # (request, what): what the router hears of later
     hits, named = [], []
+    longest = max(len(request.prompt_ids) for request in requests) // PAGE
     for index, request in enumerate(requests):
         if index == restart_at:  # a fresh process: empty DRC and index; the router saw it down
             by_ids, by_hashes = MainDecodeSide(by_ids=True), MainDecodeSide(by_ids=False)
             router.lost()
         while unheard and unheard[0][0] <= index - REPORT_LAG:
-            router.began(unheard.pop(0)[1])
+            heard = unheard.pop(0)[1]
+            if isinstance(heard, str):
+                router.never_came(heard)  # P's transfer_done: no token sent
+            else:
+                router.reported(heard)
+        # bounded by the DRC's capacity in pages, and by what the last reports left unheard
+        assert len(router.held) <= CAPACITY // PAGE
+        assert router.in_flight.num_pages <= (REPORT_LAG + 1) * longest
+        assert len(by_hashes.prefixes) <= CAPACITY // PAGE + (REPORT_LAG + 1) * longest
         prompt = [int(x) for x in request.prompt_ids]
         leg = f"r{index}"
         names = named_by(router, prompt)
-        old, old_node = by_ids.hit(prompt, [])
-        new, new_node = by_hashes.hit(prompt, names)
+        old, old_node = by_ids.hit(prompt, [], [])
+        new, new_node = by_hashes.hit(prompt, names, router.acknowledged())
         hits.append((old, new))
         named.append(len(names))
         outcome = fate.choice(["relay only", "never began", "cut", "arrived", "arrived"])
@@ -93,28 +129,63 @@ def test_hits_by_hashes_equal_hits_by_ids_request_for_request(seed: int, restart
         if outcome in ("cut", "arrived"):
             for side in (by_ids, by_hashes):
                 side.kv_begins(prompt)
-            unheard.append((index, leg))
             sent = fate.randrange(old, len(prompt)) if outcome == "cut" else len(prompt)
             kept = sent - sent % PAGE if outcome == "cut" else len(prompt)
-        by_ids.kv_ends(prompt, old_node, kept)
-        by_hashes.kv_ends(prompt, new_node, kept)
+        elif outcome == "never began":
+            unheard.append((index, leg))
+        by_ids.kv_ends(leg, prompt, old_node, kept)
+        report = by_hashes.kv_ends(leg, prompt, new_node, kept)
+        if report is not None:
+            unheard.append((index, report))
     assert [new for _, new in hits] == [old for old, _ in hits]
     assert sum(1 for old, _ in hits if old) > REQUESTS // 3  # the trace's hits are exercised
     assert by_hashes.store.cache.size == by_ids.store.cache.size
+    for _, heard in unheard:  # every report heard: the router's record is the DRC's pages
+        router.reported(heard) if isinstance(heard, dict) else router.never_came(heard)
+    assert router.held == by_hashes.page_hashes()
+    assert router.in_flight.num_pages == 0
     # few hashes a match: the prompt's ids were about 1,100 pages' worth
     assert max(named) <= 40 and sum(named) / len(named) < 8, named
 
 
-def test_the_points_stop_at_the_end_of_a_prompt_that_reached_it() -> None:
+def test_the_points_go_down_the_prompts_in_flight_to_the_pages_reported() -> None:
     router = RoutedPrompts(PAGE)
     turns = [list(range(1, 11)), list(range(1, 21)), list(range(1, 31))]
     for leg, turn in enumerate(turns):
         router.routed(str(leg), turn)
     prompt = list(range(1, 41))
-    assert router.points(prompt) == [30, 20, 10]  # none known to have reached it
-    router.began("1")
-    assert router.points(prompt) == [30, 20]  # the 2nd turn reached it: MD knows up to 20
+    hashes = chained_page_hashes(prompt, PAGE)
+    assert router.points(prompt, hashes) == [30, 20, 10]  # nothing reported yet
+    report = {"since": "a", "report": 1, "changes": [["kept", "1", 20]]}
+    router.reported(report)  # the 2nd turn's KV is in the DRC
+    assert router.points(prompt, hashes) == [30, 20]
+    evicted = [f"{value:016x}" for value in hashes[7:10]]
+    router.reported({"since": "a", "report": 2, "changes": [["evicted", evicted]]})
+    assert router.points(prompt, hashes) == [30, 20, 14]  # MD dropped pages 8-10
+    router.reported(report)  # applied already: nothing changes
+    assert router.points(prompt, hashes) == [30, 20, 14]
+    router.reported({"since": "a", "report": 4, "changes": []})  # the 3rd was missed
+    assert router.points(prompt, hashes) == [30, 20, 10]
     router.lost()
-    assert router.points(prompt) == [30, 20, 10]
-    other = [*range(1, 15), 99, 98]  # leaves the turns inside the 2nd's pages
-    assert router.points(other) == [14, 10]
+    assert router.points(prompt, hashes) == []
+    assert len(router) == 0
+
+
+def test_the_index_forgets_a_page_dropped_once_the_router_heard_so() -> None:
+    index = PrefixIndex(PAGE)
+    store = PrefixKVStore(PAGE, 4, index)
+    prompt = [1, 2, 3, 4]
+    hashes = index.hold(prompt)
+    index.kept("a", 4)
+    store.release(store.insert(prompt, Pages(), hashes))  # type: ignore[arg-type]
+    index.let_go(hashes)
+    assert index.report() == {"since": index.since, "report": 1, "changes": [["kept", "a", 4]]}
+    named = [(4, hashes[1]), (2, hashes[0])]
+    store.release(store.insert([5, 6], Pages(), index.hold([5, 6])))  # type: ignore[arg-type]
+    assert index.report()["changes"] == [["evicted", [f"{hashes[1]:016x}"]]]
+    index.heard(index.since, 1)  # the router may still name [1, 2, 3, 4]
+    assert index.longest(named) == prompt
+    index.heard("another process", 2)
+    assert index.longest(named) == prompt
+    index.heard(index.since, 2)
+    assert index.longest(named) == [1, 2]
