@@ -253,7 +253,7 @@ class Frontend(Instance):
             change.reason,
         )
         if change.state == DOWN:
-            if change.instance in self.routed_prompts:  # it may come back restarted, empty
+            if change.instance in self.routed_prompts:  # paused, cut off, or restarted: unknown
                 self.routed_prompts[change.instance].lost()
             self.spawn(self.fail_over(change.instance), f"failover from {change.instance}")
 

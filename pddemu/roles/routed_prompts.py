@@ -18,9 +18,12 @@ point where the prompt leaves it reaches as far, and the index holds that prompt
 The match says which reports the router had heard (`heard`), so the index forgets what they
 dropped.
 
-An instance found down forgets what it held as far as this record goes (a restarted one starts
-empty, its reports numbered anew); a report missed (one that could not be sent) empties the
-set too: the router then names less than the instance holds until new reports come.
+An instance found down (paused, cut off, or restarted) is `doubtful` until its next report:
+the router names every point it knows, since a restarted instance holds none of the pages
+reported, only what it took in of the prompts in flight. That report says which it was: the
+same process (its next number) goes on from the pages reported; another process starts the set
+anew. A report missed (one that could not be sent) empties the set: the router then names less
+than the instance holds until new reports come.
 """
 
 from __future__ import annotations
@@ -42,23 +45,34 @@ class RoutedPrompts:
         # prompts in flight, each path pinned (a leaf is never extended in place, so each
         # prompt's end stays a node's end); one whose fate is known goes (capacity 0)
         self.in_flight = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=0))
-        self.legs: dict[str, tuple[RadixNode, Sequence[int]]] = {}  # leg -> its end, prompt
+        # leg -> its end, prompt, and how many times the instance had been found down then
+        self.legs: dict[str, tuple[RadixNode, Sequence[int], int]] = {}
+        self.downs = 0
+        self.doubtful = False  # found down since the last report: it may have restarted
 
     def points(self, prompt: Sequence[int], hashes: Sequence[int]) -> list[int]:
         """Where `prompt` leaves the prompts in flight (genuine tokens, whole pages), deepest
-        first, down to how far the reported pages go along it (`hashes`: the prompt's)."""
+        first, down to how far the reported pages go along it (`hashes`: the prompt's); all of
+        them while the instance is `doubtful` (a restarted one holds none of the pages
+        reported, only some of the prompts in flight)."""
         reported = 0
         while reported < len(hashes) and hashes[reported] in self.held:
             reported += 1
         reach = reported * self.page_tokens
         found = self.in_flight.match(prompt)
         node, depth = found.node, found.length
-        points: list[int] = []
-        while node.parent is not None and depth > reach:
-            points.append(depth)
+        deeper: list[int] = []
+        shallower: list[int] = []
+        while node.parent is not None and depth > 0:
+            if depth > reach:
+                deeper.append(depth)
+            elif not self.doubtful:
+                break
+            elif depth < reach:
+                shallower.append(depth)
             depth -= node.keys.shape[0]
             node = node.parent
-        return points + [reach] if reach else points
+        return deeper + ([reach] if reach else []) + shallower
 
     def named(self, prompt: Sequence[int]) -> list[list[int | str]]:
         """The match's `prefixes`: each point (`points`) with the chained hash of the prompt's
@@ -74,7 +88,7 @@ class RoutedPrompts:
     def routed(self, leg: str, prompt: Sequence[int]) -> None:
         """P is told to send the leg's KV there."""
         self.forget(leg)
-        self.legs[leg] = (self.in_flight.insert(prompt, pin=True).node, prompt)
+        self.legs[leg] = (self.in_flight.insert(prompt, pin=True).node, prompt, self.downs)
         if len(self.legs) > KEPT:  # one never heard of again (its P lost with it)
             self.forget(next(iter(self.legs)))
 
@@ -88,15 +102,18 @@ class RoutedPrompts:
             self.in_flight.unpin(known[0])
 
     def reported(self, body: dict[str, Any]) -> None:
-        """The instance's `drc_report`: apply its changes, in order. Another process's first
-        report starts the set anew (a restart); a report missed empties it."""
+        """The instance's `drc_report`: apply its changes, in order. Another process's report
+        starts the set anew (a restart: the legs routed before it was last found down went to
+        the one before); a report missed empties it."""
         since, number = str(body["since"]), int(body["report"])
-        if since != self.since or number != self.heard + 1:
-            if since == self.since and number <= self.heard:
-                return  # one applied already
+        restarted = since != self.since
+        if not restarted and number <= self.heard:
+            return  # one applied already
+        if restarted or number != self.heard + 1:
             self.held.clear()
             self.since = since
         self.heard = number
+        self.doubtful = False
         for change in body["changes"]:
             if change[0] == "kept":
                 _, leg, tokens = change
@@ -106,14 +123,17 @@ class RoutedPrompts:
                     self.forget(leg)
             else:
                 self.held.difference_update(parse_hash(value) for value in change[1])
+        if restarted:
+            for leg in [leg for leg, known in self.legs.items() if known[2] < self.downs]:
+                self.forget(leg)
 
     def lost(self) -> None:
-        """The instance was down: what it held may be gone (a restart). Legs sent before went
-        to the old process: what it did with them says nothing of the new one."""
-        self.held.clear()
-        self.since, self.heard = "", 0
-        for leg in list(self.legs):
-            self.forget(leg)
+        """The instance was found down: paused or cut off (its DRC as it was, its reports
+        going on from the next number) or restarted (empty, its reports numbered anew). Until
+        its next report says which, every point is named; what was reported, and the legs sent
+        before, are kept until then."""
+        self.doubtful = True
+        self.downs += 1
 
     def __len__(self) -> int:
         """Entries kept: reported pages and the pages of prompts in flight."""
