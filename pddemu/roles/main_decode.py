@@ -183,8 +183,11 @@ class MainDecodeInstance(DecodeInstance):
             )
         prompt = held[:offset] + increment
         if pinned is not None:  # held before its KV can come: the DRC's keys are all indexed
+            before = pinned.hashes  # a kv_begin repeated: its hold goes, the new one stays
             pinned.prompt = prompt
             pinned.hashes = self.prefixes.hold(prompt)
+            if before is not None:
+                self.prefixes.let_go(before)
 
     async def on_release(self, message: Envelope) -> None:
         """The request ended elsewhere (relay-only, finished on the relay, or failed): drop it,

@@ -210,3 +210,23 @@ def test_a_malformed_match_is_refused_naming_what_is_wrong(body: dict, named: st
         asyncio.run(md.on_match(message))
     assert md.matches == {}
     assert len(let_go) == 1
+
+
+def test_a_second_kv_begin_for_a_request_lets_the_first_ones_hold_go() -> None:
+    """A kv_begin repeated on the same link (the request's match still pinned) holds the
+    prompt's prefixes in the index again: the first hold is let go, or they are never
+    forgotten once the request ends."""
+
+    async def scenario() -> int:
+        md = instance(MainDecodeInstance, "MD")
+        prompt = [1 + i for i in range(PAGES * 2)]
+        await match(md, "r", prompt)
+        begin = {"rid": "r", "prompt_tokens": len(prompt), "offset": 0, "meta": META}
+        for _ in range(2):
+            ids = [TokenIds.from_ints("r", 0, prompt)]
+            md.prompt_begun(Envelope("kv_begin", begin, ids, KvLinkEnd()))
+        await md.on_release(Envelope("release", {"rid": "r", "kv_expected": False}, [], None))
+        md.prefixes.heard(md.prefixes.since, md.prefixes.reports)  # the router heard it all
+        return len(md.prefixes)
+
+    assert asyncio.run(scenario()) == 0
