@@ -1,0 +1,123 @@
+"""MD's DRC reports reach the frontend's record of it (`drc_report`), and the frontend's match
+says which it applied (`heard`): a real MainDecodeInstance and Frontend driven in-process, MD's
+reports and the frontend's matches carried between them as their bodies cross the wire."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pddemu.cache.page_hashes import chained_page_hashes
+from pddemu.roles.frontend import Frontend
+from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.roles.spec import Address
+from pddemu.runtime.channel import Envelope
+from pddemu.wire import TokenIds
+from pddemu.wire.tensors import kv_chunk_from_tensor
+from tests.roles.in_process import KvLinkEnd, frontend, instance
+from tests.roles.test_match_exchange import META, PAGES
+from tests.roles.test_match_exchange import Frontend as AnswerEnd
+
+
+class Connection:
+    """MD's control connection to the frontend: what crosses it is read there."""
+
+    peer = "MD0"
+    closed = False
+
+
+class Deployment:
+    """An MD and a frontend whose messages to each other are handed over in-process."""
+
+    def __init__(self) -> None:
+        self.md: MainDecodeInstance = instance(MainDecodeInstance, "MD")
+        self.md.spec.peers["FE0"] = Address("FE0", "FE", "127.0.0.1", 3, 4)
+        self.fe: Frontend = frontend()
+        self.connection = Connection()
+        self.failing = False  # MD's sends fail (its connection reset)
+        self.lost: list[dict] = []  # sent, never read (the connection closed after)
+        self.md.peer = self.peer  # type: ignore[method-assign]
+        self.md.tell = self.md_tells  # type: ignore[method-assign]
+
+    async def peer(self, name: str) -> Any:
+        return self.connection
+
+    async def md_tells(self, name: str, kind: str, body: dict, *attachments: Any) -> int:
+        if kind != "drc_report":
+            return 0
+        if self.failing:
+            raise ConnectionResetError("reset")
+        if self.connection.closed:
+            self.lost.append(body)
+            return 0
+        await self.fe.on_drc_report(Envelope("drc_report", body, [], self.connection))
+        return 1
+
+    def reconnect(self) -> None:
+        self.connection = Connection()
+
+    async def keep(self, leg: str, prompt: list[int]) -> int:
+        """The frontend asks MD's hit for the leg, routes its KV there, and it comes: MD's
+        hit."""
+        await self.fe.ask_match("MD0", leg, prompt)
+        _, kind, body = self.fe.told[-1]
+        assert kind == "match"
+        answers = AnswerEnd()
+        await self.md.on_match(Envelope("match", body, [], answers))
+        self.fe.routed_there("MD0", leg, prompt)
+        hit = int(answers.answers[-1]["hit"])
+        await transfer(self.md, leg, prompt, hit)
+        await self.reports_sent()
+        return hit
+
+    async def reports_sent(self) -> None:
+        if self.md.last_report is not None:
+            await self.md.last_report
+
+    def held(self) -> set[int]:
+        return self.fe.prompts_routed_to("MD0").held
+
+
+async def transfer(md: MainDecodeInstance, rid: str, prompt: list[int], offset: int) -> None:
+    """P's transfer of `prompt`'s KV from `offset` (its kv_begin, one chunk, its kv_end)."""
+    link = KvLinkEnd()
+    begin = {"rid": rid, "prompt_tokens": len(prompt), "offset": offset, "meta": META | RLD}
+    ids = [TokenIds.from_ints(rid, offset, prompt[offset:])]
+    await md.on_kv_begin(Envelope("kv_begin", begin, ids, link))
+    kv, _ = md.model.prefill(prompt, None, len(prompt))
+    increment = kv.token_slice(offset, len(prompt)).tensor
+    await md.on_kv_chunk(kv_chunk_from_tensor(rid, 0, offset, increment), link)
+    await md.on_kv_end(Envelope("kv_end", {"rid": rid, "first_token": 7}, [], link))
+    while md.expects(rid):  # its intake runs beside
+        await asyncio.sleep(0.001)
+    await md.on_release(Envelope("release", {"rid": rid, "kv_expected": False}, [], None))
+
+
+RLD = {"rld": "RLD0"}
+
+
+def turns() -> list[list[int]]:
+    first = [1 + i for i in range(PAGES * 2)]
+    return [first, [*first, *range(50, 56)], [*range(70, 80)]]
+
+
+def test_md_reports_what_its_drc_kept_and_the_frontends_match_names_it() -> None:
+    async def scenario() -> tuple[Deployment, int]:
+        deployment = Deployment()
+        for leg, prompt in [("a", turns()[0]), ("c", turns()[2])]:
+            await deployment.keep(leg, prompt)
+        hit = await deployment.keep("b", turns()[1])  # named by the pages reported
+        return deployment, hit
+
+    deployment, hit = asyncio.run(scenario())
+    md, record = deployment.md, deployment.fe.prompts_routed_to("MD0")
+    assert hit == PAGES * 2
+    matches = [body for _, kind, body in deployment.fe.told if kind == "match"]
+    assert [body["heard"] for body in matches] == [
+        ["", 0],
+        [md.prefixes.since, 1],
+        [md.prefixes.since, 2],
+    ]
+    assert record.acknowledged() == [md.prefixes.since, 3]
+    assert record.held >= set(chained_page_hashes(turns()[1], md.page_tokens))
+    assert md.report_bytes["count"] == 3
