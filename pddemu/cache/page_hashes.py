@@ -72,6 +72,7 @@ class PrefixIndex:
         self.reports = 0  # numbered from 1, in the order sent
         self.changes: list[list] = []  # for the next report
         self.doomed: deque[tuple[int, int]] = deque()  # (report, hash) let go of by all
+        self.unheard: deque[dict[str, Any]] = deque()  # reports made, not yet acknowledged
 
     def hold(self, ids: Sequence[int]) -> list[int]:
         """Hold every whole page's prefix of `ids` (a prompt whose KV is coming); returns their
@@ -116,13 +117,18 @@ class PrefixIndex:
             return None
         self.reports += 1
         changes, self.changes = self.changes, []
-        return {"since": self.since, "report": self.reports, "changes": changes}
+        body = {"since": self.since, "report": self.reports, "changes": changes}
+        self.unheard.append(body)
+        return body
 
     def heard(self, since: str, report: int) -> None:
         """The router has applied this process's reports up to `report` (a match says so):
-        what they let go of, it names no more."""
+        what they let go of, it names no more, and they need not be sent again (`unheard`:
+        those after it, sent again when one may not have reached it)."""
         if since != self.since:
             return  # another process's (the one before a restart)
+        while self.unheard and self.unheard[0]["report"] <= report:
+            self.unheard.popleft()
         while self.doomed and self.doomed[0][0] <= report:
             _, value = self.doomed.popleft()
             entry = self.prefixes.get(value)

@@ -35,7 +35,7 @@ from pddemu.policy.handoff import PACE_SLACK
 from pddemu.roles.decode import DecodeInstance, DecodeRequest, Extend
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.recent import Recent
-from pddemu.runtime.channel import Envelope
+from pddemu.runtime.channel import Channel, Envelope
 
 
 @dataclass
@@ -67,6 +67,8 @@ class MainDecodeInstance(DecodeInstance):
         self.prefixes = PrefixIndex(self.page_tokens)  # what the frontend's match names
         self.store = PrefixKVStore(self.page_tokens, capacity, self.prefixes)
         self.last_report: asyncio.Task | None = None  # the reports go one after the other
+        self.report_channel: Channel | None = None  # the connection the reports were last sent on
+        self.reports_sent = 0  # the last report sent on it
         self.report_bytes = {"count": 0, "total": 0}
         self.matches: dict[str, Pinned] = {}
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
@@ -233,23 +235,32 @@ class MainDecodeInstance(DecodeInstance):
 
     def report_drc(self) -> None:
         """Tell the frontend what the DRC took in and dropped since the last report (in order:
-        each report waits for the one before it to be sent)."""
-        body = self.prefixes.report()
-        if body is not None:
-            self.last_report = self.spawn(self._send_report(self.last_report, body), "drc report")
+        each sending waits for the one before it)."""
+        if self.prefixes.report() is not None:
+            self.last_report = self.spawn(self._send_reports(self.last_report), "drc report")
 
-    async def _send_report(self, before: asyncio.Task | None, body: dict[str, Any]) -> None:
+    async def _send_reports(self, before: asyncio.Task | None) -> None:
+        """Send the reports not sent yet; all those the frontend has not acknowledged if the
+        last sending failed or the connection is another (what the closed one carried may
+        not have been read): the frontend skips those it applied."""
         if before is not None:
             await asyncio.wait([before])
         routers = [a.name for a in self.spec.peers_with_role("FE")]
         if not routers:  # an instance on its own (tests): nobody to tell
             return
         try:
-            sent = await self.tell(routers[0], "drc_report", body)
-        except OSError:  # the frontend finds the next report's number ahead: it starts anew
-            return
-        self.report_bytes["count"] += 1
-        self.report_bytes["total"] += sent
+            channel = await self.peer(routers[0])
+            if channel is not self.report_channel:
+                self.report_channel, self.reports_sent = channel, 0
+            for body in list(self.prefixes.unheard):
+                if body["report"] <= self.reports_sent:
+                    continue
+                sent = await self.tell(routers[0], "drc_report", body)
+                self.reports_sent = body["report"]
+                self.report_bytes["count"] += 1
+                self.report_bytes["total"] += sent
+        except OSError:  # sent again after the next report
+            self.report_channel = None
 
     def transfer_cut(self, rid: str, kv: KV) -> None:
         """The transfer was cut off mid-way: keep what arrived of the prompt (whole pages) in

@@ -1,6 +1,7 @@
 """MD's DRC reports reach the frontend's record of it (`drc_report`), and the frontend's match
 says which it applied (`heard`): a real MainDecodeInstance and Frontend driven in-process, MD's
-reports and the frontend's matches carried between them as their bodies cross the wire."""
+reports and the frontend's matches carried between them as their bodies cross the wire. A
+report that could not be sent, or that went on a connection since closed, is sent again."""
 
 from __future__ import annotations
 
@@ -119,5 +120,40 @@ def test_md_reports_what_its_drc_kept_and_the_frontends_match_names_it() -> None
         [md.prefixes.since, 2],
     ]
     assert record.acknowledged() == [md.prefixes.since, 3]
+    assert [body["report"] for body in md.prefixes.unheard] == [3]  # b's, not yet acknowledged
     assert record.held >= set(chained_page_hashes(turns()[1], md.page_tokens))
     assert md.report_bytes["count"] == 3
+
+
+def test_a_report_whose_sending_failed_is_sent_again_with_the_next() -> None:
+    async def scenario() -> Deployment:
+        deployment = Deployment()
+        deployment.failing = True
+        await deployment.keep("a", turns()[0])
+        deployment.failing = False
+        await deployment.keep("c", turns()[2])
+        return deployment
+
+    deployment = asyncio.run(scenario())
+    pages = [set(chained_page_hashes(turn, deployment.md.page_tokens)) for turn in turns()]
+    assert deployment.held() == pages[0] | pages[2]
+    assert deployment.fe.prompts_routed_to("MD0").heard == 2
+
+
+def test_reports_sent_on_a_connection_since_closed_are_sent_again_on_the_next() -> None:
+    async def scenario() -> Deployment:
+        deployment = Deployment()
+        await deployment.keep("a", turns()[0])
+        deployment.connection.closed = True  # what goes on it now is never read
+        await deployment.keep("c", turns()[2])
+        deployment.reconnect()
+        await deployment.keep("d", [*range(90, 100)])
+        return deployment
+
+    deployment = asyncio.run(scenario())
+    page = deployment.md.page_tokens
+    assert [body["report"] for body in deployment.lost] == [2]
+    expected = set()
+    for turn in [turns()[0], turns()[2], [*range(90, 100)]]:
+        expected |= set(chained_page_hashes(turn, page))
+    assert deployment.held() == expected
