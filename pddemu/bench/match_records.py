@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pddemu.cache.page_hashes import PrefixIndex, parse_hash
+from pddemu.cache.page_hashes import PrefixIndex, chained_page_hashes, parse_hash
 from pddemu.config import load_config
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.routed_prompts import RoutedPrompts
@@ -80,13 +80,14 @@ def run(quick: bool = False) -> dict[str, Any]:
         while unheard and unheard[0][0] <= number - REPORT_LAG:
             router.reported(unheard.pop(0)[1])
         prompt = [int(x) for x in request.prompt_ids]
-        named = [(int(p), parse_hash(h)) for p, h in router.named(prompt)]
+        prompt_hashes = chained_page_hashes(prompt, PAGE)
+        named = [(int(p), parse_hash(h)) for p, h in router.named(prompt, prompt_hashes)]
         named_counts.append(len(named))
         index.heard(*router.acknowledged())
         hit, node, _ = store.match(index.longest(named), len(prompt))
         hit_by_ids, node_by_ids, _ = by_ids.match(prompt, len(prompt))
         differ += hit != hit_by_ids
-        router.routed(str(number), prompt)
+        router.routed(str(number), prompt, prompt_hashes)
         hashes = index.hold(prompt)
         index.kept(str(number), len(prompt))
         store.release(store.insert(prompt, _Pages(), hashes))  # type: ignore[arg-type]

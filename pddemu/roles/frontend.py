@@ -48,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pddemu.cache.page_hashes import chained_page_hashes
 from pddemu.emulated_network import queue_seconds, scale_model
 from pddemu.hardware import load_target
 from pddemu.metrics.records import RequestRecord
@@ -129,6 +130,7 @@ class Flight:
     leg: str = ""  # the id the instances know the current routing by
     legs: list[str] = field(default_factory=list)  # every leg it had
     relieved: set[str] = field(default_factory=set)  # instances of this leg no longer streaming
+    page_hashes: list[int] | None = None  # the prompt's chained page hashes, once (prompt_hashes)
     attempt: asyncio.Task | None = None  # the current routing and wait for the tokens
     reroute: str = ""  # why the current attempt is being replaced by a new routing
     routings: int = 0
@@ -414,7 +416,7 @@ class Frontend(Instance):
         prompt = TokenIds.from_ints(leg, 0, flight.prompt)
         await self.tell(flight.p, "prefill", {"rid": leg, **meta}, prompt)
         if not relay:
-            self.routed_there(target, leg, flight.prompt)
+            self.routed_there(target, leg, flight)
         destination = {"name": target, "offset": offset, "meta": meta}
         routed_now(record, self.clock.now())
         await self.tell(flight.p, "route", {"rid": leg, "destinations": [destination]})
@@ -435,7 +437,7 @@ class Frontend(Instance):
             return 0
         loop = asyncio.get_running_loop()
         flight.replies = {"matched": loop.create_future()}
-        await self.ask_match(target, leg, flight.prompt)
+        await self.ask_match(target, leg, flight)
         try:
             hit = await self.decode_side_hit(flight, target)
         finally:
@@ -443,14 +445,14 @@ class Frontend(Instance):
         flight.record.md_hit_tokens = self.modelled_tokens(flight.record, hit)
         return hit
 
-    async def ask_match(self, target: str, leg: str, prompt: list[int]) -> None:
+    async def ask_match(self, target: str, leg: str, flight: Flight) -> None:
         """Ask `target` how much of the prompt its DRC holds: named by the chained hashes of
         the points where it leaves the prompts routed there (`RoutedPrompts`), not its ids."""
         record = self.prompts_routed_to(target)
         body = {
             "rid": leg,
-            "prompt_tokens": len(prompt),
-            "prefixes": record.named(prompt),
+            "prompt_tokens": len(flight.prompt),
+            "prefixes": record.named(flight.prompt, self.prompt_hashes(flight)),
             "heard": record.acknowledged(),
         }
         sent = await self.tell(target, "match", body)
@@ -460,10 +462,17 @@ class Frontend(Instance):
         tally["count"] += 1
         tally["total"] += sent
 
-    def routed_there(self, target: str, leg: str, prompt: list[int]) -> None:
+    def routed_there(self, target: str, leg: str, flight: Flight) -> None:
         """P is told to send the leg's KV to `target`: its record of what it may hold."""
         if self.asks_decode_side:
-            self.prompts_routed_to(target).routed(leg, prompt)
+            self.prompts_routed_to(target).routed(leg, flight.prompt, self.prompt_hashes(flight))
+
+    def prompt_hashes(self, flight: Flight) -> list[int]:
+        """The chained hashes of the prompt's pages, computed once for the request (its
+        matches name points by them, the DRC's reports keep pages by them)."""
+        if flight.page_hashes is None:
+            flight.page_hashes = chained_page_hashes(flight.prompt, self.page_tokens)
+        return flight.page_hashes
 
     def prompts_routed_to(self, target: str) -> RoutedPrompts:
         if target not in self.routed_prompts:
@@ -743,7 +752,7 @@ class Frontend(Instance):
         match = None
         if self.asks_decode_side:
             flight.replies["matched"] = loop.create_future()
-            match = asyncio.ensure_future(self.ask_match(flight.decode, rid, flight.prompt))
+            match = asyncio.ensure_future(self.ask_match(flight.decode, rid, flight))
         try:
             await self.tell(flight.p, "prefill", {"rid": rid, **meta}, prompt)
             if not self.exact(flight.p):
@@ -869,7 +878,7 @@ class Frontend(Instance):
         if pipeline != "RLD-only":
             record.md_hit_tokens = min(md_hit * scale, record.input_tokens)
             destinations.append({"name": flight.decode, "offset": md_hit, "meta": meta})
-            self.routed_there(flight.decode, rid, flight.prompt)
+            self.routed_there(flight.decode, rid, flight)
             self.add_load(flight, flight.decode)
             if WAN_DECODE[self.system]:
                 self.wan.started(rid, increment * self.target_kv_bytes)

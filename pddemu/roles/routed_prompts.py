@@ -33,8 +33,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from pddemu.cache import RadixCache, RadixCacheConfig, RadixNode
-from pddemu.cache.page_hashes import chained_page_hashes, hash_text, parse_hash
+from pddemu.cache.page_hashes import hash_text, parse_hash
 from pddemu.roles.recent import KEPT
 
 
@@ -47,8 +49,9 @@ class RoutedPrompts:
         # prompts in flight, each path pinned (a leaf is never extended in place, so each
         # prompt's end stays a node's end); one whose fate is known goes (capacity 0)
         self.in_flight = RadixCache(RadixCacheConfig(page_size=page_tokens, capacity=0))
-        # leg -> its end, prompt, and how many times the instance had been found down then
-        self.legs: dict[str, tuple[RadixNode, Sequence[int], int]] = {}
+        # leg -> its prompt's end, page hashes, and how many times the instance had been
+        # found down then
+        self.legs: dict[str, tuple[RadixNode, np.ndarray, int]] = {}
         self.downs = 0
         self.doubtful = False  # found down since the last report: it may have restarted
 
@@ -76,10 +79,9 @@ class RoutedPrompts:
             node = node.parent
         return deeper + ([reach] if reach else []) + shallower
 
-    def named(self, prompt: Sequence[int]) -> list[list[int | str]]:
+    def named(self, prompt: Sequence[int], hashes: Sequence[int]) -> list[list[int | str]]:
         """The match's `prefixes`: each point (`points`) with the chained hash of the prompt's
-        pages up to it, as it crosses the wire."""
-        hashes = chained_page_hashes(prompt, self.page_tokens)
+        pages up to it (`hashes`: the prompt's), as it crosses the wire."""
         points = self.points(prompt, hashes)
         return [[point, hash_text(hashes[point // self.page_tokens - 1])] for point in points]
 
@@ -87,10 +89,12 @@ class RoutedPrompts:
         """The reports applied, as the match tells the instance (`heard`)."""
         return [self.since, self.heard]
 
-    def routed(self, leg: str, prompt: Sequence[int]) -> None:
-        """P is told to send the leg's KV there."""
+    def routed(self, leg: str, prompt: Sequence[int], hashes: Sequence[int]) -> None:
+        """P is told to send the leg's KV there (`hashes`: its prompt's, kept with the leg for
+        the pages the instance reports it took in)."""
         self.forget(leg)
-        self.legs[leg] = (self.in_flight.insert(prompt, pin=True).node, prompt, self.downs)
+        end = self.in_flight.insert(prompt, pin=True).node
+        self.legs[leg] = (end, np.asarray(hashes, dtype=np.uint64), self.downs)
         if len(self.legs) > KEPT:  # one never heard of again (its P lost with it)
             self.forget(next(iter(self.legs)))
 
@@ -121,7 +125,7 @@ class RoutedPrompts:
                 _, leg, tokens = change
                 known = self.legs.get(leg)
                 if known is not None:
-                    self.held.update(chained_page_hashes(known[1][: int(tokens)], self.page_tokens))
+                    self.held.update(known[1][: int(tokens) // self.page_tokens].tolist())
                     self.forget(leg)
             else:
                 self.held.difference_update(parse_hash(value) for value in change[1])

@@ -8,8 +8,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from pddemu.cache.page_hashes import chained_page_hashes
-from pddemu.roles.frontend import Frontend
+from pddemu.metrics.records import RequestRecord
+from pddemu.roles import frontend as frontend_module
+from pddemu.roles import routed_prompts as routed_prompts_module
+from pddemu.roles.frontend import Flight, Frontend
 from pddemu.roles.main_decode import MainDecodeInstance
 from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
@@ -60,12 +65,20 @@ class Deployment:
     async def keep(self, leg: str, prompt: list[int]) -> int:
         """The frontend asks MD's hit for the leg, routes its KV there, and it comes: MD's
         hit."""
-        await self.fe.ask_match("MD0", leg, prompt)
+        record = RequestRecord(
+            request_id=leg,
+            system="pdd",
+            arrival_s=0.0,
+            input_tokens=32 * len(prompt),
+            expected_output_tokens=8,
+        )
+        flight = Flight(record, prompt, None)
+        await self.fe.ask_match("MD0", leg, flight)
         _, kind, body = self.fe.told[-1]
         assert kind == "match"
         answers = AnswerEnd()
         await self.md.on_match(Envelope("match", body, [], answers))
-        self.fe.routed_there("MD0", leg, prompt)
+        self.fe.routed_there("MD0", leg, flight)
         hit = int(answers.answers[-1]["hit"])
         await transfer(self.md, leg, prompt, hit)
         await self.reports_sent()
@@ -157,3 +170,26 @@ def test_reports_sent_on_a_connection_since_closed_are_sent_again_on_the_next() 
     for turn in [turns()[0], turns()[2], [*range(90, 100)]]:
         expected |= set(chained_page_hashes(turn, page))
     assert deployment.held() == expected
+
+
+def test_the_frontend_hashes_a_prompt_once_for_its_match_and_the_pages_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hashed: list[int] = []
+
+    def counted(ids: Any, page_tokens: int) -> list[int]:
+        hashed.append(len(ids))
+        return chained_page_hashes(ids, page_tokens)
+
+    monkeypatch.setattr(frontend_module, "chained_page_hashes", counted)
+    monkeypatch.setattr(routed_prompts_module, "chained_page_hashes", counted, raising=False)
+
+    async def scenario() -> Deployment:
+        deployment = Deployment()
+        for leg, prompt in [("a", turns()[0]), ("b", turns()[1])]:
+            await deployment.keep(leg, prompt)
+        return deployment
+
+    deployment = asyncio.run(scenario())
+    assert hashed == [len(turns()[0]), len(turns()[1])]
+    assert deployment.held() >= set(chained_page_hashes(turns()[1], deployment.md.page_tokens))

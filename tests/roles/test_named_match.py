@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pddemu.bench.match_records import deep_size
 from pddemu.cache.page_hashes import PrefixIndex, chained_page_hashes, parse_hash
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.routed_prompts import RoutedPrompts
@@ -86,7 +87,8 @@ def _handles(node: Any) -> list:
 def named_by(router: RoutedPrompts, prompt: list[int]) -> list[tuple[int, int]]:
     """What the frontend's match names (`RoutedPrompts.named`, as `Frontend.ask_match` sends
     it), as MD parses it."""
-    return [(int(point), parse_hash(value)) for point, value in router.named(prompt)]
+    hashes = chained_page_hashes(prompt, PAGE)
+    return [(int(point), parse_hash(value)) for point, value in router.named(prompt, hashes)]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -144,7 +146,7 @@ def test_hits_by_hashes_equal_hits_by_ids_request_for_request(
         named.append(len(names))
         outcome = fate.choice(["relay only", "never began", "cut", "arrived", "arrived"])
         if outcome != "relay only":  # P is told to send it there
-            router.routed(leg, prompt)
+            router.routed(leg, prompt, chained_page_hashes(prompt, PAGE))
         kept = 0
         if outcome in ("cut", "arrived"):
             for side in (by_ids, by_hashes):
@@ -176,7 +178,7 @@ def test_the_points_go_down_the_prompts_in_flight_to_the_pages_reported() -> Non
     router = RoutedPrompts(PAGE)
     turns = [list(range(1, 11)), list(range(1, 21)), list(range(1, 31))]
     for leg, turn in enumerate(turns):
-        router.routed(str(leg), turn)
+        router.routed(str(leg), turn, chained_page_hashes(turn, PAGE))
     prompt = list(range(1, 41))
     hashes = chained_page_hashes(prompt, PAGE)
     assert router.points(prompt, hashes) == [30, 20, 10]  # nothing reported yet
@@ -196,9 +198,9 @@ def test_an_instance_found_down_is_named_every_point_until_its_next_report_says_
     router = RoutedPrompts(PAGE)
     prompt = list(range(1, 41))
     hashes = chained_page_hashes(prompt, PAGE)
-    router.routed("a", prompt[:20])
+    router.routed("a", prompt[:20], hashes[:10])
     router.reported({"since": "s", "report": 1, "changes": [["kept", "a", 20]]})
-    router.routed("b", prompt[:10])
+    router.routed("b", prompt[:10], hashes[:5])
     assert router.points(prompt, hashes) == [20]  # what the DRC holds reaches past b's end
     router.lost()  # paused, cut off, or restarted: b's part may be all it holds
     assert router.points(prompt, hashes) == [20, 10]
@@ -214,9 +216,9 @@ def test_an_instance_seen_down_after_its_new_process_reported_goes_on_from_that_
     router = RoutedPrompts(PAGE)
     prompt = list(range(1, 41))
     hashes = chained_page_hashes(prompt, PAGE)
-    router.routed("a", prompt[:20])
+    router.routed("a", prompt[:20], hashes[:10])
     router.reported({"since": "s", "report": 1, "changes": [["kept", "a", 20]]})
-    router.routed("b", prompt[:30])
+    router.routed("b", prompt[:30], hashes[:15])
     router.reported({"since": "t", "report": 1, "changes": [["kept", "b", 30]]})
     router.lost()  # the old process's connection closed after the new one reported
     router.reported({"since": "t", "report": 2, "changes": []})
@@ -242,3 +244,14 @@ def test_the_index_forgets_a_page_dropped_once_the_router_heard_so() -> None:
     assert index.longest(named) == prompt
     index.heard(index.since, 2)
     assert index.longest(named) == [1, 2]
+
+
+def test_a_leg_in_flight_is_kept_in_a_few_bytes_a_token() -> None:
+    """Its ids in the prefix tree (8 bytes), its page hashes (8 bytes a page), not a list of
+    Python ints (about 36 bytes a token)."""
+    router = RoutedPrompts(PAGE)
+    empty = deep_size(router)
+    prompt = [1000 + (7919 * i) % 150_000 for i in range(20_000)]
+    router.routed("a", prompt, chained_page_hashes(prompt, PAGE))
+    del prompt
+    assert (deep_size(router) - empty) / 20_000 < 20
