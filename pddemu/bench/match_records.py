@@ -21,6 +21,7 @@ from pddemu.config import load_config
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.routed_prompts import RoutedPrompts
 from pddemu.roles.sizing import cost_model
+from pddemu.wire import Control, encode, frame_size
 from pddemu.workload.replay_source import load_workload
 
 PAGE = 2  # the default DRC page in genuine tokens
@@ -75,7 +76,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     store = PrefixKVStore(PAGE, capacity, index)
     by_ids = PrefixKVStore(PAGE, capacity)
     unheard: list[tuple[int, dict]] = []
-    samples, differ, named_counts = [], 0, []
+    samples, differ, named_counts, report_sizes = [], 0, [], []
     for number, request in enumerate(workload, 1):
         while unheard and unheard[0][0] <= number - REPORT_LAG:
             router.reported(unheard.pop(0)[1])
@@ -98,6 +99,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         report = index.report()
         if report is not None:
             unheard.append((number, report))
+            report_sizes.append(frame_size(encode(Control("drc_report", report))))
         if number % SAMPLE == 0:
             samples.append(
                 {
@@ -118,6 +120,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         "router_bytes_per_request": round(last["router_bytes"] / requests),
         "md_index_bytes_per_request": round(last["md_index_bytes"] / requests),
         "hits_differing_from_ids": differ,
+        "drc_report_bytes": {
+            "count": len(report_sizes),
+            "mean": round(sum(report_sizes) / len(report_sizes)),
+            "max": max(report_sizes),
+        },
         "hashes_a_match": {
             "mean": round(sum(named_counts) / requests, 1),
             "median": sorted(named_counts)[requests // 2],

@@ -102,9 +102,10 @@ class PrefixIndex:
             self.prefixes[value][2] += 1
 
     def evicted(self, hashes: Sequence[int]) -> None:
-        """The DRC dropped these pages (a leaf's last ones, in their order)."""
+        """The DRC dropped these pages (a leaf's last ones, in their order): reported as the
+        last one's hash and their count (the router follows its record of them up the path)."""
         self.let_go(hashes)
-        self.changes.append(["evicted", [hash_text(value) for value in hashes]])
+        self.changes.append(["evicted", hash_text(hashes[-1]), len(hashes)])
 
     def kept(self, rid: str, tokens: int) -> None:
         """The first `tokens` of the request's prompt are about to enter the DRC (0: none will,

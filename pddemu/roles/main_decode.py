@@ -69,7 +69,7 @@ class MainDecodeInstance(DecodeInstance):
         self.last_report: asyncio.Task | None = None  # the reports go one after the other
         self.report_channel: Channel | None = None  # the connection the reports were last sent on
         self.reports_sent = 0  # the last report sent on it
-        self.report_bytes = {"count": 0, "total": 0}
+        self.report_bytes = {"count": 0, "total": 0, "min": 0, "max": 0}  # as match_bytes
         self.matches: dict[str, Pinned] = {}
         self.held: dict[str, Any] = {}  # rid -> DRC node pinned while the request decodes here
         # finished or dropped here: a release that comes after has no KV still on its way
@@ -257,8 +257,11 @@ class MainDecodeInstance(DecodeInstance):
                     continue
                 sent = await self.tell(routers[0], "drc_report", body)
                 self.reports_sent = body["report"]
-                self.report_bytes["count"] += 1
-                self.report_bytes["total"] += sent
+                tally = self.report_bytes
+                tally["min"] = min(tally["min"], sent) if tally["count"] else sent
+                tally["max"] = max(tally["max"], sent)
+                tally["count"] += 1
+                tally["total"] += sent
         except OSError:  # sent again after the next report
             self.report_channel = None
 

@@ -3,8 +3,9 @@ one fed by its workers' stored/removed events: what it names in its `match` inst
 prompt's ids.
 
 Two parts. The pages the DRC holds, by chained page hash (`pddemu.cache.page_hashes`), as the
-instance's reports say (`drc_report`: the part of a prompt it took in, the pages it dropped, in
-the order they happened): a prefix-closed set, at most the DRC's capacity in pages. And the
+instance's reports say (`drc_report`: the part of a prompt it took in, as the request's id and a
+token count; each run of pages it dropped, as its last page's hash and a page count; in the
+order they happened): a prefix-closed set, at most the DRC's capacity in pages. And the
 prompts routed there whose fate the instance has not reported yet (P is told to send their KV
 there; they are a few, those in flight): a pinned prefix tree of their ids.
 
@@ -43,7 +44,9 @@ from pddemu.roles.recent import KEPT
 class RoutedPrompts:
     def __init__(self, page_tokens: int) -> None:
         self.page_tokens = page_tokens
-        self.held: set[int] = set()  # the DRC's pages by hash, as reported
+        # the DRC's pages by hash, as reported, each with its parent's (0: a prompt's first),
+        # so that an eviction reported as its last page and a count is followed up its path
+        self.held: dict[int, int] = {}
         self.since = ""  # the reporting process, and its last report applied
         self.heard = 0
         # prompts in flight, each path pinned (a leaf is never extended in place, so each
@@ -125,13 +128,23 @@ class RoutedPrompts:
                 _, leg, tokens = change
                 known = self.legs.get(leg)
                 if known is not None:
-                    self.held.update(known[1][: int(tokens) // self.page_tokens].tolist())
+                    pages = known[1][: int(tokens) // self.page_tokens].tolist()
+                    for page, parent in zip(pages, [0, *pages[:-1]], strict=True):
+                        self.held.setdefault(page, parent)  # a parent's int object shared
                     self.forget(leg)
             else:
-                self.held.difference_update(parse_hash(value) for value in change[1])
+                self.dropped(parse_hash(change[1]), int(change[2]))
         if restarted:
             for leg in [leg for leg, known in self.legs.items() if known[2] < self.downs]:
                 self.forget(leg)
+
+    def dropped(self, last: int, pages: int) -> None:
+        """The DRC dropped `pages` pages ending with `last` (a leaf's last ones): up its path."""
+        for _ in range(pages):
+            parent = self.held.pop(last, None)
+            if parent is None:
+                return
+            last = parent
 
     def lost(self) -> None:
         """The instance was found down: paused or cut off (its DRC as it was, its reports

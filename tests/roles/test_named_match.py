@@ -17,6 +17,7 @@ from pddemu.bench.match_records import deep_size
 from pddemu.cache.page_hashes import PrefixIndex, chained_page_hashes, parse_hash
 from pddemu.roles.prefix_store import PrefixKVStore
 from pddemu.roles.routed_prompts import RoutedPrompts
+from pddemu.wire import Control, encode, frame_size
 from pddemu.workload.replay_source import load_workload
 
 PAGE = 2  # the default DRC page in genuine tokens (64 modelled at token scale 32)
@@ -168,7 +169,7 @@ def test_hits_by_hashes_equal_hits_by_ids_request_for_request(
     assert by_hashes.store.cache.size == by_ids.store.cache.size
     for _, heard in unheard:  # every report heard: the router's record is the DRC's pages
         router.reported(heard) if isinstance(heard, dict) else router.never_came(heard)
-    assert router.held == by_hashes.page_hashes()
+    assert set(router.held) == by_hashes.page_hashes()
     assert router.in_flight.num_pages == 0
     # few hashes a match: the prompt's ids were about 1,100 pages' worth
     assert max(named) <= 40 and sum(named) / len(named) < 8, named
@@ -185,8 +186,8 @@ def test_the_points_go_down_the_prompts_in_flight_to_the_pages_reported() -> Non
     report = {"since": "a", "report": 1, "changes": [["kept", "1", 20]]}
     router.reported(report)  # the 2nd turn's KV is in the DRC
     assert router.points(prompt, hashes) == [30, 20]
-    evicted = [f"{value:016x}" for value in hashes[7:10]]
-    router.reported({"since": "a", "report": 2, "changes": [["evicted", evicted]]})
+    evicted = ["evicted", f"{hashes[9]:016x}", 3]
+    router.reported({"since": "a", "report": 2, "changes": [evicted]})
     assert router.points(prompt, hashes) == [30, 20, 14]  # MD dropped pages 8-10
     router.reported(report)  # applied already: nothing changes
     assert router.points(prompt, hashes) == [30, 20, 14]
@@ -237,7 +238,7 @@ def test_the_index_forgets_a_page_dropped_once_the_router_heard_so() -> None:
     assert index.report() == {"since": index.since, "report": 1, "changes": [["kept", "a", 4]]}
     named = [(4, hashes[1]), (2, hashes[0])]
     store.release(store.insert([5, 6], Pages(), index.hold([5, 6])))  # type: ignore[arg-type]
-    assert index.report()["changes"] == [["evicted", [f"{hashes[1]:016x}"]]]
+    assert index.report()["changes"] == [["evicted", f"{hashes[1]:016x}", 1]]
     index.heard(index.since, 1)  # the router may still name [1, 2, 3, 4]
     assert index.longest(named) == prompt
     index.heard("another process", 2)
@@ -255,3 +256,22 @@ def test_a_leg_in_flight_is_kept_in_a_few_bytes_a_token() -> None:
     router.routed("a", prompt, chained_page_hashes(prompt, PAGE))
     del prompt
     assert (deep_size(router) - empty) / 20_000 < 20
+
+
+def test_a_report_of_an_eviction_is_a_few_bytes_however_many_pages_it_dropped() -> None:
+    """Its last page's hash and a count, not a hash a page: the report crosses the WAN on MD's
+    control connection, ahead of its tokens."""
+    index = PrefixIndex(PAGE)
+    store = PrefixKVStore(PAGE, 2_000, index)
+    for first in (1, 5_000):  # the second evicts the first's 1,000 pages
+        prompt = list(range(first, first + 2_000))
+        hashes = index.hold(prompt)
+        store.release(store.insert(prompt, Pages(), hashes))  # type: ignore[arg-type]
+        index.let_go(hashes)
+    report = index.report()
+    assert report is not None and report["changes"][-1][0] == "evicted"
+    assert frame_size(encode(Control("drc_report", report))) < 150
+    router = RoutedPrompts(PAGE)
+    router.routed("a", list(range(1, 2_001)), chained_page_hashes(list(range(1, 2_001)), PAGE))
+    router.reported({**report, "changes": [["kept", "a", 2_000], report["changes"][-1]]})
+    assert router.held == {}
