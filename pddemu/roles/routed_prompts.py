@@ -7,7 +7,9 @@ instance's reports say (`drc_report`: the part of a prompt it took in, as the re
 token count; each run of pages it dropped, as its last page's hash and a page count; in the
 order they happened): a prefix-closed set, at most the DRC's capacity in pages. And the
 prompts routed there whose fate the instance has not reported yet (P is told to send their KV
-there; they are a few, those in flight): a pinned prefix tree of their ids.
+there: those in flight, and those whose fate never comes, P lost with the transfer cut before
+any token, each kept until `KEPT` later legs push it out): a pinned prefix tree of their ids,
+each leg with its prompt's page hashes.
 
 A match names, deepest first, where the prompt leaves the prompts in flight (whole pages), then
 how far the reported pages go along it: each by its chained hash. The instance takes the
@@ -23,7 +25,7 @@ An instance found down (paused, cut off, or restarted) is `doubtful` until its n
 the router names every point it knows, since a restarted instance holds none of the pages
 reported, only what it took in of the prompts in flight. That report says which it was: the
 same process (its next number) goes on from the pages reported; another process starts the set
-anew. The instance keeps its reports until a match acknowledges them and sends them again after
+anew and drops the legs routed before the instance was found down (they went to the old one). The instance keeps its reports until a match acknowledges them and sends them again after
 a failed sending or on a new connection (what the closed one carried may not have been read):
 the router skips those it applied. A report missed all the same empties the set: the router
 then names less than the instance holds until prompts are kept there again.
