@@ -1146,7 +1146,10 @@ class Frontend(Instance):
         return None
 
     async def on_drc_report(self, message: Envelope) -> None:
-        """What a decode instance's DRC took in and dropped: its record here follows."""
+        """What a decode instance's DRC took in and dropped: its record here follows. Only
+        a decode instance's (no record is made for another peer's)."""
+        if message.channel.peer not in self.decode_names:
+            raise ValueError(f"a DRC report from {message.channel.peer}, not a decode instance")
         self.prompts_routed_to(message.channel.peer).reported(message.body)
 
     async def on_transfer_done(self, message: Envelope) -> None:

@@ -43,6 +43,27 @@ from pddemu.cache.page_hashes import hash_text, parse_hash
 from pddemu.roles.recent import KEPT
 
 
+def checked_report(body: dict[str, Any]) -> tuple[str, int, list[tuple[str, Any, int]]]:
+    """A `drc_report`'s process, number and changes, each checked before any is applied (a
+    report applied in part would be acknowledged whole); ValueError naming what is wrong."""
+    since, number, changes = body.get("since"), body.get("report"), body.get("changes")
+    if not isinstance(since, str) or type(number) is not int or number < 1:
+        raise ValueError(f"a DRC report needs a process (text) and a number >= 1: {body!r:.80}")
+    if not isinstance(changes, list):
+        raise ValueError(f"a DRC report's changes are a list, got {changes!r:.60}")
+    checked: list[tuple[str, Any, int]] = []
+    for change in changes:
+        if not isinstance(change, list) or len(change) != 3 or change[0] not in ("kept", "evicted"):
+            raise ValueError(f"a DRC report's change is [kept|evicted, ..., count]: {change!r:.60}")
+        kind, what, count = change
+        if type(count) is not int or count < 0:
+            raise ValueError(f"a DRC report's count is a whole number >= 0: {change!r:.60}")
+        if kind == "kept" and not isinstance(what, str):
+            raise ValueError(f"a kept change names its leg: {change!r:.60}")
+        checked.append((kind, what if kind == "kept" else parse_hash(what), count))
+    return since, number, checked
+
+
 class RoutedPrompts:
     def __init__(self, page_tokens: int) -> None:
         self.page_tokens = page_tokens
@@ -116,7 +137,7 @@ class RoutedPrompts:
         """The instance's `drc_report`: apply its changes, in order. Another process's report
         starts the set anew (a restart: the legs routed before it was last found down went to
         the one before); a report missed empties it."""
-        since, number = str(body["since"]), int(body["report"])
+        since, number, changes = checked_report(body)
         restarted = since != self.since
         if not restarted and number <= self.heard:
             return  # one applied already
@@ -125,17 +146,17 @@ class RoutedPrompts:
             self.since = since
         self.heard = number
         self.doubtful = False
-        for change in body["changes"]:
+        for change in changes:
             if change[0] == "kept":
                 _, leg, tokens = change
                 known = self.legs.get(leg)
                 if known is not None:
-                    pages = known[1][: int(tokens) // self.page_tokens].tolist()
+                    pages = known[1][: tokens // self.page_tokens].tolist()
                     for page, parent in zip(pages, [0, *pages[:-1]], strict=True):
                         self.held.setdefault(page, parent)  # a parent's int object shared
                     self.forget(leg)
             else:
-                self.dropped(parse_hash(change[1]), int(change[2]))
+                self.dropped(change[1], change[2])
         if restarted:
             for leg in [leg for leg, known in self.legs.items() if known[2] < self.downs]:
                 self.forget(leg)

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from pddemu.cache.page_hashes import chained_page_hashes
+from pddemu.cache.page_hashes import HASH_BYTES, chained_page_hashes
 from pddemu.metrics.records import RequestRecord
 from pddemu.roles import frontend as frontend_module
 from pddemu.roles import routed_prompts as routed_prompts_module
 from pddemu.roles.frontend import Flight, Frontend
 from pddemu.roles.main_decode import MainDecodeInstance
+from pddemu.roles.routed_prompts import RoutedPrompts
 from pddemu.roles.spec import Address
 from pddemu.runtime.channel import Envelope
 from pddemu.wire import TokenIds
@@ -39,6 +40,7 @@ class Deployment:
         self.md: MainDecodeInstance = instance(MainDecodeInstance, "MD")
         self.md.spec.peers["FE0"] = Address("FE0", "FE", "127.0.0.1", 3, 4)
         self.fe: Frontend = frontend()
+        self.fe.decode_names.append("MD0")  # the frontend takes DRC reports from its MDs only
         self.connection = Connection()
         self.failing = False  # MD's sends fail (its connection reset)
         self.lost: list[dict] = []  # sent, never read (the connection closed after)
@@ -193,3 +195,36 @@ def test_the_frontend_hashes_a_prompt_once_for_its_match_and_the_pages_reported(
     deployment = asyncio.run(scenario())
     assert hashed == [len(turns()[0]), len(turns()[1])]
     assert deployment.held() >= set(chained_page_hashes(turns()[1], deployment.md.page_tokens))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"since": "p1", "report": -1, "changes": []},
+        {"since": "p1", "report": 2, "changes": [["kept", "r1", -64]]},
+        {"since": "p1", "report": 2, "changes": [["evicted", "00" * HASH_BYTES, 1], ["x", 1, 1]]},
+        {"since": "p1", "report": 2, "changes": [["evicted", "not a hash", 1]]},
+        {"since": 7, "report": 2, "changes": []},
+    ],
+)
+def test_a_malformed_report_changes_nothing(body: dict) -> None:
+    """Checked whole before any change is applied: one applied in part would be
+    acknowledged whole (`heard`), and a negative count would slice from the prompt's end."""
+    router = RoutedPrompts(16)
+    router.reported({"since": "p1", "report": 1, "changes": []})
+    with pytest.raises(ValueError):
+        router.reported(body)
+    assert (router.since, router.heard, len(router.held)) == ("p1", 1, 0)
+
+
+def test_a_report_from_a_peer_that_is_no_decode_instance_makes_no_record() -> None:
+    fe = frontend()
+    fe.decode_names.append("MD0")
+
+    class FromP:
+        peer = "P0"
+
+    body = {"since": "p1", "report": 1, "changes": []}
+    with pytest.raises(ValueError, match="not a decode instance"):
+        asyncio.run(fe.on_drc_report(Envelope("drc_report", body, [], FromP())))
+    assert "P0" not in fe.routed_prompts
