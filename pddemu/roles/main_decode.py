@@ -66,7 +66,9 @@ class MainDecodeInstance(DecodeInstance):
         capacity = self.kv_capacity_genuine() if self.config.policy.drc else 0
         self.prefixes = PrefixIndex(self.page_tokens)  # what the frontend's match names
         self.store = PrefixKVStore(self.page_tokens, capacity, self.prefixes)
-        self.last_report: asyncio.Task | None = None  # the reports go one after the other
+        # the reports are sent in order by one task (`_report_sender`), woken by `reports_due`
+        self.reports_due = asyncio.Event()
+        self.report_sender: asyncio.Task | None = None
         self.report_channel: Channel | None = None  # the connection the reports were last sent on
         self.reports_sent = 0  # the last report sent on it
         self.report_bytes = {"count": 0, "total": 0, "min": 0, "max": 0}  # as match_bytes
@@ -234,17 +236,30 @@ class MainDecodeInstance(DecodeInstance):
         return self.store.insert(pinned.prompt[:tokens], kv, pinned.hashes)
 
     def report_drc(self) -> None:
-        """Tell the frontend what the DRC took in and dropped since the last report (in order:
-        each sending waits for the one before it)."""
+        """Tell the frontend what the DRC took in and dropped since the last report (sent
+        after those before it)."""
         if self.prefixes.report() is not None:
-            self.last_report = self.spawn(self._send_reports(self.last_report), "drc report")
+            self.send_reports()
 
-    async def _send_reports(self, before: asyncio.Task | None) -> None:
+    def send_reports(self) -> None:
+        """Wake the reports' sender: one task, spawned at the first report, ended at the stop
+        (`end_tasks`)."""
+        self.reports_due.set()
+        if self.report_sender is None:
+            self.report_sender = self.spawn(self._report_sender(), "drc reports")
+
+    async def _report_sender(self) -> None:
+        """Send the reports, in order, each time it is woken: a send that stalls (a full
+        connection) holds the later reports back here, not in a task each."""
+        while True:
+            await self.reports_due.wait()
+            self.reports_due.clear()
+            await self._send_unsent()
+
+    async def _send_unsent(self) -> None:
         """Send the reports not sent yet; all those the frontend has not acknowledged if the
         last sending failed or the connection is another (what the closed one carried may
         not have been read): the frontend skips those it applied."""
-        if before is not None:
-            await asyncio.wait([before])
         routers = [a.name for a in self.spec.peers_with_role("FE")]
         if not routers:  # an instance on its own (tests): nobody to tell
             return

@@ -87,8 +87,10 @@ class Deployment:
         return hit
 
     async def reports_sent(self) -> None:
-        if self.md.last_report is not None:
-            await self.md.last_report
+        """Until MD's sender has sent what it was woken for (a send here returns or fails
+        at once, unless a test stalls it)."""
+        while self.md.reports_due.is_set():
+            await asyncio.sleep(0)
 
     def held(self) -> set[int]:
         return set(self.fe.prompts_routed_to("MD0").held)
@@ -228,3 +230,34 @@ def test_a_report_from_a_peer_that_is_no_decode_instance_makes_no_record() -> No
     with pytest.raises(ValueError, match="not a decode instance"):
         asyncio.run(fe.on_drc_report(Envelope("drc_report", body, [], FromP())))
     assert "P0" not in fe.routed_prompts
+
+
+def test_one_task_sends_the_reports_however_long_a_send_stalls() -> None:
+    """A send that stalls (a full connection) holds the later reports back in MD's one
+    sender, not in a task each; once it goes on, each reaches the frontend once, in order."""
+
+    async def scenario() -> tuple[Deployment, int, list[int]]:
+        deployment = Deployment()
+        md, sent = deployment.md, deployment.md_tells
+        flowing = asyncio.Event()
+        read: list[int] = []
+
+        async def stalling(name: str, kind: str, body: dict, *attachments: Any) -> int:
+            await flowing.wait()
+            read.append(body["report"])
+            return await sent(name, kind, body, *attachments)
+
+        md.tell = stalling  # type: ignore[method-assign]
+        for leg in "abcde":
+            md.prefixes.kept(leg, 0)
+            md.report_drc()
+            await asyncio.sleep(0)
+        tasks = len(asyncio.all_tasks()) - 1  # this one aside
+        flowing.set()
+        await deployment.reports_sent()
+        return deployment, tasks, read
+
+    deployment, tasks, read = asyncio.run(scenario())
+    assert tasks == 1
+    assert read == [1, 2, 3, 4, 5]
+    assert deployment.fe.prompts_routed_to("MD0").heard == 5
