@@ -100,6 +100,8 @@ class MainDecodeInstance(DecodeInstance):
             rid = message.body["rid"]
             prompt_tokens, named = self.named_prefixes(message.body)
             self.prefixes.heard(*self.reports_heard(message.body))
+            if self.prefixes.unheard and self.reports_lost():
+                self.send_reports()  # a quiet MD's would wait for its next change
             prefix = self.prefixes.longest(named)
             length, node, handles = (
                 self.store.match(prefix, prompt_tokens)
@@ -248,6 +250,11 @@ class MainDecodeInstance(DecodeInstance):
         if self.report_sender is None:
             self.report_sender = self.spawn(self._report_sender(), "drc reports")
 
+    def reports_lost(self) -> bool:
+        """Whether the reports sent may not have reached the frontend: the last sending
+        failed, or its connection has closed (what it carried may not have been read)."""
+        return self.report_channel is None or self.report_channel.closed
+
     async def _report_sender(self) -> None:
         """Send the reports, in order, each time it is woken: a send that stalls (a full
         connection) holds the later reports back here, not in a task each."""
@@ -277,7 +284,7 @@ class MainDecodeInstance(DecodeInstance):
                 tally["max"] = max(tally["max"], sent)
                 tally["count"] += 1
                 tally["total"] += sent
-        except OSError:  # sent again after the next report
+        except OSError:  # sent again at the next report, or the next match that misses it
             self.report_channel = None
 
     def transfer_cut(self, rid: str, kv: KV) -> None:

@@ -25,10 +25,12 @@ An instance found down (paused, cut off, or restarted) is `doubtful` until its n
 the router names every point it knows, since a restarted instance holds none of the pages
 reported, only what it took in of the prompts in flight. That report says which it was: the
 same process (its next number) goes on from the pages reported; another process starts the set
-anew and drops the legs routed before the instance was found down (they went to the old one). The instance keeps its reports until a match acknowledges them and sends them again after
-a failed sending or on a new connection (what the closed one carried may not have been read):
-the router skips those it applied. A report missed all the same empties the set: the router
-then names less than the instance holds until prompts are kept there again.
+anew and drops the legs routed before the instance was found down (they went to the old one).
+The instance keeps its reports until a match acknowledges them and sends them again after a
+failed sending or on a new connection (what the closed one carried may not have been read),
+with its next report or at a match that has not heard them: the router skips those it applied.
+A report missed all the same empties the set: the router then names less than the instance
+holds until prompts are kept there again.
 """
 
 from __future__ import annotations

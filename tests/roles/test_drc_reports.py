@@ -1,7 +1,8 @@
 """MD's DRC reports reach the frontend's record of it (`drc_report`), and the frontend's match
 says which it applied (`heard`): a real MainDecodeInstance and Frontend driven in-process, MD's
 reports and the frontend's matches carried between them as their bodies cross the wire. A
-report that could not be sent, or that went on a connection since closed, is sent again."""
+report that could not be sent, or that went on a connection since closed, is sent again: with
+the next, or at a match that has not heard it."""
 
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ class Deployment:
     async def keep(self, leg: str, prompt: list[int]) -> int:
         """The frontend asks MD's hit for the leg, routes its KV there, and it comes: MD's
         hit."""
+        flight, hit = await self.match(leg, prompt)
+        self.fe.routed_there("MD0", leg, flight)
+        await transfer(self.md, leg, prompt, hit)
+        await self.reports_sent()
+        return hit
+
+    async def match(self, leg: str, prompt: list[int]) -> tuple[Flight, int]:
+        """The frontend asks MD's hit for the leg: its flight, and MD's hit."""
         record = RequestRecord(
             request_id=leg,
             system="pdd",
@@ -80,11 +89,7 @@ class Deployment:
         assert kind == "match"
         answers = AnswerEnd()
         await self.md.on_match(Envelope("match", body, [], answers))
-        self.fe.routed_there("MD0", leg, flight)
-        hit = int(answers.answers[-1]["hit"])
-        await transfer(self.md, leg, prompt, hit)
-        await self.reports_sent()
-        return hit
+        return flight, int(answers.answers[-1]["hit"])
 
     async def reports_sent(self) -> None:
         """Until MD's sender has sent what it was woken for (a send here returns or fails
@@ -174,6 +179,45 @@ def test_reports_sent_on_a_connection_since_closed_are_sent_again_on_the_next() 
     for turn in [turns()[0], turns()[2], [*range(90, 100)]]:
         expected |= set(chained_page_hashes(turn, page))
     assert deployment.held() == expected
+
+
+@pytest.mark.parametrize("lost", ["failed", "closed"])
+def test_a_match_that_has_not_heard_the_reports_lost_has_them_sent_again(lost: str) -> None:
+    """A quiet MD (no change after the reports lost: a failed sending, or sent on a
+    connection since closed) sends them again when a match says they were not heard."""
+
+    async def scenario() -> Deployment:
+        deployment = Deployment()
+        deployment.failing = lost == "failed"
+        deployment.connection.closed = lost == "closed"
+        await deployment.keep("a", turns()[0])
+        deployment.failing = False
+        deployment.reconnect()
+        await deployment.match("b", turns()[2])
+        await deployment.reports_sent()
+        return deployment
+
+    deployment = asyncio.run(scenario())
+    md = deployment.md
+    assert deployment.held() == set(chained_page_hashes(turns()[0], md.page_tokens))
+    record = deployment.fe.prompts_routed_to("MD0")
+    assert record.acknowledged() == [md.prefixes.since, md.prefixes.reports]
+
+
+def test_a_match_behind_the_reports_sent_sends_nothing_again() -> None:
+    """Reports in flight (sent on a connection still open) are not sent again for a match
+    that left before they were read."""
+
+    async def scenario() -> Deployment:
+        deployment = Deployment()
+        await deployment.keep("a", turns()[0])
+        deployment.fe.prompts_routed_to("MD0").heard = 0  # as if not read yet
+        await deployment.match("b", turns()[2])
+        await deployment.reports_sent()
+        return deployment
+
+    deployment = asyncio.run(scenario())
+    assert deployment.md.report_bytes["count"] == deployment.md.prefixes.reports
 
 
 def test_the_frontend_hashes_a_prompt_once_for_its_match_and_the_pages_reported(
