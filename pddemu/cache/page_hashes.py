@@ -68,7 +68,9 @@ class PrefixIndex:
         self.page_tokens = page_tokens
         # hash -> [ids, whole pages, holds, the report after which it may be forgotten]
         self.prefixes: dict[int, list] = {}
-        self.since = secrets.token_hex(4)  # this process's reports: a restarted one's differ
+        # this process's reports: a restarted one's differ (one the same as the process's
+        # before would have the router skip its reports as applied: a 2^-64 chance)
+        self.since = secrets.token_hex(8)
         self.reports = 0  # numbered from 1, in the order sent
         self.changes: list[list] = []  # for the next report
         self.doomed: deque[tuple[int, int]] = deque()  # (report, hash) let go of by all

@@ -247,6 +247,14 @@ def test_the_index_forgets_a_page_dropped_once_the_router_heard_so() -> None:
     assert index.longest(named) == [1, 2]
 
 
+def test_a_process_names_its_reports_by_8_random_bytes() -> None:
+    """A restarted MD whose process id were its predecessor's would have the router skip its
+    reports as applied already (numbered from 1 again): 8 bytes make that a 2^-64 chance."""
+    ids = {PrefixIndex(PAGE).since for _ in range(100)}
+    assert len(ids) == 100
+    assert {len(bytes.fromhex(since)) for since in ids} == {8}
+
+
 def test_a_leg_in_flight_is_kept_in_a_few_bytes_a_token() -> None:
     """Its ids in the prefix tree (8 bytes), its page hashes (8 bytes a page), not a list of
     Python ints (about 36 bytes a token)."""
