@@ -21,6 +21,7 @@ from pddemu.roles.relay import RelayInstance
 from pddemu.roles.spec import Address
 from pddemu.roles.transfer import KvLinks
 from pddemu.runtime.channel import Envelope
+from pddemu.runtime.clock import ModelledClock
 from pddemu.runtime.liveness import Liveness
 from pddemu.wire import TokenIds
 from pddemu.wire.tensors import kv_chunk_from_tensor
@@ -331,20 +332,30 @@ def _relay_ends_a_request_during_ps_transfer(
         destination = Destination("MD0", 0, {})
         destination.task = p.spawn(p.send(job, destination), "MD0")
         job.destinations.append(destination)
+        # The relay's last token is due at RELAY_ENDS_AT_S: the clock is held there until the
+        # relay has posted its own hold, so however late the host wakes the relay (the clock
+        # runs at the wall's rate) P's second chunk, due at CHUNK_EVERY_S, cannot come first.
+        schedule = ModelledClock.attach(page, "relay's schedule")
         start = p.clock.now()
+        with schedule.holding(start + RELAY_ENDS_AT_S):
 
-        async def compute() -> None:
-            for chunk in (1, 2, 3):
-                await p.clock.sleep_until(start + CHUNK_EVERY_S * (chunk - 1))
-                await job.progress.advance(chunk * step, p.clock.now(), finished=chunk == 3)
+            async def compute() -> None:
+                for chunk in (1, 2, 3):
+                    await p.clock.sleep_until(start + CHUNK_EVERY_S * (chunk - 1))
+                    await job.progress.advance(chunk * step, p.clock.now(), finished=chunk == 3)
 
-        computing = p.spawn(compute(), "prefill")
-        await rld.clock.sleep_until(start + RELAY_ENDS_AT_S)
-        meta = {"pipeline": "P-RLD-MD", "frontend": "FE0", "md": "MD0", "output_tokens": 1}
-        ended = DecodeRequest("r1", meta, kv, len(prompt))
-        body = {"rid": "r1", "index": 0, "id": 5, "first": 0, "source": "RLD0", "role": "RLD"}
-        end = rld.clock.now()
-        await rld.send_tokens(ended, {**body, "times": [end]})
+            computing = p.spawn(compute(), "prefill")
+            await rld.clock.sleep_until(start + RELAY_ENDS_AT_S)
+            meta = {"pipeline": "P-RLD-MD", "frontend": "FE0", "md": "MD0", "output_tokens": 1}
+            ended = DecodeRequest("r1", meta, kv, len(prompt))
+            body = {"rid": "r1", "index": 0, "id": 5, "first": 0, "source": "RLD0", "role": "RLD"}
+            end = rld.clock.now()
+            assert end == pytest.approx(start + RELAY_ENDS_AT_S)
+            sending = asyncio.ensure_future(rld.send_tokens(ended, {**body, "times": [end]}))
+            await asyncio.sleep(0)  # the relay's hold is posted before its send's first wait
+            assert "r1" in rld.ends_held
+        schedule.close()  # from here only the relay's hold stands for the frontend's lateness
+        await sending
         await asyncio.wait_for(serving, 5.0)
         await asyncio.wait_for(computing, 5.0)
         for made in (p, fe, rld):
