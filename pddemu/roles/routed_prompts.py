@@ -154,8 +154,10 @@ class RoutedPrompts:
                 known = self.legs.get(leg)
                 if known is not None:
                     pages = known[1][: tokens // self.page_tokens].tolist()
-                    for page, parent in zip(pages, [0, *pages[:-1]], strict=True):
-                        self.held.setdefault(page, parent)  # a parent's int object shared
+                    # each page's parent is the page before it (0: the first has none); a
+                    # prompt kept short of a whole page has no page to add
+                    for at, page in enumerate(pages):
+                        self.held.setdefault(page, pages[at - 1] if at else 0)
                     self.forget(leg)
             else:
                 self.dropped(change[1], change[2])

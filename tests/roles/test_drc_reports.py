@@ -305,3 +305,18 @@ def test_one_task_sends_the_reports_however_long_a_send_stalls() -> None:
     assert tasks == 1
     assert read == [1, 2, 3, 4, 5]
     assert deployment.fe.prompts_routed_to("MD0").heard == 5
+
+
+def test_a_prompt_kept_short_of_a_page_adds_no_page() -> None:
+    """MD reports a prompt kept with fewer tokens than a page (or none): nothing of it is in
+    its DRC. It failed the frontend's handler on every such report (a pages/parents zip of
+    unequal lengths), and the reports after it in the same message were not applied."""
+    router = RoutedPrompts(16)
+    prompt = list(range(100, 140))
+    router.routed("short", prompt, chained_page_hashes(prompt, 16))
+    router.routed("whole", prompt, chained_page_hashes(prompt, 16))
+    router.reported(
+        {"since": "p1", "report": 1, "changes": [["kept", "short", 5], ["kept", "whole", 32]]}
+    )
+    assert set(router.held) == set(chained_page_hashes(prompt, 16)[:2])
+    assert router.heard == 1
