@@ -248,13 +248,14 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
         destination.task = p.spawn(p.send(job, destination), "MD0")
         job.destinations.append(destination)
         p.jobs["r1"] = job
-        await asyncio.sleep(0.02)  # the first chunk is handed over
+        frames = step // p.slice_genuine  # a chunk's: P sends it in slices
+        await _until(lambda: receiver.chunks == frames)  # the first chunk is handed over
         decided = p.clock.now()
         await asyncio.sleep(0.02)
         await job.progress.advance(2 * step, 0.0)  # the second leaves after the decision
-        await asyncio.sleep(0.02)
+        await _until(lambda: receiver.chunks == 2 * frames)
         await p.on_cut(Envelope("cut", {"rid": "r1", "destination": "MD0", "at": decided}, []))
-        await asyncio.sleep(0.02)
+        await _until(lambda: bool(frontend.replies))
         return p, frontend.replies[-1][1], decided, receiver.chunks
 
     p, report, decided, chunks = asyncio.run(scenario())
@@ -267,6 +268,15 @@ def test_a_cut_is_reported_as_of_its_date_not_its_reading() -> None:
 
 async def _opened(receiver: Receiver) -> Receiver:
     return receiver
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait for what the sender does in its own tasks, however late the host runs them: a
+    fixed sleep let a busy host's test read the clock before the first chunk was handed."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "never happened"
+        await asyncio.sleep(0.001)
 
 
 class Released:
